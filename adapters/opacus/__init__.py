@@ -1,0 +1,1 @@
+"""Opacus / PyTorch adapter, installed as ``hidden_state_accountants.opacus``."""

@@ -1,0 +1,39 @@
+"""Hidden-state (last-iterate) privacy accounting for DP-SGD.
+
+Top-level exports (DESIGN.md section 5): :class:`HiddenStateAccountant`, a
+``dp_accounting.PrivacyAccountant``; :class:`TrainingRunDpEvent`, the training-run event it
+accounts; :class:`LossGeometry`, the declared assumptions; and the calibration helpers.
+The core never imports torch or tensorflow.
+"""
+
+from hidden_state_accountants.accountant import (
+    AnalysisReport,
+    HiddenStateAccountant,
+    PrivacyReport,
+    analyze_training_run,
+)
+from hidden_state_accountants.calibration import (
+    EpochBudget,
+    NoiseCalibration,
+    calibrate_noise_multiplier,
+    max_epochs_within_budget,
+)
+from hidden_state_accountants.events import SAMPLINGS, LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.validation import ParameterError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HiddenStateAccountant",
+    "TrainingRunDpEvent",
+    "LossGeometry",
+    "PrivacyReport",
+    "AnalysisReport",
+    "analyze_training_run",
+    "calibrate_noise_multiplier",
+    "max_epochs_within_budget",
+    "EpochBudget",
+    "NoiseCalibration",
+    "ParameterError",
+    "SAMPLINGS",
+]

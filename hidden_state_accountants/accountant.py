@@ -1,0 +1,416 @@
+"""``HiddenStateAccountant``: the best valid bound for training runs, behind dp_accounting's API.
+
+>>> from hidden_state_accountants import HiddenStateAccountant, TrainingRunDpEvent, LossGeometry
+>>> run = TrainingRunDpEvent.from_epochs(
+...     dataset_size=60000, batch_size=1500, epochs=50, noise_multiplier=3.0, clip_norm=1.0,
+...     learning_rate=0.05, sampling="cyclic",
+...     geometry=LossGeometry(strong_convexity=0.002, smoothness=1.002))
+>>> acc = HiddenStateAccountant().compose(run)
+>>> round(acc.get_epsilon(1e-5), 2)
+4.34
+>>> acc.explain(1e-5).analysis
+'bok_thm4.5'
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from dp_accounting import dp_event, privacy_accountant
+
+from hidden_state_accountants import fdp
+from hidden_state_accountants import rdp as rdp_tools
+from hidden_state_accountants.analyses import altschuler_talwar, bok, chourasia, composition, ye_shokri
+from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
+from hidden_state_accountants.bounds import Bound, NotApplicable
+from hidden_state_accountants.events import SAMPLINGS, TrainingRunDpEvent
+
+NeighborRel = privacy_accountant.NeighboringRelation
+Analysis = Callable[[TrainingRunDpEvent, Context], Bound]
+
+COMPOSITION_BASELINES: Dict[str, Tuple[Analysis, ...]] = {
+    "full": (bok.thm_4_1,),
+    "cyclic": (bok.thm_4_4,),
+    "shuffle_partition": (bok.thm_4_4,),
+    "without_replacement": (bok.thm_4_8, composition.without_replacement_rdp),
+    "poisson": (composition.poisson_pld, composition.poisson_rdp),
+}
+"""Composition (all iterates released) for each schedule (DESIGN.md section 3)."""
+
+HIDDEN_STATE_ANALYSES: Dict[str, Tuple[Analysis, ...]] = {
+    "full": (chourasia.thm_2, chourasia.cor_1, bok.thm_4_2, bok.thm_4_3),
+    "cyclic": (bok.thm_4_5, bok.thm_4_6, ye_shokri.thm_3_3, ye_shokri.thm_2_1),
+    # a partition drawn once and reused: Thm 4.2, and every fixed-order bound (condition on it)
+    "shuffle_partition": (ye_shokri.thm_4_2, bok.thm_4_5, bok.thm_4_6, ye_shokri.thm_3_3, ye_shokri.thm_2_1),
+    "without_replacement": (ye_shokri.thm_4_3, bok.thm_4_9, bok.thm_4_10, altschuler_talwar.eq_3_3),
+    "poisson": (),
+}
+"""Hidden-state (last-iterate) analyses that hold for each schedule (DESIGN.md section 3)."""
+
+_ALL_HIDDEN = tuple(dict.fromkeys(f for fs in HIDDEN_STATE_ANALYSES.values() for f in fs))
+
+EventAnalyzer = Callable[[dp_event.DpEvent, Context], List[Bound]]
+_EVENT_ANALYZERS: Dict[type, EventAnalyzer] = {}
+
+
+def register_event_analyzer(event_type: type, analyzer: EventAnalyzer) -> None:
+    """Teaches :class:`HiddenStateAccountant` a new event type (e.g. a DP-SBCD run).
+
+    ``analyzer(event, ctx)`` returns the event's bounds (:mod:`hidden_state_accountants.bounds`),
+    including ``NotApplicable`` entries with reasons, exactly like :func:`analyze_training_run`.
+    """
+    if not (isinstance(event_type, type) and issubclass(event_type, dp_event.DpEvent)):
+        raise TypeError(f"event_type: must be a DpEvent subclass, got {event_type!r}")
+    _EVENT_ANALYZERS[event_type] = analyzer
+
+
+def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
+    """Every analysis for ``run``: its schedule's composition baselines and all hidden-state
+    analyses, those that do not apply carrying the reason."""
+    bounds = [f(run, ctx) for f in COMPOSITION_BASELINES[run.sampling]]
+    applicable = HIDDEN_STATE_ANALYSES[run.sampling]
+    for f in _ALL_HIDDEN:
+        if f in applicable:
+            bounds.append(f(run, ctx))
+        else:
+            probe = f(run.replace(geometry=None), ctx)  # cheap: only to learn name/citation
+            schedules = [s for s, fs in HIDDEN_STATE_ANALYSES.items() if f in fs]
+            reason = f"applies to sampling {' / '.join(schedules)}, not {run.sampling}"
+            if run.sampling == "poisson":
+                reason += " (no analysis in these papers covers Poisson sampling under hidden state)"
+            bounds.append(NotApplicable(name=probe.name, citation=probe.citation, hidden_state=True, reason=reason))
+    return bounds
+
+
+@dataclass
+class AnalysisReport:
+    """One line of the explanation: an analysis with its epsilon, or why it does not apply."""
+
+    name: str
+    citation: str
+    epsilon: Optional[float]
+    reason: Optional[str]
+    hidden_state: bool
+    kind: str
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "epsilon": self.epsilon,
+            "reason": self.reason,
+            "hidden_state": self.hidden_state,
+            "kind": self.kind,
+            "citation": self.citation,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class PrivacyReport:
+    """The best valid epsilon, which analysis gave it, and every analysis considered."""
+
+    epsilon: float
+    delta: float
+    analysis: str
+    neighboring_relation: str
+    analyses: List[AnalysisReport]
+    notes: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "epsilon": _json_number(self.epsilon),
+            "delta": self.delta,
+            "analysis": self.analysis,
+            "neighboring_relation": self.neighboring_relation,
+            "analyses": [a.to_dict() | {"epsilon": _json_number(a.epsilon)} for a in self.analyses],
+            "notes": list(self.notes),
+        }
+
+    def to_table(self) -> str:
+        lines = [
+            f"epsilon = {_fmt(self.epsilon)} at delta = {self.delta:g} "
+            f"({self.neighboring_relation}), from {self.analysis}",
+            "",
+            f"{'analysis':<26} {'kind':<5} {'epsilon':>10}  notes",
+            f"{'-' * 26} {'-' * 5} {'-' * 10}  {'-' * 40}",
+        ]
+        for a in self.analyses:
+            tag = "" if a.hidden_state else "[composition] "
+            text = a.reason if a.reason else a.detail
+            mark = "*" if a.name == self.analysis else " "
+            lines.append(f"{a.name:<26} {a.kind:<5} {_fmt(a.epsilon):>10}{mark} {tag}{text}")
+        lines += [""] + [f"note: {n}" for n in self.notes]
+        return "\n".join(lines).rstrip()
+
+
+def _fmt(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.4f}"
+
+
+def _json_number(x: Optional[float]):
+    if x is None:
+        return None
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class _Component:
+    event: dp_event.DpEvent
+    count: int
+    bounds: Optional[List[Bound]] = None
+
+
+class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
+    """A ``dp_accounting.PrivacyAccountant`` reporting the best valid bound (REPLACE_ONE).
+
+    It accepts :class:`TrainingRunDpEvent` and the standard events (``GaussianDpEvent``,
+    ``PoissonSampledDpEvent`` / ``SampledWithoutReplacementDpEvent`` of a Gaussian,
+    ``LaplaceDpEvent``, composed, self-composed, no-op, non-private). For one training run
+    the result is the minimum over: the RDP curves of all applicable analyses, taken
+    pointwise per order before converting; each GDP bound (exact conversion); each f-DP
+    bound. Composition baselines are among the candidates, so the result is never worse
+    than composition. Compositions of several events are accounted both by adding RDP
+    curves and by composing PLDs; the smaller epsilon is reported.
+
+    Args:
+      orders: RDP orders (dp_accounting's default grid if ``None``).
+      neighboring_relation: only ``REPLACE_ONE`` is supported.
+      pld_discretization: discretisation of privacy-loss distributions.
+    """
+
+    def __init__(
+        self,
+        orders: Optional[Sequence[float]] = None,
+        neighboring_relation: NeighborRel = NeighborRel.REPLACE_ONE,
+        pld_discretization: float = 1e-3,
+    ):
+        if neighboring_relation != NeighborRel.REPLACE_ONE:
+            raise ValueError(
+                "neighboring_relation: the hidden-state analyses are proved for REPLACE_ONE; "
+                f"got {neighboring_relation}"
+            )
+        super().__init__(neighboring_relation)
+        orders = rdp_tools.DEFAULT_ORDERS if orders is None else tuple(sorted(float(a) for a in orders))
+        if not orders or min(orders) <= 1:
+            raise ValueError(f"orders: every RDP order must be > 1, got {orders}")
+        self._ctx = Context(orders=tuple(orders), discretization=float(pld_discretization))
+        self._components: List[_Component] = []
+        self._warned = False
+
+    # ------------------------------------------------------------ PrivacyAccountant API
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, dp_event.NoOpDpEvent):
+            return None
+        if isinstance(event, dp_event.SelfComposedDpEvent):
+            return self._maybe_compose(event.event, event.count * count, do_compose)
+        if isinstance(event, dp_event.ComposedDpEvent):
+            for e in event.events:
+                err = self._maybe_compose(e, count, do_compose)
+                if err is not None:
+                    return err
+            return None
+        if isinstance(event, (TrainingRunDpEvent, dp_event.NonPrivateDpEvent)) or type(event) in _EVENT_ANALYZERS:
+            if do_compose:
+                self._add(event, count)
+            return None
+        try:
+            composition.standard_event_bounds(event, self._ctx)
+        except composition.UnsupportedEvent as err:
+            return self.CompositionErrorDetails(invalid_event=event, error_message=str(err))
+        if do_compose:
+            self._add(event, count)
+        return None
+
+    def _add(self, event, count):
+        if count <= 0:
+            return
+        if isinstance(event, TrainingRunDpEvent) and event.geometry is None and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{NO_GEOMETRY}; reporting the composition bound for sampling={event.sampling!r}",
+                UserWarning,
+                stacklevel=4,
+            )
+        self._components.append(_Component(event, count))
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return self.explain(target_delta).epsilon
+
+    def get_delta(self, target_epsilon: float) -> float:
+        if not 0 <= target_epsilon:
+            raise ValueError(f"target_epsilon: must be >= 0, got {target_epsilon}")
+        if not self._components:
+            return 0.0
+        if self._single() is not None:
+            return min(b.delta(target_epsilon) for b in self._single().bounds if b.applicable)
+        rdp = self.get_rdp()
+        d_rdp = rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)
+        pld = self._composed_pld(1e-5)
+        d_pld = fdp.pld_delta(pld, target_epsilon) if pld is not None else 1.0
+        return min(d_rdp, d_pld)
+
+    # --------------------------------------------------------------------- reporting
+    def explain(self, target_delta: float) -> PrivacyReport:
+        """Every analysis with its epsilon (or reason), and the best valid one."""
+        if not 0 < target_delta < 1:
+            raise ValueError(f"target_delta: must lie in (0, 1), got {target_delta}")
+        notes = [
+            "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
+        ]
+        if not self._components:
+            return PrivacyReport(0.0, target_delta, "none", "REPLACE_ONE", [], notes)
+        single = self._single()
+        if single is not None:
+            report = self._explain_single(single, target_delta, notes)
+        else:
+            report = self._explain_composed(target_delta, notes)
+        for c in self._components:
+            if isinstance(c.event, TrainingRunDpEvent) and c.event.geometry is None:
+                report.notes.append(f"{NO_GEOMETRY}: the composition bound is reported")
+                break
+        return report
+
+    def _single(self) -> Optional[_Component]:
+        if len(self._components) == 1 and self._components[0].count == 1:
+            c = self._components[0]
+            self._ensure_bounds(c)
+            return c
+        return None
+
+    def _ensure_bounds(self, c: _Component) -> List[Bound]:
+        if c.bounds is None:
+            if isinstance(c.event, TrainingRunDpEvent):
+                c.bounds = analyze_training_run(c.event, self._ctx)
+            elif type(c.event) in _EVENT_ANALYZERS:
+                c.bounds = _EVENT_ANALYZERS[type(c.event)](c.event, self._ctx)
+            elif isinstance(c.event, dp_event.NonPrivateDpEvent):
+                c.bounds = [composition._non_private("NonPrivateDpEvent")]
+            else:
+                c.bounds = composition.standard_event_bounds(c.event, self._ctx, c.count)
+        return c.bounds
+
+    def _explain_single(self, c: _Component, delta: float, notes: List[str]) -> PrivacyReport:
+        rows, candidates = [], []
+        for b in c.bounds:
+            if not b.applicable:
+                rows.append(AnalysisReport(b.name, b.citation, None, b.reason, b.hidden_state, b.kind))
+                continue
+            eps = b.epsilon(delta)
+            rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta)))
+            candidates.append((eps, b.name))
+        # RDP: pointwise minimum over every RDP-capable analysis, then convert once
+        curves = [(b.name, b.rdp(self._ctx.orders)) for b in c.bounds if b.applicable and b.kind in ("rdp", "gdp")]
+        curves = [(n, v) for n, v in curves if v is not None]
+        if len(curves) > 1:
+            stack = np.vstack([v for _, v in curves])
+            best = np.min(stack, axis=0)
+            eps, order = rdp_tools.rdp_to_epsilon(self._ctx.orders, best, delta)
+            if math.isfinite(order):
+                i = int(np.argmin(np.abs(np.asarray(self._ctx.orders) - order)))
+                winner = curves[int(np.argmin(stack[:, i]))][0]
+                name = "rdp_pointwise_min"
+                rows.append(AnalysisReport(
+                    name, "pointwise minimum of the RDP curves above, then converted", eps, None,
+                    any(b.hidden_state for b in c.bounds if b.name == winner), "rdp",
+                    f"order {order:g} from {winner}"))
+                candidates.append((eps + 1e-12, name))  # prefer a named analysis on ties
+        if not candidates:
+            return PrivacyReport(math.inf, delta, "none", "REPLACE_ONE", rows, notes)
+        eps, name = min(candidates)
+        return PrivacyReport(eps, delta, name, "REPLACE_ONE", rows, notes)
+
+    def _explain_composed(self, delta: float, notes: List[str]) -> PrivacyReport:
+        rows = []
+        for i, c in enumerate(self._components):
+            self._ensure_bounds(c)
+            prefix = f"event{i}" + (f"x{c.count}" if c.count > 1 else "")
+            for b in c.bounds:
+                eps = b.epsilon(delta) if b.applicable else None
+                rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, eps, b.reason or None,
+                                           b.hidden_state, b.kind, b.detail(delta) if b.applicable else ""))
+        eps_rdp = rdp_tools.rdp_to_epsilon(self._ctx.orders, self.get_rdp(), delta)[0]
+        pld = self._composed_pld(delta)
+        eps_pld = fdp.pld_epsilon(pld, delta) if pld is not None else math.inf
+        rows.append(AnalysisReport("composed_rdp", "RDP curves added over events", eps_rdp, None, True, "rdp"))
+        rows.append(AnalysisReport("composed_fdp", "PLDs composed over events", eps_pld, None, True, "fdp"))
+        notes.append("several events: each event contributes its best bound to each composition")
+        if eps_pld < eps_rdp:
+            return PrivacyReport(eps_pld, delta, "composed_fdp", "REPLACE_ONE", rows, notes)
+        return PrivacyReport(eps_rdp, delta, "composed_rdp", "REPLACE_ONE", rows, notes)
+
+    # ------------------------------------------------------------------- curves
+    def get_rdp(self, orders: Optional[Sequence[float]] = None) -> np.ndarray:
+        """The composed RDP curve: per event the pointwise minimum over its analyses."""
+        orders = self._ctx.orders if orders is None else tuple(float(a) for a in orders)
+        total = np.zeros(len(orders))
+        for c in self._components:
+            curves = [b.rdp(orders) for b in self._ensure_bounds(c) if b.applicable]
+            curves = [v for v in curves if v is not None]
+            total = total + c.count * (np.min(np.vstack(curves), axis=0) if curves else np.inf)
+        return total
+
+    def _composed_pld(self, delta: float):
+        chosen = []
+        for c in self._components:
+            options = [b for b in self._ensure_bounds(c) if b.applicable]
+            if not options:
+                return None
+            chosen.append((c, min(options, key=lambda b: b.epsilon(delta))))
+        # one grid for all parts: the coarsest any part needs
+        d = max([self._ctx.discretization] + [getattr(b, "discretization", 0.0) for _, b in chosen])
+        total = None
+        for c, best in chosen:
+            part = best.pld(delta, d)
+            if part is None:
+                return None
+            if c.count > 1:
+                part = part.self_compose(c.count)
+            total = part if total is None else total.compose(part)
+        return total
+
+    def privacy_profile(self, epsilons: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
+        """``delta(eps)`` on a grid: the smallest over the bounds (each valid at every eps)."""
+        eps = np.asarray(epsilons, dtype=float)
+        single = self._single()
+        if single is not None:
+            out = np.ones_like(eps)
+            for b in single.bounds:
+                if not b.applicable:
+                    continue
+                if b.kind == "gdp":
+                    out = np.minimum(out, fdp.gdp_delta(b.mu, eps))
+                elif b.kind == "fdp":
+                    out = np.minimum(out, np.asarray(b.pld(delta_hint, self._ctx.discretization).get_delta_for_epsilon(eps)))
+                else:
+                    out = np.minimum(out, [b.delta(e) for e in eps])
+            return np.clip(out, 0.0, 1.0)
+        rdp = self.get_rdp()
+        out = np.array([rdp_tools.rdp_to_delta(self._ctx.orders, rdp, e) for e in eps])
+        pld = self._composed_pld(delta_hint)
+        if pld is not None:
+            out = np.minimum(out, np.asarray(pld.get_delta_for_epsilon(eps)))
+        return np.clip(out, 0.0, 1.0)
+
+    def tradeoff_curve(self, alphas: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
+        """Type II error ``beta(alpha)`` of the best valid f-DP guarantee (for plotting)."""
+        eps = np.concatenate([[0.0], np.geomspace(1e-3, 50.0, 400)])
+        return fdp.profile_tradeoff(self.privacy_profile(eps, delta_hint), eps, alphas)
+
+
+__all__ = [
+    "HiddenStateAccountant",
+    "PrivacyReport",
+    "AnalysisReport",
+    "analyze_training_run",
+    "register_event_analyzer",
+    "COMPOSITION_BASELINES",
+    "HIDDEN_STATE_ANALYSES",
+    "SAMPLINGS",
+]

@@ -1,0 +1,80 @@
+"""What every analysis needs: the order grid, the PLD discretisation, shared condition checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from hidden_state_accountants.events import TrainingRunDpEvent, visits_per_record
+from hidden_state_accountants.rdp import DEFAULT_ORDERS
+
+
+@dataclass(frozen=True)
+class Context:
+    orders: Tuple[float, ...] = DEFAULT_ORDERS
+    discretization: float = 1e-3
+
+
+NO_GEOMETRY = (
+    "no loss geometry declared: without strong convexity/smoothness or a bounded domain "
+    "no hidden-state claim is made"
+)
+
+
+def hidden_state_preconditions(run: TrainingRunDpEvent) -> Optional[str]:
+    """Reason no hidden-state theorem applies to ``run`` at all, or ``None``."""
+    if run.geometry is None:
+        return NO_GEOMETRY
+    if not run.is_constant:
+        return (
+            "the learning rate or noise multiplier changes during training; the hidden-state "
+            "theorems assume both constant"
+        )
+    return None
+
+
+def need_strong_convexity(run: TrainingRunDpEvent) -> Optional[str]:
+    if run.geometry.strong_convexity <= 0:
+        return "needs a strongly convex loss (strong_convexity > 0)"
+    return None
+
+
+def need_diameter(run: TrainingRunDpEvent) -> Optional[str]:
+    if run.geometry.diameter is None:
+        return "needs projection onto a bounded convex set (declare its diameter)"
+    return None
+
+
+def need_two_batches(run: TrainingRunDpEvent) -> Optional[str]:
+    if run.dataset_size // run.batch_size < 2:
+        return f"needs n/b >= 2, got {run.dataset_size}/{run.batch_size}"
+    return None
+
+
+def lr_below(run: TrainingRunDpEvent, limit: float, what: str, strict: bool = True) -> Optional[str]:
+    lr = run.learning_rate
+    ok = lr < limit if strict else lr <= limit
+    if not ok:
+        op = "<" if strict else "<="
+        return f"needs learning_rate {op} {what} = {limit:.6g}, got {lr:.6g}"
+    return None
+
+
+def first_reason(*reasons: Optional[str]) -> Optional[str]:
+    for r in reasons:
+        if r:
+            return r
+    return None
+
+
+def epochs_visited(run: TrainingRunDpEvent) -> int:
+    """Visits of the most-visited record under a fixed order (a partial last epoch counts)."""
+    return visits_per_record(run.steps, run.steps_per_epoch)
+
+
+def log_pow(c: float, k: float) -> float:
+    """``log(c**k)`` for ``0 <= c``, finite for huge ``k``."""
+    if c == 0:
+        return -math.inf if k > 0 else 0.0
+    return k * math.log(c)

@@ -1,0 +1,165 @@
+"""Composition baselines (every iterate released), all under REPLACE_ONE.
+
+Bok et al.'s Thms 4.1/4.4/4.8 (in :mod:`.bok`) cover full, cyclic and
+sampling-without-replacement batches as exact GDP/f-DP compositions. This module adds the
+baselines that come from dp_accounting and the Poisson schedule, and translates standard
+``dp_accounting`` events into bounds so a training run can be composed with them.
+
+Sensitivity convention: a ``GaussianDpEvent(z)`` adds ``N(0, (zC)^2)`` to a sum of values
+of norm ``<= C`` (dp_event's docstring); replacing one record changes the sum by up to
+``2C``, so the event is ``G(2/z)``. (dp_accounting 0.4.3's PLD accountant uses sensitivity
+``C`` under REPLACE_ONE, the newest uses ``2C``; we follow the docstring, the larger.)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import List
+
+import numpy as np
+from dp_accounting import dp_event
+
+from hidden_state_accountants import fdp
+from hidden_state_accountants import rdp as rdp_tools
+from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound, RdpBound
+from hidden_state_accountants.events import TrainingRunDpEvent
+
+MAX_PLD_STEPS = 10_000_000
+
+
+def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """RDP composition of Gaussian steps on ``b``-of-``n`` samples without replacement.
+
+    Wang, Balle & Kasiviswanathan (2019) Thm 27 via dp_accounting's
+    ``SampledWithoutReplacementDpEvent`` under REPLACE_ONE; the base query's replace-one
+    sensitivity is ``2C`` so its noise multiplier is ``z/2``.
+    """
+    q = run.batch_size / run.dataset_size
+    total = np.zeros(len(ctx.orders))
+    for z, k in run.noise_counts().items():
+        total += k * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders)
+    return RdpBound(
+        name="composition_wor_rdp",
+        citation="Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
+        hidden_state=False, orders=ctx.orders, values=total, monotone_in_steps=True,
+    )
+
+
+def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float, repeats: int = 1) -> Bound:
+    """PLD of the steps in ``counts`` (noise multiplier -> number of steps); ``repeats`` is how
+    often the caller will compose the result, used only to size the grid."""
+    steps = sum(counts.values()) * repeats
+    # the CLT only sizes the grid (run time); the PLD stays pessimistic at any size
+    d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(2.0 / min(counts), q, steps)), discretization)
+
+    def build(delta, d):
+        total = None
+        for z, k in counts.items():
+            part = fdp.pld_from_profile(fdp.poisson_replace_one_profile(z, q), d).self_compose(k)
+            total = part if total is None else total.compose(part)
+        return total, f"q = {q:.6g}"
+
+    return PldBound(
+        name=name,
+        citation="Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD",
+        hidden_state=False, build=build, discretization=d_min, monotone_in_steps=True,
+    )
+
+
+def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
+    """Joint convexity of ``exp((a-1) D_a)`` (Ye & Shokri Lemma 4.1) over the inclusion event:
+    ``(a-1) eps_a <= log(1 - q + q exp((a-1) a (2/z)^2 / 2))`` per step. Loose but valid at
+    every order and for any number of steps."""
+    orders = np.asarray(orders, dtype=float)
+    total = np.zeros(len(orders))
+    for z, k in counts.items():
+        log_inner = (orders - 1) * orders * 2.0 / (z * z)
+        total += k * np.logaddexp(math.log1p(-q), math.log(q) + log_inner) / (orders - 1)
+    return RdpBound(
+        name=name,
+        citation="Ye & Shokri (2022), Lemma 4.1 (joint convexity, Poisson, REPLACE_ONE)",
+        hidden_state=False, orders=tuple(orders), values=total, monotone_in_steps=True,
+    )
+
+
+def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Poisson sampling under REPLACE_ONE, every step composed as a PLD (see
+    :func:`hidden_state_accountants.fdp.poisson_replace_one_profile`)."""
+    name = "composition_poisson_pld"
+    if run.steps > MAX_PLD_STEPS:
+        return NotApplicable(name=name, citation="", hidden_state=False,
+                             reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD")
+    q = run.batch_size / run.dataset_size
+    return _poisson_pld_bound(name, q, Counter(run.noise_counts()), ctx.discretization)
+
+
+def poisson_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    q = run.batch_size / run.dataset_size
+    return _poisson_rdp_bound("composition_poisson_rdp", q, Counter(run.noise_counts()), ctx.orders)
+
+
+# ------------------------------------------------------------ standard dp_accounting events
+class UnsupportedEvent(Exception):
+    pass
+
+
+def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int = 1) -> List[Bound]:
+    """Bounds for one standard dp_accounting event under REPLACE_ONE (raises UnsupportedEvent).
+
+    ``count`` (how often the event is composed) only sizes PLD grids."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        z = event.noise_multiplier
+        if z <= 0:
+            return [_non_private("GaussianDpEvent with noise_multiplier 0")]
+        return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C (REPLACE_ONE)",
+                         hidden_state=False, mu=2.0 / z)]
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        b = event.noise_multiplier
+        if b <= 0:
+            return [_non_private("LaplaceDpEvent with noise_multiplier 0")]
+        eps = 2.0 / b  # L1 sensitivity 2C under REPLACE_ONE
+        orders = np.asarray(ctx.orders, dtype=float)
+        return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP",
+                         hidden_state=False, orders=ctx.orders, values=np.minimum(eps, orders * eps * eps / 2))]
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        z = _gaussian_noise(event.event)
+        q = float(event.sampling_probability)
+        if q == 0:
+            return []
+        if z == 0:
+            return [_non_private("Poisson-sampled Gaussian with noise_multiplier 0")]
+        if q >= 1:
+            return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C", hidden_state=False, mu=2.0 / z)]
+        counts = Counter({z: 1})
+        return [_poisson_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, repeats=count),
+                _poisson_rdp_bound("poisson_gaussian_rdp", q, counts, ctx.orders)]
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        z = _gaussian_noise(event.event)
+        if z == 0:
+            return [_non_private("sampled Gaussian with noise_multiplier 0")]
+        q = event.sample_size / event.source_dataset_size
+        mu = 2.0 / z
+        pld = PldBound(
+            name="wor_gaussian_pld", citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD",
+            hidden_state=False,
+            discretization=fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(mu, q, count)), ctx.discretization),
+            build=lambda delta, d: (fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), d), ""),
+        )
+        rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27",
+                       hidden_state=False, orders=ctx.orders,
+                       values=rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders))
+        return [pld, rdp]
+    raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
+
+
+def _gaussian_noise(event: dp_event.DpEvent) -> float:
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return float(event.noise_multiplier)
+    raise UnsupportedEvent(f"sampled events must wrap a GaussianDpEvent, got {type(event).__name__}")
+
+
+def _non_private(what: str) -> Bound:
+    return RdpBound(name="non_private", citation=what, hidden_state=False,
+                    orders=(2.0,), values=np.array([math.inf]))

@@ -1,0 +1,291 @@
+"""Ye & Shokri (2022), *Differentially Private Learning Needs Hidden State*.
+
+RDP of noisy mini-batch gradient descent (their Algorithm 1): the step is
+``theta <- theta - eta * g(theta; B) + sqrt(2 eta sigma^2) N(0, I)``, the loss is
+``lambda``-strongly convex and ``beta``-smooth, ``S_g`` is the gradient sensitivity and
+``eta < 2/(lambda + beta)``. From framework DP-SGD (DESIGN.md section 2)::
+
+    sigma^2 = lr z^2 C^2 / (2 b^2),   S_g = 2 C,   so  alpha eta S_g^2 / (4 sigma^2 b^2) = 2 alpha / z^2
+
+(their Cor. 5.3). With ``l = n/b`` batches per epoch (``n mod b`` records are dropped
+each epoch, footnote 3, so ``l = floor(n/b)``) and ``rho = (1 - eta lambda)^2``::
+
+    eps_0^j(alpha) = (alpha eta S_g^2 / (4 sigma^2 b^2)) * rho^{j-1} / sum_{s<j} rho^s ,  j = 1..l
+
+Everything is evaluated in log space (their footnote 4): ``rho^k`` as ``exp(k log rho)``,
+``1 - rho^k`` with ``expm1`` and the mixtures with ``logsumexp``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy import optimize, special
+
+from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
+from hidden_state_accountants.events import TrainingRunDpEvent
+
+CITE = "Ye & Shokri (2022)"
+# Iterations of the Thm 4.3 recursion after which the remaining orders take their
+# certified upper bounds (valid always; exact to TOLERANCE unless the run is extremely long).
+MAX_ITERATIONS = 200_000
+# Relative gap between certified lower and upper ends at which an order stops iterating.
+TOLERANCE = 1e-7
+# Below this many active orders the recursion runs on Python floats (less call overhead).
+SCALAR_BELOW = 6
+
+
+def _paper_parameters(run: TrainingRunDpEvent):
+    """(eta, sigma^2, S_g, b, lambda, beta) in the paper's notation."""
+    b, C, z, eta = run.batch_size, run.clip_norm, run.noise_multiplier, run.learning_rate
+    sigma2 = eta * z * z * C * C / (2.0 * b * b)
+    return eta, sigma2, 2.0 * C, b, run.geometry.strong_convexity, run.geometry.smoothness
+
+
+def _unit(run: TrainingRunDpEvent, orders: np.ndarray) -> np.ndarray:
+    """``alpha eta S_g^2 / (4 sigma^2 b^2)``: RDP of one step that uses the differing record."""
+    eta, sigma2, sg, b, _, _ = _paper_parameters(run)
+    return orders * eta * sg * sg / (4.0 * sigma2 * b * b)
+
+
+def _log_rho(run: TrainingRunDpEvent) -> float:
+    eta, _, _, _, lam, _ = _paper_parameters(run)
+    return 2.0 * math.log1p(-eta * lam)
+
+
+def _conditions(run: TrainingRunDpEvent, require_two_batches: bool = True) -> Optional[str]:
+    reason = cm.hidden_state_preconditions(run)
+    if reason:
+        return reason
+    g = run.geometry
+    return cm.first_reason(
+        cm.need_strong_convexity(run),
+        cm.lr_below(run, 2.0 / (g.strong_convexity + g.smoothness), "2/(lambda+beta)"),
+        cm.need_two_batches(run) if require_two_batches else None,
+    )
+
+
+def _not(name, cite, reason):
+    return NotApplicable(name=name, citation=cite, hidden_state=True, reason=reason)
+
+
+def eps0(run: TrainingRunDpEvent, orders: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``eps_0^j(alpha)`` for every order (rows) and ``j`` (columns), eq. below Thm 3.3."""
+    lr = _log_rho(run)
+    j = np.asarray(j, dtype=float)
+    # rho^{j-1} / sum_{s<j} rho^s = rho^{j-1} (1 - rho) / (1 - rho^j)
+    factor = np.exp((j - 1) * lr) * (-math.expm1(lr)) / (-np.expm1(j * lr))
+    return _unit(run, np.asarray(orders, dtype=float))[:, None] * factor[None, :]
+
+
+def _first_term(run: TrainingRunDpEvent, orders: np.ndarray, epochs: int) -> np.ndarray:
+    """``eps_0^{floor(l/2)} (1 - rho^{(K-1)(l - floor(l/2))}) / (1 - rho^{l - floor(l/2)})`` (eq. 3, eq. 5)."""
+    l = run.steps_per_epoch
+    h = l // 2
+    lr = _log_rho(run)
+    if epochs <= 1:
+        return np.zeros(len(orders))
+    ratio = math.expm1((epochs - 1) * (l - h) * lr) / math.expm1((l - h) * lr)
+    return eps0(run, orders, np.array([h]))[:, 0] * ratio
+
+
+def thm_2_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Thm 2.1 (naive extension of Chourasia et al. to SGD): with ``eta < 2/(lambda+beta)``,
+
+        eps(alpha) <= alpha S_g^2 / (lambda sigma^2 b^2) * (1 - exp(-lambda eta K / 2)).
+
+    The bound grows with ``K``; we take ``K`` = the number of *steps* (the conservative
+    reading, at least the number of epochs). Holds for any fixed batch order, hence for
+    ``cyclic`` and ``shuffle_partition``. A baseline: the other Ye & Shokri bounds improve on it.
+    """
+    name, cite = "ye_shokri_thm2.1", f"{CITE}, Thm 2.1 (naive baseline)"
+    reason = _conditions(run)
+    if reason:
+        return _not(name, cite, reason)
+    eta, sigma2, sg, b, lam, _ = _paper_parameters(run)
+    orders = np.asarray(ctx.orders, dtype=float)
+    vals = orders * sg * sg / (lam * sigma2 * b * b) * (-math.expm1(-lam * eta * run.steps / 2.0))
+    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+                    monotone_in_steps=True)
+
+
+def fixed_order_rdp(run: TrainingRunDpEvent, orders: Sequence[float], position: Optional[int] = None) -> np.ndarray:
+    """Thm 3.3 (eq. 3) for records in batch ``position`` (0-based ``j_0``), or the worst case.
+
+    ``eps <= eps_0^{floor(l/2)} (1 - rho^{2... (K-1)(l-floor(l/2))}) / (1 - rho^{l-floor(l/2)}) + eps_0^{l - j_0}``.
+    The worst position is the last batch, ``j_0 = l - 1`` (``eps_0^1``, one unamplified step).
+    ``K = ceil(t/l)``: with a partial last epoch, a record's last visit is followed by
+    ``0..l-1`` further steps exactly as in a ``K``-epoch run, and the bound grows with ``K``.
+    """
+    orders = np.asarray(orders, dtype=float)
+    l = run.steps_per_epoch
+    j0 = l - 1 if position is None else int(position)
+    if not 0 <= j0 < l:
+        raise ValueError(f"position: must lie in [0, {l - 1}], got {position}")
+    return _first_term(run, orders, cm.epochs_visited(run)) + eps0(run, orders, np.array([l - j0]))[:, 0]
+
+
+def thm_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Thm 3.3 at the worst batch position (fixed order: ``cyclic``; also ``shuffle_partition``
+    by conditioning on the partition). See :func:`fixed_order_rdp` for any position."""
+    name, cite = "ye_shokri_thm3.3", f"{CITE}, Thm 3.3 (fixed order, worst position)"
+    reason = _conditions(run)
+    if reason:
+        return _not(name, cite, reason)
+    vals = fixed_order_rdp(run, ctx.orders)
+    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+                    monotone_in_steps=True)
+
+
+def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Thm 4.2 (shuffle and partition), eq. (5)::
+
+        eps <= first term of eq. (3) + 1/(alpha-1) log( Avg_{0<=j_0<l} exp((alpha-1) eps_0^{l-j_0}) )
+
+    with the log-average as a ``logsumexp`` (footnote 4 computes a shifted version of the
+    same quantity). ``K = ceil(t/l)``: at a partial last epoch the number of steps after a
+    record's last visit is still uniform on ``0..l-1`` and the first term grows with ``K``.
+    """
+    name, cite = "ye_shokri_thm4.2", f"{CITE}, Thm 4.2 (shuffle and partition)"
+    reason = _conditions(run)
+    if reason:
+        return _not(name, cite, reason)
+    orders = np.asarray(ctx.orders, dtype=float)
+    l = run.steps_per_epoch
+    second = np.empty(len(orders))
+    js = np.arange(1, l + 1)
+    for chunk in range(0, len(orders), 16):  # bounded memory for large l
+        sl = slice(chunk, chunk + 16)
+        e = eps0(run, orders[sl], js)
+        second[sl] = (special.logsumexp((orders[sl, None] - 1) * e, axis=1) - math.log(l)) / (orders[sl] - 1)
+    vals = _first_term(run, orders, cm.epochs_visited(run)) + second
+    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+                    monotone_in_steps=True)
+
+
+def thm_4_3_log_s(run: TrainingRunDpEvent, orders: np.ndarray, steps: int) -> np.ndarray:
+    """``log S^0_K(alpha)`` of Thm 4.3's recursion after ``steps`` steps, in log space::
+
+        x_{j+1} = F(x_j) = logaddexp( log(b/n) + (alpha-1) unit_alpha + x_j,  log(1 - b/n) + rho x_j ),
+        x_0 = 0.
+
+    ``F`` is increasing and convex with slope ``F' = w + (1-w) rho <= 1`` (``w`` the weight of
+    the first term), and ``x_1 >= x_0``. Hence the increments ``d_j = x_{j+1} - x_j`` never
+    grow, and over the ``m`` remaining steps ``d_j r_j^i <= d_{j+i} <= d_j r*^i`` with
+    ``r_j = F'(x_j)`` and ``r* = F'(x*)`` at the fixed point ``x*`` (``r* = 1`` when there is
+    none, i.e. when ``(b/n) e^{(alpha-1) unit} >= 1``). So::
+
+        x_j + d_j sum_{i<=m} r_j^i  <=  x_T  <=  min(x*, x_j + d_j sum_{i<=m} r*^i).
+
+    An order leaves the loop with the upper end once the two ends agree to ``TOLERANCE``
+    (relative): exact up to that tolerance, never below the true value.
+    """
+    orders = np.asarray(orders, dtype=float)
+    q = run.batch_size / run.dataset_size
+    rho = math.exp(_log_rho(run))
+    a_all = math.log(q) + (orders - 1) * _unit(run, orders)  # log(q e^{(alpha-1) unit})
+    b = math.log1p(-q)
+    fixed = np.array([_fixed_point_or_inf(ai, b, rho) for ai in a_all])
+    finite = np.isfinite(fixed)
+    slope_at_fixed = np.ones(len(orders))
+    slope_at_fixed[finite] = _slope(fixed[finite], a_all[finite], b, rho)
+
+    out = np.empty(len(orders))
+    active = np.arange(len(orders))
+    y = np.zeros(len(orders))
+    a = a_all.copy()
+    done = 0
+    while active.size > SCALAR_BELOW:
+        chunk = min(128, steps - done)
+        for _ in range(chunk - 1):
+            y = np.logaddexp(y + a, y * rho + b)
+        last = y
+        y = np.logaddexp(y + a, y * rho + b)
+        done += chunk
+        if done >= steps:
+            out[active] = y
+            return out
+        upper, finished = _certified_end(y, last, a, b, rho, fixed[active], slope_at_fixed[active], steps - done)
+        if done >= MAX_ITERATIONS:  # iteration budget spent: the upper ends are valid bounds
+            finished[:] = True
+        if np.any(finished):
+            out[active[finished]] = upper[finished]
+            keep = ~finished
+            active, y, a = active[keep], y[keep], a[keep]
+    # a few slow orders left: plain Python floats avoid numpy's per-call overhead
+    for i, yi in zip(active, y):
+        out[i] = _iterate_one(float(yi), a_all[i], b, rho, fixed[i], slope_at_fixed[i], steps - done, done)
+    return out
+
+
+def _certified_end(y, last, a, b, rho, fixed, slope_at_fixed, m):
+    """Upper end of the bracket on ``x_T`` and whether the bracket is within TOLERANCE."""
+    d = y - last
+    upper = np.minimum(y + d * _geometric_sum(slope_at_fixed, m), fixed)
+    lower = np.maximum(y + d * _geometric_sum(_slope(y, a, b, rho), m), y + m * a)
+    finished = np.atleast_1d(upper - lower <= TOLERANCE * np.maximum(1.0, np.abs(upper)))
+    return np.atleast_1d(upper * (1 + 1e-12) + 1e-12), finished  # float rounding margin
+
+
+def _iterate_one(y, a, b, rho, fixed, slope_at_fixed, steps, done):
+    """The recursion for one order with scalar math, same certified stopping rule."""
+    log1p, exp = math.log1p, math.exp
+    while steps > 0:
+        chunk = min(128, steps)
+        for _ in range(chunk):
+            last = y
+            u, v = y + a, y * rho + b
+            y = u + log1p(exp(v - u)) if u >= v else v + log1p(exp(u - v))
+        steps -= chunk
+        done += chunk
+        if steps == 0:
+            return y
+        upper, finished = _certified_end(np.array([y]), np.array([last]), np.array([a]), b, rho,
+                                         fixed, slope_at_fixed, steps)
+        if finished[0] or done >= MAX_ITERATIONS:
+            return float(upper[0])
+    return y
+
+
+def _slope(x, a, b, rho):
+    """``F'(x) = w + (1 - w) rho`` with ``w = sigmoid((a + x) - (b + rho x))``."""
+    w = special.expit((a + x) - (b + rho * x))
+    return w + (1.0 - w) * rho
+
+
+def _geometric_sum(r, m):
+    """``sum_{i=1}^{m} r^i`` (``m`` when ``r = 1``), elementwise."""
+    r = np.asarray(r, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = r * -np.expm1(m * np.log(r)) / (1.0 - r)
+    return np.where(r >= 1.0, float(m), s)
+
+
+def _fixed_point_or_inf(a, b, rho) -> float:
+    """The fixed point of ``F`` above ``x_0 = 0`` (``inf`` when the recursion diverges)."""
+    if a >= 0:
+        return math.inf
+    f = lambda u: float(np.logaddexp(a + u, b + rho * u)) - u
+    hi = 1.0
+    while f(hi) > 0:
+        hi *= 2.0
+        if hi > 1e300:
+            return math.inf
+    root = optimize.brentq(f, 0.0, hi, xtol=1e-15, rtol=1e-15)
+    return root + 1e-12 * max(1.0, abs(root))  # a root-finder may stop a hair short
+
+
+def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Thm 4.3 (sampling without replacement), eq. (6): ``eps <= log(S^0_K(alpha)) / (alpha - 1)``
+    with the recursion of :func:`thm_4_3_log_s` run for every step."""
+    name, cite = "ye_shokri_thm4.3", f"{CITE}, Thm 4.3 (sampling without replacement)"
+    reason = _conditions(run)
+    if reason:
+        return _not(name, cite, reason)
+    orders = np.asarray(ctx.orders, dtype=float)
+    vals = thm_4_3_log_s(run, orders, run.steps) / (orders - 1)
+    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+                    monotone_in_steps=True)

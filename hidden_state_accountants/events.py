@@ -1,0 +1,248 @@
+"""The training-run ``DpEvent`` and the loss geometry a user declares for it.
+
+The update rule (DESIGN.md section 2) is framework DP-SGD with flat clipping and mean
+reduction::
+
+    theta <- Proj_K(theta - lr * [(1/b) sum_{i in B} clip_C(grad l_i(theta))
+                                  + m_reg * theta + (z*C/b) * xi])
+
+with ``z`` the noise multiplier, ``C`` the clip norm, ``b`` the batch size, ``n`` the
+dataset size. Neighbouring datasets differ by replacing one record (REPLACE_ONE).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Dict, Optional, Tuple, Union
+
+import attr
+import numpy as np
+from dp_accounting import dp_event
+
+from hidden_state_accountants import validation as v
+
+SAMPLINGS: Tuple[str, ...] = (
+    "full",
+    "cyclic",
+    "shuffle_partition",
+    "without_replacement",
+    "poisson",
+)
+"""Batch schedules. Each must be produced by a sampler of this package (DESIGN section 3)."""
+
+SAMPLING_DESCRIPTIONS = {
+    "full": "every step uses all n records",
+    "cyclic": "one fixed partition into n//b batches, visited in the same order every epoch",
+    "shuffle_partition": "one partition drawn at random once, then visited in order every epoch",
+    "without_replacement": "each step draws b distinct records afresh",
+    "poisson": "each record joins each step's batch independently with probability b/n",
+}
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class LossGeometry:
+    """A declared claim about the per-example update map ``g_i(theta) = clip_C(grad l_i) + m_reg*theta``.
+
+    Attributes:
+      smoothness: ``M``, the Lipschitz constant of ``g_i`` (the loss is ``M``-smooth).
+      strong_convexity: ``m`` with ``0 <= m <= M``; ``m = 0`` claims convexity only.
+      diameter: ``D``, the diameter of the convex set the parameters are projected onto
+        after every step, or ``None`` when the run is unconstrained.
+      lsi_constant: optional log-Sobolev constant ``c`` that the user asserts holds for the
+        parameter distributions throughout training (Chourasia et al. Thm 2 only).
+
+    Nothing here can be checked from the outside: declaring a geometry the training code
+    does not enforce (feature clipping, L2 regularisation outside clipping, projection)
+    makes every hidden-state number meaningless. The samplers, projection hook and
+    feature clipping of the adapters make these claims true.
+    """
+
+    smoothness: float = attr.ib(converter=float)
+    strong_convexity: float = attr.ib(default=0.0, converter=float)
+    diameter: Optional[float] = attr.ib(default=None)
+    lsi_constant: Optional[float] = attr.ib(default=None)
+
+    def __attrs_post_init__(self):
+        v.positive_float("smoothness", self.smoothness)
+        v.nonnegative_float("strong_convexity", self.strong_convexity)
+        if self.strong_convexity > self.smoothness:
+            raise v.ParameterError(
+                "strong_convexity",
+                f"must be <= smoothness ({self.smoothness:g}), got {self.strong_convexity:g}",
+            )
+        if self.diameter is not None:
+            object.__setattr__(self, "diameter", v.positive_float("diameter", self.diameter))
+        if self.lsi_constant is not None:
+            object.__setattr__(
+                self, "lsi_constant", v.positive_float("lsi_constant", self.lsi_constant)
+            )
+
+    @classmethod
+    def logistic_regression(
+        cls,
+        feature_norm_bound: float,
+        l2_regularization: float,
+        diameter: Optional[float] = None,
+    ) -> "LossGeometry":
+        """Geometry of (multi-class) L2-regularised logistic regression with a bias.
+
+        Ye & Shokri (2022) Prop. 5.1/5.2: with features clipped to ``||x|| <= R`` and the
+        regulariser ``m_reg`` applied outside per-example clipping, the per-example map is
+        ``m_reg``-strongly convex and ``((R^2 + 1)/2 + m_reg)``-smooth (eq. 10, eq. 11).
+
+        >>> LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+        LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=None, lsi_constant=None)
+        """
+        r = v.nonnegative_float("feature_norm_bound", feature_norm_bound)
+        m_reg = v.nonnegative_float("l2_regularization", l2_regularization)
+        return cls(
+            smoothness=(r * r + 1.0) / 2.0 + m_reg,
+            strong_convexity=m_reg,
+            diameter=diameter,
+        )
+
+    def contraction_factor(self, learning_rate: float) -> float:
+        """``c = max(|1 - lr*m|, |1 - lr*M|)``, the Lipschitz constant of one GD step (Bok Lemma 2.8)."""
+        lr = learning_rate
+        return max(abs(1.0 - lr * self.strong_convexity), abs(1.0 - lr * self.smoothness))
+
+
+Schedule = Union[float, Tuple[float, ...]]
+
+
+def _float_or_tuple(value):
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return tuple(float(x) for x in np.asarray(value, dtype=float).ravel())
+    return value
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class TrainingRunDpEvent(dp_event.DpEvent):
+    """One DP-SGD training run whose final model alone is released.
+
+    Attributes:
+      dataset_size: ``n``.
+      batch_size: ``b`` (the expected batch size for ``poisson``).
+      steps: number of optimiser steps ``T``. Use :meth:`from_epochs` to give epochs.
+      noise_multiplier: ``z``, or a tuple of per-step values.
+      clip_norm: ``C`` (``max_grad_norm`` in Opacus, ``l2_norm_clip`` in TF-Privacy).
+      learning_rate: ``lr``, or a tuple of per-step values.
+      sampling: the batch schedule, one of :data:`SAMPLINGS`.
+      geometry: the declared :class:`LossGeometry`; ``None`` means no hidden-state claim.
+      gaussian_initialization: the user declares ``theta_0 ~ Proj_K(N(0, 2 sigma^2/m I))``
+        as Chourasia et al. Cor. 1 requires (see
+        :func:`hidden_state_accountants.analyses.chourasia.required_initial_std`).
+
+    Hidden-state theorems assume a constant step size and noise; with a per-step
+    schedule that is not constant only the composition baselines apply.
+    """
+
+    dataset_size: int = attr.ib()
+    batch_size: int = attr.ib()
+    steps: int = attr.ib()
+    noise_multiplier: Schedule = attr.ib(converter=_float_or_tuple)
+    clip_norm: float = attr.ib()
+    learning_rate: Schedule = attr.ib(converter=_float_or_tuple)
+    sampling: str = attr.ib()
+    geometry: Optional[LossGeometry] = attr.ib(default=None)
+    gaussian_initialization: bool = attr.ib(default=False)
+
+    def __attrs_post_init__(self):
+        n = v.positive_int("dataset_size", self.dataset_size)
+        b = v.positive_int("batch_size", self.batch_size)
+        t = v.positive_int("steps", self.steps)
+        object.__setattr__(self, "dataset_size", n)
+        object.__setattr__(self, "batch_size", b)
+        object.__setattr__(self, "steps", t)
+        object.__setattr__(self, "clip_norm", v.positive_float("clip_norm", self.clip_norm))
+        if self.sampling not in SAMPLINGS:
+            raise v.ParameterError(
+                "sampling", f"must be one of {', '.join(SAMPLINGS)}; got {self.sampling!r}"
+            )
+        if b > n:
+            raise v.ParameterError("batch_size", f"must be <= dataset_size ({n}), got {b}")
+        if self.sampling == "full" and b != n:
+            raise v.ParameterError(
+                "batch_size", f"must equal dataset_size ({n}) for sampling='full', got {b}"
+            )
+        if self.sampling in ("cyclic", "shuffle_partition") and n // b < 2:
+            raise v.ParameterError(
+                "batch_size",
+                f"{self.sampling} needs at least two batches (dataset_size // batch_size >= 2), "
+                f"got {n} // {b} = {n // b}; use sampling='full' for one batch",
+            )
+        if self.geometry is not None and not isinstance(self.geometry, LossGeometry):
+            raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {self.geometry!r}")
+        for name in ("noise_multiplier", "learning_rate"):
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                if len(value) != t:
+                    raise v.ParameterError(
+                        name, f"per-step schedule has {len(value)} entries, expected steps={t}"
+                    )
+                for x in value:
+                    v.positive_float(name, x)
+                if len(set(value)) == 1:  # a constant schedule is a constant
+                    object.__setattr__(self, name, value[0])
+            else:
+                object.__setattr__(self, name, v.positive_float(name, value))
+        geom = self.geometry
+        if geom is not None:
+            lr_max = max(self.learning_rate) if isinstance(self.learning_rate, tuple) else self.learning_rate
+            if lr_max >= 2.0 / geom.smoothness:
+                raise v.ParameterError(
+                    "learning_rate",
+                    f"must be < 2/smoothness = {2.0 / geom.smoothness:.6g} for the declared "
+                    f"geometry (a gradient step is not contractive otherwise), got {lr_max:.6g}",
+                )
+
+    @classmethod
+    def from_epochs(cls, *, dataset_size: int, batch_size: int, epochs: float, **kwargs) -> "TrainingRunDpEvent":
+        """Builds the event from a number of epochs (``steps = epochs * steps_per_epoch``)."""
+        n = v.positive_int("dataset_size", dataset_size)
+        b = v.positive_int("batch_size", batch_size)
+        e = v.positive_float("epochs", epochs)
+        spe = steps_per_epoch(n, b, kwargs.get("sampling", "cyclic"))
+        steps = e * spe
+        if not float(steps).is_integer():
+            raise v.ParameterError(
+                "epochs", f"{e:g} epochs of {spe} steps is not a whole number of steps"
+            )
+        return cls(dataset_size=n, batch_size=b, steps=int(steps), **kwargs)
+
+    # -- derived quantities ------------------------------------------------------------
+    def noise_counts(self) -> Dict[float, int]:
+        """Noise multiplier -> number of steps using it (no per-step array for a constant)."""
+        if isinstance(self.noise_multiplier, tuple):
+            return dict(Counter(self.noise_multiplier))
+        return {float(self.noise_multiplier): self.steps}
+
+    @property
+    def is_constant(self) -> bool:
+        return not isinstance(self.noise_multiplier, tuple) and not isinstance(self.learning_rate, tuple)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling)
+
+    @property
+    def epochs(self) -> float:
+        return self.steps / self.steps_per_epoch
+
+    def replace(self, **changes) -> "TrainingRunDpEvent":
+        """A copy with some fields changed (``attr.evolve``)."""
+        return attr.evolve(self, **changes)
+
+
+def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str) -> int:
+    """One step for ``full``; ``n // b`` otherwise (a remainder of ``n % b`` records is
+    dropped each epoch, Ye & Shokri footnote 3)."""
+    if sampling == "full":
+        return 1
+    return max(1, dataset_size // batch_size)
+
+
+def visits_per_record(steps: int, batches_per_epoch: int) -> int:
+    """Most visits any record gets in ``steps`` steps of a fixed-order schedule."""
+    return math.ceil(steps / batches_per_epoch)

@@ -1,0 +1,309 @@
+"""Gaussian DP, privacy profiles and pessimistic privacy-loss distributions.
+
+Conventions: a privacy *profile* is ``delta(eps)`` for every real ``eps``, the
+hockey-stick divergence ``H_{e^eps}`` of a dominating pair. All profiles here belong to
+*symmetric* tradeoff functions (REPLACE_ONE is a symmetric relation), so the same
+privacy-loss distribution (PLD) serves both directions.
+
+The discretisation is dp_accounting's pessimistic Connect-the-Dots (Doroshenko et al.
+2022), fed with profile values that are *upper bounds* and made convex in ``e^eps``
+first; the resulting discrete PLD dominates the true one at every ``eps``, and
+dp_accounting composes it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy import optimize, special
+
+PLD = pld_lib.PrivacyLossDistribution
+
+
+class VacuousBound(ValueError):
+    """The profile puts at least half its mass at losses beyond ``MAX_LOSS``: no useful PLD."""
+
+# Per-step probability mass we allow to move to +infinity when building a PLD; it adds
+# to delta after composition (T * TAIL_MASS), far below any delta worth reporting.
+TAIL_MASS = 1e-20
+# Privacy losses beyond this are treated as infinite (pessimistic); keeps grids finite
+# for vanishing noise, where only the RDP analyses give informative numbers anyway.
+MAX_LOSS = 60.0
+
+
+# --------------------------------------------------------------------------- GDP
+def gdp_log_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
+    """``log delta(eps)`` of ``G(mu)``: ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
+
+    Dong, Roth & Su (2022) Cor. 2.13, in log space so that huge ``mu`` or ``eps`` stay finite.
+    """
+    eps = np.asarray(eps, dtype=float)
+    if mu <= 0:
+        return np.where(eps >= 0, -np.inf, np.log(-np.expm1(eps)))
+    a = special.log_ndtr(-eps / mu + mu / 2.0)
+    b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = a + np.log(-np.expm1(np.minimum(b - a, 0.0)))
+    return np.where(b >= a, -np.inf, out)
+
+
+def gdp_delta(mu: float, eps: np.ndarray | float) -> np.ndarray | float:
+    """Exact ``delta(eps)`` of ``mu``-GDP (vectorised)."""
+    out = np.exp(gdp_log_delta(mu, eps))
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Smallest ``eps >= 0`` with ``delta_{G(mu)}(eps) <= delta`` (closed form, root-found)."""
+    if mu <= 0:
+        return 0.0
+    if delta >= 1:
+        return 0.0
+    if delta <= 0:
+        return math.inf
+    log_target = math.log(delta)
+    f = lambda e: float(gdp_log_delta(mu, e)) - log_target
+    if f(0.0) <= 0:
+        return 0.0
+    # delta(eps) <= Phi(-eps/mu + mu/2) <= delta once eps >= mu^2/2 + mu*sqrt(2 log(1/delta)).
+    hi = mu * mu / 2.0 + mu * math.sqrt(2.0 * max(-log_target, 1.0)) + 1.0
+    while f(hi) > 0:
+        hi *= 2.0
+    return optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-10)
+
+
+def gdp_tradeoff(mu: float, alpha: np.ndarray) -> np.ndarray:
+    """``G(mu)(alpha) = Phi(Phi^{-1}(1 - alpha) - mu)``."""
+    alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
+    return special.ndtr(special.ndtri(1.0 - alpha) - mu)
+
+
+def gdp_rdp(mu: float, orders: np.ndarray) -> np.ndarray:
+    """``mu``-GDP implies ``(alpha, alpha mu^2 / 2)``-RDP."""
+    return np.asarray(orders, dtype=float) * mu * mu / 2.0
+
+
+# ----------------------------------------------------------------------- profiles
+def symmetric_extension(delta_pos: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """Extends a profile given for ``eps >= 0`` to all ``eps`` by symmetry.
+
+    For a symmetric tradeoff function, ``H_{1/g}(P||Q) = 1 - 1/g + H_g(P||Q)/g``, i.e.
+    ``delta(-e) = 1 - e^{-e} + e^{-e} delta(e)``.
+    """
+
+    def profile(eps):
+        eps = np.asarray(eps, dtype=float)
+        a = np.abs(eps)
+        d = np.asarray(delta_pos(a), dtype=float)
+        neg = -np.expm1(-a) + np.exp(-a) * d
+        return np.where(eps >= 0, d, neg)
+
+    return profile
+
+
+def subsampled_gaussian_profile(mu: float, p: float) -> Callable[[np.ndarray], np.ndarray]:
+    """Profile of ``C_p(G(mu))``, Bok et al. (2024) Def. 4.7 / Dong, Roth & Su Def. 6.
+
+    ``C_p(f) = min{f_p, f_p^{-1}}**`` with ``f_p = p f + (1-p) Id``; conjugation turns the
+    convex hull of a minimum into the maximum of the two profiles:
+    ``delta_C(eps) = max(H(A||B), H(B||A))`` with ``A = (1-p)N(0,1) + p N(mu,1)``,
+    ``B = N(0,1)``. ``H(A||B)(eps) = p * delta_{G(mu)}(log(1 + (e^eps - 1)/p))`` and the
+    reverse direction follows from the identity in :func:`symmetric_extension`. This is
+    the *symmetrised* operator; composing the add and remove directions separately (what
+    dp_accounting does for ADD_OR_REMOVE_ONE) is a smaller object and not valid here.
+    """
+    if p >= 1.0:
+        return lambda eps: gdp_delta(mu, eps)
+
+    def one_direction(eps):
+        # H(A||B)(eps) for eps > log(1-p); below, A > e^eps B everywhere and H = 1 - e^eps.
+        eps = np.asarray(eps, dtype=float)
+        x = np.expm1(eps) / p
+        above = x > -1
+        inner = np.log1p(np.where(above, x, 0.0))
+        val = p * np.exp(gdp_log_delta(mu, inner))
+        return np.where(above, val, -np.expm1(eps))
+
+    def profile(eps):
+        eps = np.asarray(eps, dtype=float)
+        forward = one_direction(eps)
+        # H(B||A)(eps) = 1 - e^eps + e^eps H(A||B)(-eps)
+        backward = -np.expm1(eps) + np.exp(eps) * one_direction(-eps)
+        return np.clip(np.maximum(forward, backward), 0.0, 1.0)
+
+    return profile
+
+
+def poisson_replace_one_profile(noise_multiplier: float, q: float) -> Callable[[np.ndarray], np.ndarray]:
+    """Profile bound for one Poisson-subsampled Gaussian step under REPLACE_ONE.
+
+    The record's contribution is ``g`` or ``g'`` with ``||g||, ||g'|| <= C`` and noise
+    ``z C``, so the outputs are ``(1-q)W + q W_g`` and ``(1-q)W + q W_{g'}``. By the
+    advanced joint convexity of Balle, Barthe & Gaboardi (2018, Thm. 2), for
+    ``e^eps' = 1 + q(e^eps - 1)`` and ``beta = e^eps' / e^eps``::
+
+        delta'(eps') <= q * [(1 - beta) * delta_{G(1/z)}(eps) + beta * delta_{G(2/z)}(eps)]
+
+    (``W_g`` vs ``W`` has sensitivity ``C``, ``W_g`` vs ``W_{g'}`` has ``2C``); symmetric in the
+    two datasets, extended to negative ``eps'`` by :func:`symmetric_extension`.
+    """
+    if q >= 1.0:
+        return lambda eps: gdp_delta(2.0 / noise_multiplier, eps)
+
+    def positive(eps_prime):
+        eps_prime = np.asarray(eps_prime, dtype=float)
+        eps = np.log1p(np.expm1(eps_prime) / q)
+        beta = np.exp(eps_prime - eps)
+        d1 = gdp_delta(1.0 / noise_multiplier, eps)
+        d2 = gdp_delta(2.0 / noise_multiplier, eps)
+        return np.clip(q * ((1 - beta) * d1 + beta * d2), 0.0, 1.0)
+
+    return symmetric_extension(positive)
+
+
+def rdp_profile(orders: Sequence[float], rdp: Sequence[float]) -> Callable[[np.ndarray], np.ndarray]:
+    """Profile implied by an RDP curve (valid in both directions for a symmetric relation).
+
+    Canonne, Kamath & Steinke (2020) Prop. 12 / Asoodeh et al.: for each order ``a``,
+    ``delta(eps) <= exp((a-1)(rdp_a - eps)) / a * (1 - 1/a)^(a-1)`` for ``eps >= 0``.
+    """
+    orders = np.asarray(orders, dtype=float)
+    rdp = np.asarray(rdp, dtype=float)
+    keep = np.isfinite(rdp) & (orders > 1)
+    orders, rdp = orders[keep], rdp[keep]
+
+    def positive(eps):
+        eps = np.asarray(eps, dtype=float)
+        if orders.size == 0:
+            return np.ones_like(eps)
+        log_terms = (
+            (orders[:, None] - 1) * (rdp[:, None] - eps[None, :])
+            - np.log(orders)[:, None]
+            + (orders[:, None] - 1) * np.log1p(-1 / orders)[:, None]
+        )
+        return np.minimum(1.0, np.exp(np.min(log_terms, axis=0)))
+
+    return symmetric_extension(positive)
+
+
+def subsampled_gaussian_clt_mu(mu: float, p: float, k) -> np.ndarray:
+    """CLT approximation of ``C_p(G(mu))^{(x) k}`` as ``G(mu_k)`` (Bok Lemma A.5, Dong et al.
+    Thm 6): ``mu_k = sqrt(2) p sqrt(k) sqrt(e^{mu^2} Phi(1.5 mu) + 3 Phi(-0.5 mu) - 2)``.
+
+    An *approximation*, not a bound: this package uses it only to choose analysis
+    parameters and grid sizes, never as a reported number.
+    """
+    with np.errstate(over="ignore"):
+        h = np.exp(mu * mu) * special.ndtr(1.5 * mu) + 3 * special.ndtr(-0.5 * mu) - 2
+    return math.sqrt(2.0) * p * np.sqrt(np.asarray(k, dtype=float)) * math.sqrt(max(float(h), 0.0))
+
+
+# ---------------------------------------------------------------------------- PLDs
+def _lower_convex_envelope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Values at ``x`` of the largest convex function below the points ``(x_i, y_i)``."""
+    hull = []  # indices of the lower hull (Andrew's monotone chain)
+    for i in range(len(x)):
+        while len(hull) >= 2:
+            i0, i1 = hull[-2], hull[-1]
+            # drop i1 if it lies on or above the segment i0 -> i
+            if (y[i1] - y[i0]) * (x[i] - x[i0]) >= (y[i] - y[i0]) * (x[i1] - x[i0]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.interp(x, x[hull], y[hull])
+
+
+def _upper_loss(profile: Callable[[np.ndarray], np.ndarray]) -> float:
+    """Smallest grid end ``eps`` with ``delta(eps) <= TAIL_MASS``, capped at ``MAX_LOSS``."""
+    f = lambda e: float(profile(np.array([e]))[0])
+    if f(MAX_LOSS) > TAIL_MASS:
+        return MAX_LOSS
+    lo, hi = 0.0, 1e-3
+    while f(hi) > TAIL_MASS:
+        lo, hi = hi, min(2 * hi, MAX_LOSS)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if f(mid) > TAIL_MASS:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-3 * hi:
+            break
+    return hi
+
+
+def pld_from_profile(
+    profile: Callable[[np.ndarray], np.ndarray], discretization: float
+) -> PLD:
+    """Pessimistic PLD of a symmetric tradeoff function from (upper bounds on) its profile.
+
+    The grid runs over ``[-E, E]`` with ``delta(E) <= TAIL_MASS`` (mass beyond moves to
+    +infinity, mass below ``-E`` rounds up to ``-E``; both pessimistic). Profile values
+    are replaced by their lower convex envelope in ``e^eps``, which still dominates the
+    true (convex) profile and keeps every Connect-the-Dots mass non-negative.
+    """
+    upper = _upper_loss(profile)
+    if float(profile(np.array([MAX_LOSS]))[0]) >= 0.5:
+        raise VacuousBound("delta(MAX_LOSS) >= 1/2")
+    k = max(1, int(math.ceil(upper / discretization)))
+    grid = np.arange(-k, k + 1)
+    eps = grid * discretization
+    deltas = np.clip(np.asarray(profile(eps), dtype=float), 0.0, 1.0)
+    deltas = np.minimum.accumulate(deltas)  # a profile is non-increasing
+    x = np.concatenate([[0.0], np.exp(eps)])
+    y = np.concatenate([[1.0], deltas])
+    deltas = np.clip(_lower_convex_envelope(x, y)[1:], 0.0, 1.0)
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
+        discretization, int(grid[0]), int(grid[-1]), deltas
+    )
+    return PLD(pmf)
+
+
+def discretization_for(mu_estimate: float, base: float, max_points: float = 1e6) -> float:
+    """A discretisation keeping a composed PLD near ``G(mu_estimate)`` under ``max_points``.
+
+    ``mu_estimate`` is a (CLT) guess of the composed GDP parameter; its loss range is about
+    ``mu^2/2 + 12 mu``. Only run time depends on this: every discretisation is pessimistic.
+    """
+    if not math.isfinite(mu_estimate):
+        return max(base, 0.1)
+    span = mu_estimate * mu_estimate / 2.0 + 12.0 * mu_estimate + 1.0
+    return max(base, 2.0 * span / max_points)
+
+
+def gaussian_pld(mu: float, discretization: float) -> PLD:
+    """Pessimistic PLD of ``G(mu)`` from its exact profile (robust for tiny and huge ``mu``)."""
+    if mu <= 0:
+        return pld_lib.identity(value_discretization_interval=discretization)
+    return pld_from_profile(lambda eps: gdp_delta(mu, eps), discretization)
+
+
+def pld_epsilon(pld: PLD, delta: float) -> float:
+    if pld is None:  # a vacuous bound
+        return math.inf
+    eps = float(pld.get_epsilon_for_delta(delta))
+    return max(0.0, eps)
+
+
+def pld_delta(pld: PLD, epsilon: float) -> float:
+    if pld is None:
+        return 1.0
+    return float(min(1.0, max(0.0, pld.get_delta_for_epsilon(epsilon))))
+
+
+def profile_tradeoff(profile_values: np.ndarray, eps: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """Tradeoff curve implied by a symmetric profile sampled at ``eps`` (Dong et al. Prop. 2.12).
+
+    ``f(alpha) = sup_eps max(0, 1 - delta(eps) - e^eps alpha, e^{-eps}(1 - delta(eps) - alpha))``.
+    """
+    alpha = np.asarray(alpha, dtype=float)[:, None]
+    d = np.asarray(profile_values, dtype=float)[None, :]
+    e = np.asarray(eps, dtype=float)[None, :]
+    a = 1 - d - np.exp(e) * alpha
+    b = np.exp(-e) * (1 - d - alpha)
+    return np.clip(np.max(np.maximum(a, b), axis=1), 0.0, 1.0)

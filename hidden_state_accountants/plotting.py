@@ -1,0 +1,92 @@
+"""Epsilon against epochs for every analysis: the curve that shows what hidden state buys."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from hidden_state_accountants.accountant import HiddenStateAccountant
+from hidden_state_accountants.events import TrainingRunDpEvent
+
+
+@dataclass
+class EpsilonCurves:
+    """``epsilon[name][i]`` at ``epochs[i]`` (``nan`` where the analysis does not apply)."""
+
+    epochs: List[float]
+    delta: float
+    best: List[float]
+    best_analysis: List[str]
+    epsilon: Dict[str, List[float]]
+    hidden_state: Dict[str, bool]
+
+    def table(self, names: Optional[Sequence[str]] = None) -> str:
+        names = list(names or self.epsilon)
+        width = max([12] + [len(n) for n in names])
+        head = f"{'epochs':>8} {'best':>10}  " + " ".join(f"{n:>{width}}" for n in names)
+        lines = [head, "-" * len(head)]
+        for i, e in enumerate(self.epochs):
+            cells = " ".join(f"{_fmt(self.epsilon[n][i]):>{width}}" for n in names)
+            lines.append(f"{e:>8g} {_fmt(self.best[i]):>10}  {cells}")
+        return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.3f}"
+
+
+def epsilon_curves(
+    run: TrainingRunDpEvent,
+    epochs: Sequence[float],
+    delta: float,
+    **accountant_kwargs,
+) -> EpsilonCurves:
+    """Evaluates every analysis of ``run`` (its ``steps`` replaced) at each number of epochs."""
+    spe = run.steps_per_epoch
+    eps: Dict[str, List[float]] = {}
+    hidden: Dict[str, bool] = {}
+    best, best_name = [], []
+    for i, e in enumerate(epochs):
+        steps = int(round(e * spe))
+        report = HiddenStateAccountant(**accountant_kwargs).compose(run.replace(steps=max(1, steps))).explain(delta)
+        best.append(report.epsilon)
+        best_name.append(report.analysis)
+        for a in report.analyses:
+            if a.name == "rdp_pointwise_min":
+                continue
+            eps.setdefault(a.name, [math.nan] * len(epochs))[i] = math.nan if a.epsilon is None else a.epsilon
+            hidden[a.name] = a.hidden_state
+    applicable = {n: v for n, v in eps.items() if any(not math.isnan(x) for x in v)}
+    return EpsilonCurves(list(epochs), delta, best, best_name, applicable, {n: hidden[n] for n in applicable})
+
+
+def plot_epsilon_curves(curves: EpsilonCurves, path: str, title: str = "") -> str:
+    """Saves epsilon vs epochs (log-log) with the best valid bound in bold; returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for name, values in curves.epsilon.items():
+        finite = [(e, x) for e, x in zip(curves.epochs, values) if math.isfinite(x)]
+        if not finite:
+            continue
+        style = "-" if curves.hidden_state[name] else "--"
+        label = name + ("" if curves.hidden_state[name] else " (composition)")
+        ax.plot(*zip(*finite), style, lw=1.2, alpha=0.85, label=label)
+    ax.plot(curves.epochs, curves.best, "k-", lw=2.6, alpha=0.35, label="best valid bound")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("epochs")
+    ax.set_ylabel(f"epsilon at delta = {curves.delta:g} (REPLACE_ONE)")
+    ax.set_title(title or "Hidden-state vs composition accounting")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

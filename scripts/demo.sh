@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up .venv (core only) and runs the main job: the embedded MNIST-scale default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+mkdir -p outputs
+exec .venv/bin/hsa demo --output outputs/hsa_demo.png

@@ -332,9 +332,12 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             self._ensure_bounds(c)
             prefix = f"event{i}" + (f"x{c.count}" if c.count > 1 else "")
             for b in c.bounds:
-                eps = b.epsilon(delta) if b.applicable else None
-                rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, eps, b.reason or None,
-                                           b.hidden_state, b.kind, b.detail(delta) if b.applicable else ""))
+                if b.applicable:
+                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, b.epsilon(delta), None,
+                                               b.hidden_state, b.kind, b.detail(delta)))
+                else:
+                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, None, b.reason,
+                                               b.hidden_state, b.kind))
         eps_rdp = rdp_tools.rdp_to_epsilon(self._ctx.orders, self.get_rdp(), delta)[0]
         pld = self._composed_pld(delta)
         eps_pld = fdp.pld_epsilon(pld, delta) if pld is not None else math.inf

@@ -89,7 +89,10 @@ class RdpBound(Bound):
         return _on_orders(self.orders, self.values, orders)
 
     def pld(self, delta: float, discretization: float) -> Optional[fdp.PLD]:
-        return fdp.pld_from_profile(fdp.rdp_profile(self.orders, self.values), discretization)
+        try:
+            return fdp.pld_from_profile(fdp.rdp_profile(self.orders, self.values), discretization)
+        except fdp.VacuousBound:
+            return None
 
     def detail(self, delta: float) -> str:
         _, order = rdp_tools.rdp_to_epsilon(self.orders, self.values, delta)

@@ -105,6 +105,15 @@ def symmetric_extension(delta_pos: Callable[[np.ndarray], np.ndarray]) -> Callab
     return profile
 
 
+def _amplified(eps: np.ndarray, p: float) -> np.ndarray:
+    """``log(1 + (e^eps - 1)/p)`` for ``eps > log(1-p)``, without overflow for huge ``eps``."""
+    eps = np.asarray(eps, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        small = np.log1p(np.expm1(np.minimum(eps, 0.0)) / p)
+        large = eps - math.log(p) + np.log1p(-(1 - p) * np.exp(-np.maximum(eps, 0.0)))
+    return np.where(eps <= 0, small, large)
+
+
 def subsampled_gaussian_profile(mu: float, p: float) -> Callable[[np.ndarray], np.ndarray]:
     """Profile of ``C_p(G(mu))``, Bok et al. (2024) Def. 4.7 / Dong, Roth & Su Def. 6.
 
@@ -118,24 +127,23 @@ def subsampled_gaussian_profile(mu: float, p: float) -> Callable[[np.ndarray], n
     """
     if p >= 1.0:
         return lambda eps: gdp_delta(mu, eps)
+    log_keep = math.log1p(-p)
 
-    def one_direction(eps):
-        # H(A||B)(eps) for eps > log(1-p); below, A > e^eps B everywhere and H = 1 - e^eps.
+    def forward(eps):
+        # H(A||B)(eps); for eps <= log(1-p), A > e^eps B everywhere and H = 1 - e^eps
         eps = np.asarray(eps, dtype=float)
-        x = np.expm1(eps) / p
-        above = x > -1
-        inner = np.log1p(np.where(above, x, 0.0))
-        val = p * np.exp(gdp_log_delta(mu, inner))
-        return np.where(above, val, -np.expm1(eps))
+        above = eps > log_keep
+        inner = _amplified(np.where(above, eps, 0.0), p)
+        return np.where(above, p * np.exp(gdp_log_delta(mu, inner)), -np.expm1(np.minimum(eps, 0.0)))
 
-    def profile(eps):
+    def positive(eps):
+        # H(B||A)(eps) = 1 - e^eps + e^eps H(A||B)(-eps), which vanishes once eps >= -log(1-p)
         eps = np.asarray(eps, dtype=float)
-        forward = one_direction(eps)
-        # H(B||A)(eps) = 1 - e^eps + e^eps H(A||B)(-eps)
-        backward = -np.expm1(eps) + np.exp(eps) * one_direction(-eps)
-        return np.clip(np.maximum(forward, backward), 0.0, 1.0)
+        near = np.minimum(eps, -log_keep)
+        backward = np.where(eps >= -log_keep, 0.0, -np.expm1(near) + np.exp(near) * forward(-near))
+        return np.clip(np.maximum(forward(eps), backward), 0.0, 1.0)
 
-    return profile
+    return symmetric_extension(positive)
 
 
 def poisson_replace_one_profile(noise_multiplier: float, q: float) -> Callable[[np.ndarray], np.ndarray]:
@@ -156,7 +164,7 @@ def poisson_replace_one_profile(noise_multiplier: float, q: float) -> Callable[[
 
     def positive(eps_prime):
         eps_prime = np.asarray(eps_prime, dtype=float)
-        eps = np.log1p(np.expm1(eps_prime) / q)
+        eps = _amplified(eps_prime, q)
         beta = np.exp(eps_prime - eps)
         d1 = gdp_delta(1.0 / noise_multiplier, eps)
         d2 = gdp_delta(2.0 / noise_multiplier, eps)

@@ -81,10 +81,9 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     the expression above. ``tests/test_exact_gaussian.py`` pins it.
     """
     name, cite = "bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)"
-    reason = cm.first_reason(
-        cm.hidden_state_preconditions(run),
-        run.geometry and cm.need_strong_convexity(run),
-        run.geometry and cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
+    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_strong_convexity(run),
+        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
     )
     if reason:
         return _not(name, cite, reason)
@@ -114,10 +113,9 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         mu = (1/sigma) * sqrt( 3 L D / (eta n) + (L^2/n^2) * ceil(D n / (eta L)) ).
     """
     name, cite = "bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)"
-    reason = cm.first_reason(
-        cm.hidden_state_preconditions(run),
-        run.geometry and cm.need_diameter(run),
-        run.geometry and cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
+    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_diameter(run),
+        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
     )
     if reason:
         return _not(name, cite, reason)
@@ -162,10 +160,9 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     with ``E``.
     """
     name, cite = "bok_thm4.5", f"{CITE}, Thm 4.5 (NoisyCGD, strongly convex)"
-    reason = cm.first_reason(
-        cm.hidden_state_preconditions(run),
-        run.geometry and cm.need_strong_convexity(run),
-        run.geometry and cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
+    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_strong_convexity(run),
+        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
     )
     if reason:
         return _not(name, cite, reason)
@@ -188,10 +185,9 @@ def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     The epoch condition is checked on *complete* epochs ``floor(t/l)`` (conservative).
     """
     name, cite = "bok_thm4.6", f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)"
-    reason = cm.first_reason(
-        cm.hidden_state_preconditions(run),
-        run.geometry and cm.need_diameter(run),
-        run.geometry and cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
+    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_diameter(run),
+        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
     )
     if reason:
         return _not(name, cite, reason)
@@ -242,7 +238,7 @@ def _candidate_ks(approx_mu, k_max: int) -> Tuple[List[int], float]:
     values = np.where(np.isfinite(values), values, np.inf)
     i = int(np.argmin(values))
     best = int(grid[i])
-    ks = {int(min(k_max, max(1, round(best * f)))) for f in (0.5, 0.7071, 1.0, 1.4142, 2.0)}
+    ks = {int(min(k_max, max(1, round(best * f)))) for f in (0.7071, 1.0, 1.4142)}
     return sorted(ks), float(values[i])
 
 
@@ -288,10 +284,9 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     candidates around the CLT optimum; each candidate is composed exactly.
     """
     name, cite = "bok_thm4.9", f"{CITE}, Thm 4.9 (NoisySGD, strongly convex)"
-    reason = cm.first_reason(
-        cm.hidden_state_preconditions(run),
-        run.geometry and cm.need_strong_convexity(run),
-        run.geometry and cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
+    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_strong_convexity(run),
+        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
         "needs t >= 2 steps (tau ranges over 1..t-1)" if run.steps < 2 else None,
     )
     if reason:
@@ -327,10 +322,9 @@ def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     for any ``tau = 0, ..., t-1``; ``tau`` chosen as in :func:`thm_4_9`.
     """
     name, cite = "bok_thm4.10", f"{CITE}, Thm 4.10 (NoisySGD, constrained convex)"
-    reason = cm.first_reason(
-        cm.hidden_state_preconditions(run),
-        run.geometry and cm.need_diameter(run),
-        run.geometry and cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
+    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_diameter(run),
+        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
     )
     if reason:
         return _not(name, cite, reason)

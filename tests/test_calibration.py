@@ -1,0 +1,73 @@
+"""Noise calibration and epoch budgets."""
+
+import math
+
+import pytest
+
+from hidden_state_accountants import (HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent,
+                                      calibrate_noise_multiplier, max_epochs_within_budget)
+
+
+def cyclic_run(epochs=50, z=1.0, m=0.002):
+    return TrainingRunDpEvent.from_epochs(dataset_size=60000, batch_size=1500, epochs=epochs, noise_multiplier=z,
+                                          clip_norm=1.0, learning_rate=0.05, sampling="cyclic",
+                                          geometry=LossGeometry(strong_convexity=m, smoothness=1.0 + m))
+
+
+def eps(run):
+    return HiddenStateAccountant().compose(run).get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize("target", [1.0, 4.34, 20.0])
+def test_noise_calibration_hits_target_within_tolerance(target):
+    run = cyclic_run()
+    result = calibrate_noise_multiplier(run, target, 1e-5, rel_tol=1e-3)
+    assert result.evaluations <= 20
+    assert result.epsilon <= target
+    assert eps(run.replace(noise_multiplier=result.noise_multiplier)) == pytest.approx(result.epsilon)
+    # slightly less noise would exceed the target: the answer is (nearly) the smallest
+    assert eps(run.replace(noise_multiplier=result.noise_multiplier * (1 - 5e-3))) > target
+
+
+def test_noise_calibration_without_geometry_uses_composition():
+    run = cyclic_run().replace(geometry=None)
+    result = calibrate_noise_multiplier(run, 5.0, 1e-5)
+    assert result.analysis == "bok_thm4.4" and result.epsilon <= 5.0
+    with_geometry = calibrate_noise_multiplier(cyclic_run(), 5.0, 1e-5)
+    assert with_geometry.noise_multiplier < result.noise_multiplier / 3
+
+
+def test_noise_calibration_bad_targets():
+    with pytest.raises(ParameterError, match="target_epsilon"):
+        calibrate_noise_multiplier(cyclic_run(), 0.0, 1e-5)
+    with pytest.raises(ParameterError, match="target_delta"):
+        calibrate_noise_multiplier(cyclic_run(), 1.0, 1.0)
+
+
+def test_epochs_unlimited_when_the_bound_converges_below_budget():
+    budget = max_epochs_within_budget(cyclic_run(epochs=1, z=3.0), 30.0, 1e-5)
+    assert budget.unlimited and budget.epochs is None
+    assert budget.limit_epsilon < 30.0
+    # the certificate is real: a very long run stays below it
+    assert eps(cyclic_run(epochs=100000, z=3.0)) <= budget.limit_epsilon + 1e-9
+
+
+def test_epochs_finite_budget_is_the_largest_that_fits():
+    budget = max_epochs_within_budget(cyclic_run(epochs=1, z=3.0), 8.0, 1e-5)
+    assert not budget.unlimited and budget.epochs > 1
+    assert eps(cyclic_run(epochs=budget.epochs, z=3.0)) <= 8.0
+    assert eps(cyclic_run(epochs=budget.epochs + 1, z=3.0)) > 8.0
+    assert budget.evaluations <= 30
+
+
+def test_epochs_budget_too_small_for_one_epoch():
+    budget = max_epochs_within_budget(cyclic_run(epochs=1, z=0.5), 0.01, 1e-5)
+    assert budget.epochs == 0 and not budget.unlimited
+
+
+def test_epochs_budget_without_geometry_is_composition():
+    run = cyclic_run(epochs=1, z=3.0).replace(geometry=None)
+    budget = max_epochs_within_budget(run, 30.0, 1e-5)
+    assert not budget.unlimited and budget.analysis == "bok_thm4.4"
+    assert budget.epochs < 50  # composition reaches 30.51 at 50 epochs (Bok et al. Table 1)
+    assert eps(run.replace(steps=budget.epochs * 40)) <= 30.0 < eps(run.replace(steps=(budget.epochs + 1) * 40))

@@ -1,0 +1,361 @@
+"""HiddenStatePrivacyCallback: its epsilon is the core's, the budget stop, the refusals,
+regularisation outside clipping and projection."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+tfp = pytest.importorskip("tensorflow_privacy")
+pytestmark = pytest.mark.tf
+
+from sklearn.datasets import make_classification  # noqa: E402
+
+from hidden_state_accountants import (  # noqa: E402
+    HiddenStateAccountant,
+    LossGeometry,
+    ParameterError,
+    TrainingRunDpEvent,
+)
+from hidden_state_accountants.tf_privacy import (  # noqa: E402
+    DecoupledL2DPKerasSGDOptimizer,
+    HiddenStatePrivacyCallback,
+    L2BallProjection,
+    PrivacyBudgetExceeded,
+    batched_dataset,
+    clip_feature_norms,
+    compute_hidden_state_privacy_statement,
+    projection_diameter,
+    read_dp_optimizer_settings,
+)
+from hidden_state_accountants.tf_privacy.regularization import _DIAMETER_SLACK  # noqa: E402
+
+N, B, DIM, CLASSES = 120, 20, 5, 3  # 6 steps per epoch
+SPE = N // B
+Z, C, LR, L2, DELTA = 1.5, 1.0, 0.5, 0.05, 1e-5
+GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x, y = make_classification(n_samples=N, n_features=DIM, n_informative=3, n_redundant=0,
+                               n_classes=CLASSES, random_state=0)
+    return clip_feature_norms(x, 1.0), y.astype(np.int64)
+
+
+def per_example_loss(reduction=tf.keras.losses.Reduction.NONE):
+    return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=reduction)
+
+
+def dp_sgd(**kwargs):
+    params = dict(l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2, learning_rate=LR)
+    params.update(kwargs)
+    return DecoupledL2DPKerasSGDOptimizer(**params)
+
+
+def make_model(optimizer, loss=None, **dense_kwargs):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,), **dense_kwargs)])
+    model.compile(optimizer=optimizer, loss=loss or per_example_loss(), metrics=["accuracy"])
+    return model
+
+
+def callback(sampling="cyclic", geometry=GEOMETRY, batch_size=B, **kwargs):
+    return HiddenStatePrivacyCallback(geometry=geometry, sampling=sampling, dataset_size=N,
+                                      batch_size=batch_size, delta=DELTA, verbose=0, **kwargs)
+
+
+def fit(model, data, cb, epochs, sampling="cyclic", batch_size=B, extra=()):
+    ds = batched_dataset(*data, batch_size, sampling, seed=1)
+    return model.fit(ds, epochs=epochs, callbacks=[cb, *extra], verbose=0)
+
+
+def core_report(steps, sampling="cyclic", geometry=GEOMETRY, lr=LR, z=Z, batch_size=B):
+    run = TrainingRunDpEvent(dataset_size=N, batch_size=batch_size, steps=steps, noise_multiplier=z,
+                             clip_norm=C, learning_rate=lr, sampling=sampling, geometry=geometry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return HiddenStateAccountant().compose(run).explain(DELTA)
+
+
+def composition(report):
+    return min(a.epsilon for a in report.analyses if not a.hidden_state and a.epsilon is not None)
+
+
+def begin(model, cb, steps=SPE, epochs=3):
+    """Runs only the callback's checks (what fit does before its first step)."""
+    cb.set_model(model)
+    cb.set_params({"epochs": epochs, "steps": steps, "verbose": 0})
+    cb.on_train_begin()
+
+
+# ------------------------------------------------------------------ epsilon = core
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", "shuffle_partition", "without_replacement", "full"])
+def test_epsilon_in_logs_equals_the_core_each_epoch(data, sampling):
+    b = N if sampling == "full" else B
+    spe = 1 if sampling == "full" else SPE
+    model = make_model(dp_sgd())
+    cb = callback(sampling, batch_size=b)
+    hist = fit(model, data, cb, epochs=3, sampling=sampling, batch_size=b).history
+    assert len(hist["epsilon"]) == 3
+    for k in range(3):
+        report = core_report((k + 1) * spe, sampling, batch_size=b)
+        assert hist["epsilon"][k] == pytest.approx(report.epsilon, rel=1e-12)
+        assert hist["epsilon_composition"][k] == pytest.approx(composition(report), rel=1e-12)
+        assert cb.history[k].steps == (k + 1) * spe
+    assert cb.steps == int(model.optimizer.iterations.numpy()) == 3 * spe
+    # the learning rate the optimizer used, as float32
+    assert cb.run_event() == TrainingRunDpEvent(
+        dataset_size=N, batch_size=b, steps=3 * spe, noise_multiplier=Z, clip_norm=C,
+        learning_rate=LR, sampling=sampling, geometry=GEOMETRY)
+    assert cb.epsilon == hist["epsilon"][-1]
+    # fixed-order schedules: the hidden-state bound is in use and beats composition already
+    if sampling in ("cyclic", "shuffle_partition"):
+        assert hist["epsilon"][-1] < hist["epsilon_composition"][-1]
+
+
+def test_without_geometry_reports_composition_and_says_so(data):
+    opt = tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR)
+    model = make_model(opt)
+    cb = callback("shuffle_partition", geometry=None)
+    with pytest.warns(UserWarning, match="no loss geometry"):
+        hist = fit(model, data, cb, epochs=2, sampling="shuffle_partition").history
+    report = core_report(2 * SPE, "shuffle_partition", geometry=None)
+    assert hist["epsilon"][-1] == pytest.approx(report.epsilon, rel=1e-12)
+    assert hist["epsilon"] == hist["epsilon_composition"]
+
+
+def test_learning_rate_schedule_is_read_per_step(data):
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(LR, decay_steps=4, decay_rate=0.8)
+    model = make_model(dp_sgd(learning_rate=schedule))
+    cb = callback()
+    hist = fit(model, data, cb, epochs=2).history
+    expected = [float(np.float32(schedule(float(i)).numpy())) for i in range(2 * SPE)]
+    assert cb.learning_rates == expected
+    report = core_report(2 * SPE, lr=tuple(expected))
+    assert hist["epsilon"][-1] == pytest.approx(report.epsilon, rel=1e-12)
+    # a decaying rate: the core refuses the hidden-state analyses and reports composition
+    assert hist["epsilon"][-1] == pytest.approx(hist["epsilon_composition"][-1], rel=1e-12)
+    # the callback's step size agrees with the one TF's optimizer computes itself
+    assert cb._lr(cb.steps) == float(model.optimizer._decayed_lr(tf.float32).numpy())
+
+
+def test_legacy_decay_argument_is_accounted(data):
+    model = make_model(dp_sgd(decay=0.1))
+    cb = callback()
+    fit(model, data, cb, epochs=1)
+    expected = [float(np.float32(LR) / (np.float32(1) + np.float32(0.1) * np.float32(i))) for i in range(SPE)]
+    assert cb.learning_rates == expected
+    assert cb._lr(cb.steps) == float(model.optimizer._decayed_lr(tf.float32).numpy())
+
+
+def test_learning_rate_changed_by_another_callback_is_accounted(data):
+    model = make_model(dp_sgd())
+    cb = callback()
+    scheduler = tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr: LR if epoch == 0 else LR / 2)
+    fit(model, data, cb, epochs=2, extra=[scheduler])
+    assert cb.learning_rates == [LR] * SPE + [LR / 2] * SPE
+    assert cb.epsilon == pytest.approx(core_report(2 * SPE, lr=tuple(cb.learning_rates)).epsilon, rel=1e-12)
+
+
+def test_accounting_continues_across_fit_calls_and_refuses_unseen_steps(data):
+    model = make_model(dp_sgd())
+    cb = callback()
+    fit(model, data, cb, epochs=1)
+    hist = fit(model, data, cb, epochs=1).history
+    assert cb.steps == 2 * SPE
+    assert hist["epsilon"][-1] == pytest.approx(core_report(2 * SPE).epsilon, rel=1e-12)
+    with pytest.raises(ParameterError, match=r"^optimizer: has taken 12 steps but this callback accounted 0"):
+        begin(model, callback())
+
+
+# ------------------------------------------------------------------ budget
+
+
+def test_budget_stops_training_at_the_last_epoch_that_fits(data):
+    eps = [core_report(k * SPE).epsilon for k in range(1, 9)]
+    target = (eps[2] + eps[3]) / 2  # 3 epochs fit, 4 do not
+    expected = next(k for k in range(1, 9) if eps[k] > target)  # epochs before the first too many
+    assert expected == 3
+    model = make_model(dp_sgd())
+    cb = callback(target_epsilon=target)
+    hist = fit(model, data, cb, epochs=8).history
+    assert len(hist["epsilon"]) == expected
+    assert hist["epsilon"][-1] <= target
+    assert cb.steps == expected * SPE
+    assert "one more epoch would reach" in cb.stopped_reason
+
+
+def test_budget_spent_before_the_first_step_raises(data):
+    model = make_model(dp_sgd())
+    cb = callback(target_epsilon=0.5 * core_report(SPE).epsilon)
+    with pytest.raises(PrivacyBudgetExceeded, match="target_epsilon"):
+        fit(model, data, cb, epochs=3)
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def _refusal_cases():
+    legacy = tf.keras.optimizers.legacy
+    return [
+        ("plain Keras optimizer", lambda: make_model(legacy.SGD(LR)), {}, "optimizer", "not a TF-Privacy DP"),
+        ("microbatches",
+         lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, num_microbatches=1,
+                                                    learning_rate=LR)),
+         dict(geometry=None), "num_microbatches", "must be None or batch_size"),
+        ("accumulation", lambda: make_model(dp_sgd(gradient_accumulation_steps=2)), {},
+         "gradient_accumulation_steps", "must be 1"),
+        ("momentum", lambda: make_model(dp_sgd(momentum=0.9)), {}, "momentum", "must be 0"),
+        ("adam",
+         lambda: make_model(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01)),
+         {}, "optimizer", "plain gradient steps"),
+        ("tree aggregation",
+         lambda: make_model_ftrl(), dict(geometry=None), "optimizer", "DP query"),
+        ("no L2 outside clipping",
+         lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR)),
+         {}, "geometry", "strong_convexity=0.05 but the optimizer adds L2 regularisation 0"),
+        ("reduced loss", lambda: make_model(dp_sgd(), loss=per_example_loss(tf.keras.losses.Reduction.AUTO)),
+         {}, "loss", "reduction"),
+        ("string loss", lambda: make_model(dp_sgd(), loss="sparse_categorical_crossentropy"), {}, "loss",
+         "reduced to the batch mean"),
+        ("step size", lambda: make_model(dp_sgd(learning_rate=2.0)), {}, "learning_rate", "2/smoothness"),
+        ("diameter without projection", lambda: make_model(dp_sgd()),
+         dict(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=4.0)), "geometry", "not projected"),
+        ("other constraint", lambda: make_model(dp_sgd(), kernel_constraint=tf.keras.constraints.MaxNorm(1.0)),
+         {}, "constraint", "MaxNorm"),
+    ]
+
+
+def make_model_ftrl():
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
+    opt = tfp.DPFTRLTreeAggregationOptimizer(l2_norm_clip=C, noise_multiplier=Z, var_list_or_model=model,
+                                             learning_rate=LR)
+    model.compile(optimizer=opt, loss=per_example_loss())
+    return model
+
+
+@pytest.mark.parametrize("case", _refusal_cases(), ids=lambda c: c[0])
+def test_settings_it_cannot_account_for_are_refused_with_the_reason(case):
+    _, build, cb_kwargs, parameter, text = case
+    model = build()
+    with pytest.raises(ParameterError) as err:
+        begin(model, callback(**cb_kwargs))
+    assert err.value.parameter == parameter
+    assert text in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_steps_per_epoch_of_plain_fit_is_refused(data):
+    # fit(x, y, batch_size=16) runs ceil(120/16) = 8 steps with a short last batch;
+    # the accounted schedule has 120 // 16 = 7
+    model = make_model(dp_sgd())
+    with pytest.raises(ParameterError, match=r"^steps_per_epoch: fit runs 8 steps per epoch .* has 7"):
+        model.fit(*data, batch_size=16, epochs=1, verbose=0, callbacks=[callback(batch_size=16)])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter",
+    [
+        (dict(sampling="poisson"), "sampling"),
+        (dict(delta=0.0), "delta"),
+        (dict(target_epsilon=-1.0), "target_epsilon"),
+        (dict(batch_size=N + 1), "batch_size"),
+        (dict(geometry="logistic"), "geometry"),
+    ],
+)
+def test_bad_callback_arguments(kwargs, parameter):
+    params = dict(geometry=GEOMETRY, sampling="cyclic", dataset_size=N, batch_size=B, delta=DELTA)
+    params.update(kwargs)
+    with pytest.raises(ParameterError) as err:
+        HiddenStatePrivacyCallback(**params)
+    assert err.value.parameter == parameter
+
+
+def test_adam_is_accounted_by_composition_without_geometry():
+    model = make_model(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01))
+    cb = callback(geometry=None)
+    with pytest.warns(UserWarning, match="no loss geometry"):
+        begin(model, cb)
+    assert cb.settings.base == "adam" and cb.settings.noise_multiplier == pytest.approx(Z)
+
+
+def test_keras_regularizer_inside_clipping_is_detected():
+    model = make_model(dp_sgd(), kernel_regularizer=tf.keras.regularizers.L2(0.01))
+    with pytest.warns(UserWarning, match=r"kernel_regularizer.*clips them"):
+        begin(model, callback())
+
+
+def test_settings_are_read_from_each_optimizer_kind():
+    generic = read_dp_optimizer_settings(tfp.DPKerasSGDOptimizer(l2_norm_clip=0.7, noise_multiplier=1.3,
+                                                                 learning_rate=0.1))
+    vectorized = read_dp_optimizer_settings(tfp.VectorizedDPKerasSGDOptimizer(
+        l2_norm_clip=0.7, noise_multiplier=1.3, num_microbatches=B, learning_rate=0.1))
+    decoupled = read_dp_optimizer_settings(dp_sgd())
+    for s in (generic, vectorized):
+        assert s.l2_norm_clip == pytest.approx(0.7) and s.noise_multiplier == pytest.approx(1.3)
+        assert s.base == "sgd" and s.l2_regularization == 0.0
+    assert vectorized.num_microbatches == B
+    assert decoupled.l2_regularization == L2 and decoupled.noise_multiplier == pytest.approx(Z)
+
+
+# ------------------------------------------------------------------ regularisation, projection
+
+
+def test_decoupled_l2_acts_outside_clipping():
+    # zero data gradient, tiny noise, tiny clip: the update is exactly lr * m * w, unclipped
+    w0 = np.array([3.0, 0.0, 0.0, 4.0], dtype=np.float32)
+    lr, m = 0.1, 0.5
+
+    def step(opt, in_loss_l2):
+        w = tf.Variable(w0)
+
+        def loss():
+            reg = 0.5 * m * tf.reduce_sum(w * w) if in_loss_l2 else 0.0 * tf.reduce_sum(w)
+            return tf.zeros([2]) + reg  # two examples' losses
+
+        opt.minimize(loss, var_list=[w])
+        return w.numpy()
+
+    decoupled = step(DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1e-3, noise_multiplier=1e-9,
+                                                    l2_regularization=m, learning_rate=lr), False)
+    np.testing.assert_allclose(decoupled, (1 - lr * m) * w0, atol=1e-6)
+    # the same L2 term inside the per-example loss is clipped to norm 1e-3
+    inside = step(tfp.DPKerasSGDOptimizer(l2_norm_clip=1e-3, noise_multiplier=1e-9, learning_rate=lr), True)
+    assert np.linalg.norm(inside - w0) == pytest.approx(lr * 1e-3, rel=2e-2)  # float32 ulps of w
+
+
+def test_projection_bounds_the_weights_and_reports_the_diameter(data):
+    rk, rb = 0.3, 0.1
+    model = make_model(dp_sgd(), kernel_constraint=L2BallProjection(rk), bias_constraint=L2BallProjection(rb))
+    diameter = 2 * math.sqrt(rk**2 + rb**2) * _DIAMETER_SLACK
+    assert projection_diameter(model) == pytest.approx(diameter)
+    cb = callback()
+    hist = fit(model, data, cb, epochs=2).history
+    kernel, bias = model.get_weights()
+    assert np.linalg.norm(kernel) <= rk * (1 + 1e-6) and np.linalg.norm(bias) <= rb * (1 + 1e-6)
+    assert np.linalg.norm(kernel) > 0.9 * rk  # the projection was active, not vacuous
+    geometry = LossGeometry.logistic_regression(1.0, L2, diameter=diameter)
+    assert cb.geometry == geometry
+    assert hist["epsilon"][-1] == pytest.approx(core_report(2 * SPE, geometry=geometry).epsilon, rel=1e-12)
+    # a declared diameter must cover the projection set
+    with pytest.raises(ParameterError, match="^geometry: diameter=0.5 is smaller"):
+        begin(make_model(dp_sgd(), kernel_constraint=L2BallProjection(rk), bias_constraint=L2BallProjection(rb)),
+              callback(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=0.5)))
+
+
+def test_privacy_statement_of_the_callback_matches_the_function(data):
+    model = make_model(dp_sgd())
+    cb = callback("shuffle_partition")
+    fit(model, data, cb, epochs=2, sampling="shuffle_partition")
+    text = cb.privacy_statement()
+    assert text == compute_hidden_state_privacy_statement(
+        N, B, 2, Z, DELTA, l2_norm_clip=C, learning_rate=LR, sampling="shuffle_partition", geometry=GEOMETRY)
+    assert f"{cb.epsilon:.3f}" in text

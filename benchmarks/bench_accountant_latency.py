@@ -1,0 +1,134 @@
+"""Latency of ``get_epsilon`` per analysis family, against Opacus' and dp_accounting's accountants.
+
+    python benchmarks/bench_accountant_latency.py [--steps 1000 10000 100000] [--out FILE.md]
+
+Each hidden-state family is timed cold (fresh analysis, caches cleared) on the same run:
+n = 60000, b = 600, z = 2, C = 1, lr = 0.05, m = 0.01, M = 1.01, D = 1, delta = 1e-5.
+Opacus (RDP, PRV) and dp_accounting (PLD) account the Poisson-sampled version of the same
+run under add/remove, as they do in practice. Also reports noise calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Callable, List
+
+import dp_accounting as dpa
+
+from hidden_state_accountants import LossGeometry, TrainingRunDpEvent, calibrate_noise_multiplier
+from hidden_state_accountants import rdp as rdp_tools
+from hidden_state_accountants.analyses import altschuler_talwar, bok, chourasia, composition, ye_shokri
+from hidden_state_accountants.analyses._common import Context
+
+DELTA = 1e-5
+GEOM = LossGeometry(strong_convexity=0.01, smoothness=1.01, diameter=1.0)
+
+FAMILIES = [
+    # (family, sampling, analysis)
+    ("closed form", "full", bok.thm_4_2),
+    ("closed form", "full", chourasia.cor_1),
+    ("closed form", "cyclic", bok.thm_4_5),
+    ("closed form", "cyclic", ye_shokri.thm_3_3),
+    ("closed form", "shuffle_partition", ye_shokri.thm_4_2),
+    ("recursion", "without_replacement", ye_shokri.thm_4_3),
+    ("RDP optimisation", "without_replacement", altschuler_talwar.eq_3_3),
+    ("NoisySGD f-DP", "without_replacement", bok.thm_4_8),
+    ("NoisySGD f-DP", "without_replacement", bok.thm_4_9),
+    ("NoisySGD f-DP", "without_replacement", bok.thm_4_10),
+    ("composition RDP", "without_replacement", composition.without_replacement_rdp),
+    ("composition f-DP", "poisson", composition.poisson_pld),
+]
+
+
+def make_run(sampling: str, steps: int, z: float = 2.0) -> TrainingRunDpEvent:
+    n, b = 60000, 600
+    return TrainingRunDpEvent(dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps,
+                              noise_multiplier=z, clip_norm=1.0, learning_rate=0.05, sampling=sampling,
+                              geometry=GEOM, gaussian_initialization=True)
+
+
+def clear_caches() -> None:
+    rdp_tools._sgm_rdp_cached.cache_clear()
+    rdp_tools._wor_rdp_cached.cache_clear()
+
+
+def timed(fn: Callable[[], float], repeat: int = 3) -> tuple:
+    times, value = [], None
+    for _ in range(repeat):
+        clear_caches()
+        t = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), value
+
+
+def ours(analysis, run) -> Callable[[], float]:
+    return lambda: analysis(run, Context()).epsilon(DELTA)
+
+
+def opacus_accountant(name: str, run) -> Callable[[], float]:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    cls = {"rdp": RDPAccountant, "prv": PRVAccountant}[name]
+
+    def go():
+        acc = cls()
+        acc.history = [(run.noise_multiplier, run.batch_size / run.dataset_size, run.steps)]
+        return acc.get_epsilon(DELTA)
+
+    return go
+
+
+def dp_accounting_pld(run) -> Callable[[], float]:
+    def go():
+        event = dpa.PoissonSampledDpEvent(run.batch_size / run.dataset_size, dpa.GaussianDpEvent(run.noise_multiplier))
+        return dpa.pld.PLDAccountant().compose(event, run.steps).get_epsilon(DELTA)
+
+    return go
+
+
+def main(argv: List[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    rows = ["| family | analysis | sampling | steps | epsilon | latency |", "|---|---|---|---|---|---|"]
+    for steps in args.steps:
+        for family, sampling, analysis in FAMILIES:
+            t, eps = timed(ours(analysis, make_run(sampling, steps)), args.repeat)
+            name = analysis(make_run(sampling, 2), Context()).name
+            rows.append(f"| {family} | {name} | {sampling} | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+            print(rows[-1], flush=True)
+        poisson = make_run("poisson", steps)
+        try:
+            import opacus  # noqa: F401
+
+            for name in ("rdp", "prv"):
+                t, eps = timed(opacus_accountant(name, poisson), args.repeat)
+                rows.append(f"| Opacus {name.upper()} (add/remove) | {name} | poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+                print(rows[-1], flush=True)
+        except ImportError:
+            pass
+        t, eps = timed(dp_accounting_pld(poisson), args.repeat)
+        rows.append(f"| dp_accounting PLD (add/remove) | pld | poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+        print(rows[-1], flush=True)
+    for sampling in ("cyclic", "without_replacement"):
+        run = make_run(sampling, 10000, z=1.0)
+        t = time.perf_counter()
+        result = calibrate_noise_multiplier(run, 2.0, DELTA)
+        t = time.perf_counter() - t
+        rows.append(f"| calibration | target eps 2.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}) | "
+                    f"{sampling} | 10000 | {result.epsilon:.4g} | {t:.2f} s, {result.evaluations} evaluations |")
+        print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(table + "\n")
+    print("\n" + table)
+
+
+if __name__ == "__main__":
+    main()

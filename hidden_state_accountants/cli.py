@@ -6,6 +6,8 @@
     hsa noise   ... --target-epsilon EPS (no --noise-multiplier needed)
     hsa epochs  ... --target-epsilon EPS (no --epochs/--steps needed)
     hsa plot    ... --output FILE.png [--max-epochs E]
+    hsa audit   ... [--construction strongly_convex|constrained] [--repetitions R]: an empirical
+                lower bound on epsilon from simulated runs, next to the reported bound
     hsa demo    the embedded MNIST-scale logistic-regression run: table + plot
 
 Bad input exits with status 2 and one line naming the offending flag.
@@ -44,6 +46,10 @@ FLAG_FOR_PARAMETER = {
     "target_delta": "--delta",
     "target_epsilon": "--target-epsilon",
     "max_epochs": "--max-epochs",
+    "repetitions": "--repetitions",
+    "confidence": "--confidence",
+    "delta": "--delta",
+    "construction": "--construction",
 }
 
 # The embedded default: MNIST-scale L2-regularised logistic regression, the setting of
@@ -101,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p, length=False)
     p.add_argument("--max-epochs", type=float, default=1000)
     p.add_argument("--output", default="hsa_epsilon_vs_epochs.png")
+    p = sub.add_parser("audit", help="empirical lower bound on epsilon from simulated training runs")
+    _add_run_flags(p)
+    p.add_argument("--construction", choices=("strongly_convex", "constrained"), default=None,
+                   help="default: constrained when --diameter is given, else strongly_convex")
+    p.add_argument("--repetitions", type=int, default=100_000)
+    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("demo", help="the embedded MNIST-scale default: table and plot")
     p.add_argument("--output", default="hsa_demo.png")
     p.add_argument("--json", action="store_true")
@@ -205,6 +218,24 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    from hidden_state_accountants.audit import audit
+
+    delta = _check_delta(args)
+    run = _run(args)
+    construction = args.construction or ("constrained" if args.diameter is not None else "strongly_convex")
+    result = audit(run, construction=construction, repetitions=args.repetitions, delta=delta,
+                   confidence=args.confidence, seed=args.seed)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        verdict = "consistent" if result.consistent else "INCONSISTENT: the reported bound is below the audit"
+        print(f"audited lower bound {result.epsilon_lower:.4f} (confidence {result.confidence:g}, "
+              f"{result.repetitions} runs per dataset, {construction} construction) <= reported "
+              f"{result.epsilon_reported:.4f} from {result.analysis} at delta {delta:g}: {verdict}")
+    return 0 if result.consistent else 1
+
+
 def cmd_demo(args) -> int:
     d = DEMO
     geometry = LossGeometry.logistic_regression(d["feature_norm_bound"], d["l2_regularization"])
@@ -232,7 +263,8 @@ def cmd_demo(args) -> int:
     return 0
 
 
-COMMANDS = {"epsilon": cmd_epsilon, "noise": cmd_noise, "epochs": cmd_epochs, "plot": cmd_plot, "demo": cmd_demo}
+COMMANDS = {"epsilon": cmd_epsilon, "noise": cmd_noise, "epochs": cmd_epochs, "plot": cmd_plot,
+            "audit": cmd_audit, "demo": cmd_demo}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

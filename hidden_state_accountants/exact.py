@@ -89,6 +89,20 @@ class MixturePair:
         integrand = np.exp(lp) * -np.expm1(np.minimum(epsilon + lq - lp, 0.0))
         return float(np.sum(integrand) * (x[1] - x[0]))
 
+    def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
+        """Exact tradeoff ``T(P, Q)(alpha)`` (Neyman-Pearson: reject P where ``q/p`` is largest)."""
+        alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
+        if self.is_gaussian:
+            return special.ndtr(special.ndtri(1.0 - alpha) - self.mu)
+        x = self._grid(points=40001)
+        lp, lq = self._log_densities(x)
+        order = np.argsort(lp - lq)  # ascending p/q = descending q/p
+        dx = x[1] - x[0]
+        p_mass = np.concatenate([[0.0], np.cumsum(np.exp(lp[order]) * dx)])
+        q_mass = np.concatenate([[0.0], np.cumsum(np.exp(lq[order]) * dx)])
+        p_mass, q_mass = p_mass / p_mass[-1], q_mass / q_mass[-1]
+        return np.clip(1.0 - np.interp(alpha, p_mass, q_mass), 0.0, 1.0)
+
     def epsilon(self, delta: float) -> float:
         """Smallest ``eps >= 0`` with ``delta(eps) <= delta``."""
         f = lambda e: self.delta(e) - delta

@@ -14,7 +14,7 @@ dp_accounting composes it.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -272,16 +272,26 @@ def pld_from_profile(
     return PLD(pmf)
 
 
-def discretization_for(mu_estimate: float, base: float, max_points: float = 1e6) -> float:
-    """A discretisation keeping a composed PLD near ``G(mu_estimate)`` under ``max_points``.
+# Compositions whose CLT estimate exceeds this GDP parameter (epsilon in the tens of
+# thousands) are not built as PLDs: the grid would not fit in memory, the RDP bounds cover them.
+MU_MAX_PLD = 200.0
+
+
+def discretization_for(mu_estimate: float, base: float, max_points: float = 1e6) -> Optional[float]:
+    """A discretisation keeping a composed PLD near ``G(mu_estimate)`` under ``max_points``,
+    or ``None`` when ``mu_estimate > MU_MAX_PLD`` (too large to build).
 
     ``mu_estimate`` is a (CLT) guess of the composed GDP parameter; its loss range is about
     ``mu^2/2 + 12 mu``. Only run time depends on this: every discretisation is pessimistic.
     """
-    if not math.isfinite(mu_estimate):
-        return max(base, 0.1)
+    if not mu_estimate <= MU_MAX_PLD:  # also catches nan/inf
+        return None
     span = mu_estimate * mu_estimate / 2.0 + 12.0 * mu_estimate + 1.0
     return max(base, 2.0 * span / max_points)
+
+
+TOO_LARGE = (f"not computed as a PLD: the composition's CLT estimate exceeds mu = {MU_MAX_PLD:g} "
+             "(epsilon in the tens of thousands); the RDP bounds cover this run")
 
 
 def gaussian_pld(mu: float, discretization: float) -> PLD:

@@ -190,6 +190,21 @@ def test_budget_stops_training_at_the_last_epoch_that_fits(data):
     assert "one more epoch would reach" in cb.stopped_reason
 
 
+def test_budget_is_rechecked_when_another_callback_changes_the_learning_rate(data):
+    # epoch 2 runs at a new step size: the run is no longer constant, only composition holds,
+    # and that exceeds the budget: the callback raises before the first step at the new rate
+    hidden, comp = core_report(2 * SPE).epsilon, composition(core_report(2 * SPE))
+    target = (hidden + comp) / 2
+    assert core_report(SPE).epsilon <= target < comp
+    model = make_model(dp_sgd())
+    cb = callback(target_epsilon=target)
+    scheduler = tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr: LR if epoch == 0 else LR / 2)
+    with pytest.raises(PrivacyBudgetExceeded, match="learning rate changed to 0.25 at step 6"):
+        fit(model, data, cb, epochs=3, extra=[scheduler])
+    assert int(model.optimizer.iterations.numpy()) == SPE
+    assert cb.epsilon == pytest.approx(core_report(SPE).epsilon, rel=1e-12) and cb.epsilon <= target
+
+
 def test_budget_spent_before_the_first_step_raises(data):
     model = make_model(dp_sgd())
     cb = callback(target_epsilon=0.5 * core_report(SPE).epsilon)

@@ -61,6 +61,9 @@ def test_shuffle_partition_draws_one_partition_and_keeps_it():
     # reproducible from the seed, different for another seed
     assert _epoch(batched_dataset(x, y, B, "shuffle_partition", seed=7)) == epochs[0]
     assert _epoch(batched_dataset(x, y, B, "shuffle_partition", seed=8)) != epochs[0]
+    # seed=None: a secret seed, different each time
+    assert _epoch(batched_dataset(x, y, B, "shuffle_partition", seed=None)) != _epoch(
+        batched_dataset(x, y, B, "shuffle_partition", seed=None))
 
 
 def test_without_replacement_draws_distinct_records_afresh_each_step():

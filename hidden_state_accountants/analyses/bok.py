@@ -217,6 +217,8 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     unit = _sensitivity(run) / (run.batch_size * _sigma(run, 1.0))
     counts = run.noise_counts()
     d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)), ctx.discretization)
+    if d_min is None:
+        return NotApplicable(name=name, citation=cite, hidden_state=False, reason=fdp.TOO_LARGE)
 
     def build(delta: float, d: float):
         total = None

@@ -53,6 +53,9 @@ def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: flo
     steps = sum(counts.values()) * repeats
     # the CLT only sizes the grid (run time); the PLD stays pessimistic at any size
     d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(2.0 / min(counts), q, steps)), discretization)
+    if d_min is None:
+        return NotApplicable(name=name, citation="Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE)",
+                             hidden_state=False, reason=fdp.TOO_LARGE)
 
     def build(delta, d):
         total = None
@@ -141,15 +144,17 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             return [_non_private("sampled Gaussian with noise_multiplier 0")]
         q = event.sample_size / event.source_dataset_size
         mu = 2.0 / z
-        pld = PldBound(
-            name="wor_gaussian_pld", citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD",
-            hidden_state=False,
-            discretization=fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(mu, q, count)), ctx.discretization),
-            build=lambda delta, d: (fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), d), ""),
-        )
         rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27",
                        hidden_state=False, orders=ctx.orders,
                        values=rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders))
+        d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(mu, q, count)), ctx.discretization)
+        if d_min is None:
+            return [rdp]
+        pld = PldBound(
+            name="wor_gaussian_pld", citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD",
+            hidden_state=False, discretization=d_min,
+            build=lambda delta, d: (fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), d), ""),
+        )
         return [pld, rdp]
     raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
 

@@ -1,0 +1,47 @@
+"""The TF-Privacy example runs, prints epsilon in Keras' progress output, and learns."""
+
+import importlib.util
+import pathlib
+import warnings
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("tensorflow_privacy")
+pytest.importorskip("sklearn")
+pytestmark = pytest.mark.tf
+
+from hidden_state_accountants import HiddenStateAccountant, LossGeometry, TrainingRunDpEvent  # noqa: E402
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tf_logistic_regression.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("tf_logistic_regression", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_prints_epsilon_per_epoch_and_accuracy(capsys):
+    result = _load().main(["--epochs", "4"])
+    out = capsys.readouterr().out
+    progress = [line for line in out.splitlines() if line.startswith("22/22")]
+    assert len(progress) == 4
+    assert all(" - epsilon: " in line and " - epsilon_composition: " in line for line in progress)
+    assert "final test accuracy:" in out and "Example-level DP" in out
+    assert result["accuracy"] > 0.7  # four epochs of DP logistic regression on digits
+    run = TrainingRunDpEvent.from_epochs(
+        dataset_size=1437, batch_size=64, epochs=4, noise_multiplier=2.0, clip_norm=1.0,
+        learning_rate=0.5, sampling="shuffle_partition",
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = HiddenStateAccountant().compose(run).get_epsilon(1e-5)
+    assert result["epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert f"epsilon: {expected:.4f}" in progress[-1]
+
+
+def test_example_budget_stop():
+    result = _load().main(["--epochs", "10", "--target-epsilon", "4.4"])
+    assert result["epochs"] < 10 and result["epsilon"] <= 4.4

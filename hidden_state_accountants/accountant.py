@@ -248,9 +248,10 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             raise ValueError(f"target_epsilon: must be >= 0, got {target_epsilon}")
         if not self._components:
             return 0.0
+        rdp = self.get_rdp()  # pointwise minimum over every RDP-capable bound (and sum over events)
         if self._single() is not None:
-            return min(b.delta(target_epsilon) for b in self._single().bounds if b.applicable)
-        rdp = self.get_rdp()
+            own = [b.delta(target_epsilon) for b in self._single().bounds if b.applicable]
+            return min(own + [rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)])
         d_rdp = rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)
         pld = self._composed_pld(1e-5)
         d_pld = fdp.pld_delta(pld, target_epsilon) if pld is not None else 1.0

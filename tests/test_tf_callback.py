@@ -18,6 +18,7 @@ from hidden_state_accountants import (  # noqa: E402
     LossGeometry,
     ParameterError,
     TrainingRunDpEvent,
+    max_epochs_within_budget,
 )
 from hidden_state_accountants.tf_privacy import (  # noqa: E402
     DecoupledL2DPKerasSGDOptimizer,
@@ -181,6 +182,9 @@ def test_budget_stops_training_at_the_last_epoch_that_fits(data):
     target = (eps[2] + eps[3]) / 2  # 3 epochs fit, 4 do not
     expected = next(k for k in range(1, 9) if eps[k] > target)  # epochs before the first too many
     assert expected == 3
+    run = TrainingRunDpEvent(dataset_size=N, batch_size=B, steps=SPE, noise_multiplier=Z, clip_norm=C,
+                             learning_rate=LR, sampling="cyclic", geometry=GEOMETRY)
+    assert max_epochs_within_budget(run, target, DELTA).epochs == expected  # the core agrees
     model = make_model(dp_sgd())
     cb = callback(target_epsilon=target)
     hist = fit(model, data, cb, epochs=8).history
@@ -242,9 +246,25 @@ def _refusal_cases():
         ("step size", lambda: make_model(dp_sgd(learning_rate=2.0)), {}, "learning_rate", "2/smoothness"),
         ("diameter without projection", lambda: make_model(dp_sgd()),
          dict(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=4.0)), "geometry", "not projected"),
+        ("DPSequential", lambda: make_dp_sequential(), dict(geometry=None), "model", "DPModel/DPSequential"),
+        ("hidden layer", lambda: make_deep_model(), {}, "geometry", "2 trainable layers"),
         ("other constraint", lambda: make_model(dp_sgd(), kernel_constraint=tf.keras.constraints.MaxNorm(1.0)),
          {}, "constraint", "MaxNorm"),
     ]
+
+
+def make_dp_sequential():
+    model = tfp.DPSequential(l2_norm_clip=C, noise_multiplier=Z,
+                             layers=[tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
+    model.compile(optimizer=tf.keras.optimizers.legacy.SGD(LR), loss=per_example_loss())
+    return model
+
+
+def make_deep_model():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu", input_shape=(DIM,)),
+                                 tf.keras.layers.Dense(CLASSES)])
+    model.compile(optimizer=dp_sgd(), loss=per_example_loss())
+    return model
 
 
 def make_model_ftrl():

@@ -1,1 +1,51 @@
-"""TF-Privacy / Keras adapter, installed as ``hidden_state_accountants.tf_privacy``."""
+"""TF-Privacy / Keras adapter, installed as ``hidden_state_accountants.tf_privacy``.
+
+Add one callback to ``model.fit`` and Keras reports the hidden-state epsilon each epoch::
+
+    from hidden_state_accountants import LossGeometry
+    from hidden_state_accountants.tf_privacy import (
+        DecoupledL2DPKerasSGDOptimizer, HiddenStatePrivacyCallback, batched_dataset)
+
+    opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=1.0,
+                                         l2_regularization=0.01, learning_rate=0.5)
+    model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+    ds = batched_dataset(x, y, batch_size=64, sampling="shuffle_partition", seed=0)
+    cb = HiddenStatePrivacyCallback(
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+        sampling="shuffle_partition", dataset_size=len(x), batch_size=64, delta=1e-5)
+    model.fit(ds, epochs=20, callbacks=[cb])   # logs: epsilon, epsilon_composition
+
+Pieces: :class:`HiddenStatePrivacyCallback` (accounting, budget stop, refusals);
+:func:`batched_dataset` (the batch schedules); :class:`DecoupledL2DPKerasSGDOptimizer` (L2
+outside clipping) and :class:`L2BallProjection` (projection, diameter reported to the
+callback); :func:`compute_hidden_state_privacy_statement` (model-card text).
+"""
+
+from .callback import EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
+from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, partition_indices
+from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
+from .regularization import (
+    DecoupledL2DPKerasSGDOptimizer,
+    L2BallProjection,
+    inside_clipping_regularizers,
+    projection_diameter,
+)
+from .statement import compute_hidden_state_privacy_statement
+
+__all__ = [
+    "HiddenStatePrivacyCallback",
+    "PrivacyBudgetExceeded",
+    "EpochPrivacy",
+    "batched_dataset",
+    "partition_indices",
+    "clip_feature_norms",
+    "DATASET_SAMPLINGS",
+    "DecoupledL2DPKerasSGDOptimizer",
+    "L2BallProjection",
+    "projection_diameter",
+    "inside_clipping_regularizers",
+    "read_dp_optimizer_settings",
+    "DPOptimizerSettings",
+    "compute_hidden_state_privacy_statement",
+]

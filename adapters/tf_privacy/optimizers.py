@@ -1,0 +1,197 @@
+"""Reading the DP-SGD settings out of a TF-Privacy Keras optimizer, and refusing the rest.
+
+TF-Privacy's ``DPKeras*Optimizer`` adds ``N(0, (zC)^2)`` to the sum of the clipped microbatch
+gradients and divides by the number of microbatches (DESIGN.md section 2). With one example
+per microbatch this is the update the core accounts. Everything else (other DP queries,
+microbatches of several examples, gradient accumulation, ...) is refused here with the
+reason, never guessed at.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_privacy.privacy.dp_query import gaussian_query
+
+from hidden_state_accountants import ParameterError
+
+_GENERIC_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras"
+_VECTORIZED_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized"
+_SPARSE_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_sparse"
+
+@dataclass(frozen=True)
+class DPOptimizerSettings:
+    """What the accountant needs from a TF-Privacy optimizer.
+
+    Attributes:
+      name: the optimizer's class name.
+      base: ``"sgd"``, ``"adam"`` or ``"adagrad"`` (the update applied to the noisy gradient).
+      l2_norm_clip: ``C``.
+      noise_multiplier: ``z`` (noise std on the clipped sum divided by ``C``).
+      num_microbatches: ``None`` means one example per microbatch.
+      gradient_accumulation_steps: optimiser calls per applied update.
+      momentum: SGD momentum (0 for plain SGD).
+      nesterov: SGD Nesterov flag.
+      l2_regularization: the decoupled L2 term added outside clipping (0 if none).
+      gradient_postprocessing: Keras ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` set on
+        the noisy gradient, described, or ``None``.
+      inverse_time_decay: the legacy ``decay`` argument (``lr / (1 + decay * step)``).
+    """
+
+    name: str
+    base: str
+    l2_norm_clip: float
+    noise_multiplier: float
+    num_microbatches: Optional[int]
+    gradient_accumulation_steps: int
+    momentum: float
+    nesterov: bool
+    l2_regularization: float
+    gradient_postprocessing: Optional[str]
+    inverse_time_decay: float
+
+
+def _is_from(opt, module: str) -> bool:
+    return any(c.__module__ == module and c.__name__ == "DPOptimizerClass" for c in type(opt).__mro__)
+
+
+def _display_name(opt) -> str:
+    cls = type(opt)
+    if cls.__name__ == "DPOptimizerClass":  # TF-Privacy's generated classes share this name
+        return f"TF-Privacy DP {cls.__mro__[1].__name__} optimizer"
+    return cls.__name__
+
+
+def _value(x) -> float:
+    if callable(x) and not isinstance(x, (tf.Variable, tf.Tensor)):
+        x = x()
+    return float(np.asarray(tf.keras.backend.get_value(x)))
+
+
+def read_dp_optimizer_settings(optimizer) -> DPOptimizerSettings:
+    """The DP-SGD settings of a TF-Privacy Keras optimizer.
+
+    Raises:
+      ParameterError: for an optimizer that is not a TF-Privacy Gaussian DP-SGD optimizer
+        (plain Keras optimizers, DP-FTRL tree aggregation, sparse DP optimizers, other DP
+        queries), with the reason.
+    """
+    if optimizer is None:
+        raise ParameterError("optimizer", "the model is not compiled; compile it with a TF-Privacy DP optimizer")
+    name = _display_name(optimizer)
+    legacy = tf.keras.optimizers.legacy
+    if _is_from(optimizer, _SPARSE_MODULE):
+        raise ParameterError(
+            "optimizer",
+            f"{name} (DPSparseKeras*) adds noise when gradients are applied, not per step as accounted; "
+            "use DPKerasSGDOptimizer",
+        )
+    if _is_from(optimizer, _GENERIC_MODULE):
+        query = optimizer._dp_sum_query
+        if type(query) is not gaussian_query.GaussianSumQuery:
+            raise ParameterError(
+                "optimizer",
+                f"{name} uses the DP query {type(query).__name__}; only the GaussianSumQuery of "
+                "DPKeras*Optimizer (independent Gaussian noise each step) is accounted",
+            )
+        # the global state holds what the optimizer actually uses (set at construction)
+        state = optimizer._global_state
+        clip = float(np.asarray(state.l2_norm_clip))
+        stddev = float(np.asarray(state.stddev))
+        noise = stddev / clip if clip > 0 else math.nan
+        micro = optimizer._num_microbatches
+        accum = int(optimizer.gradient_accumulation_steps)
+    elif _is_from(optimizer, _VECTORIZED_MODULE):
+        clip = float(optimizer._l2_norm_clip)
+        noise = float(optimizer._noise_multiplier)
+        micro = optimizer._num_microbatches
+        accum = 1
+    else:
+        if getattr(type(optimizer), "__module__", "").startswith("tensorflow_privacy"):
+            raise ParameterError("optimizer", f"{name} is not a TF-Privacy DP-SGD optimizer this adapter can account")
+        raise ParameterError(
+            "optimizer",
+            f"{name} is not a TF-Privacy DP optimizer: training is not differentially private "
+            "(compile with tensorflow_privacy.DPKerasSGDOptimizer)",
+        )
+    if not (math.isfinite(clip) and clip > 0):
+        raise ParameterError("l2_norm_clip", f"must be > 0, got {clip!r}")
+    if not (math.isfinite(noise) and noise > 0):
+        raise ParameterError("noise_multiplier", f"must be > 0 for any privacy guarantee, got {noise!r}")
+    if micro is not None:
+        micro = int(np.asarray(micro))
+
+    if isinstance(optimizer, legacy.SGD):
+        base = "sgd"
+        momentum = _value(optimizer._get_hyper("momentum"))
+        nesterov = bool(optimizer.nesterov)
+    elif isinstance(optimizer, legacy.Adam):
+        base, momentum, nesterov = "adam", 0.0, False
+    elif isinstance(optimizer, legacy.Adagrad):
+        base, momentum, nesterov = "adagrad", 0.0, False
+    else:
+        base, momentum, nesterov = type(optimizer).__mro__[2].__name__.lower(), 0.0, False
+    post = [
+        f"{k}={getattr(optimizer, k)}"
+        for k in ("clipnorm", "clipvalue", "global_clipnorm")
+        if getattr(optimizer, k, None) is not None
+    ]
+    return DPOptimizerSettings(
+        name=name,
+        base=base,
+        l2_norm_clip=clip,
+        noise_multiplier=noise,
+        num_microbatches=micro,
+        gradient_accumulation_steps=accum,
+        momentum=momentum,
+        nesterov=nesterov,
+        l2_regularization=float(getattr(optimizer, "_l2_regularization", 0.0)),
+        gradient_postprocessing=", ".join(post) or None,
+        inverse_time_decay=float(getattr(optimizer, "_initial_decay", 0.0) or 0.0),
+    )
+
+
+def check_accountable(settings: DPOptimizerSettings, batch_size: int) -> None:
+    """Refuses settings that change the sensitivity or the noise the accountant assumes."""
+    if settings.num_microbatches not in (None, batch_size):
+        raise ParameterError(
+            "num_microbatches",
+            f"must be None or batch_size ({batch_size}), got {settings.num_microbatches}: microbatches of "
+            "several examples clip their mean gradient, so the per-step noise on the mean is zC/"
+            f"{settings.num_microbatches}, not zC/{batch_size} as accounted",
+        )
+    if settings.gradient_accumulation_steps != 1:
+        raise ParameterError(
+            "gradient_accumulation_steps",
+            f"must be 1, got {settings.gradient_accumulation_steps}: accumulation sums several noisy "
+            "gradients per update (noise sqrt(k) z C), which is not the accounted step",
+        )
+
+
+def hidden_state_refusal(settings: DPOptimizerSettings) -> Optional[Tuple[str, str]]:
+    """``(parameter, reason)`` why the optimizer's update is not the gradient step the
+    hidden-state analyses assume, or ``None``. Composition accounting still holds (any update of the noisy gradient is
+    post-processing)."""
+    if settings.base != "sgd":
+        return (
+            "optimizer",
+            f"{settings.name} applies {settings.base} to the noisy gradient; the hidden-state "
+            "analyses assume plain gradient steps (use DPKerasSGDOptimizer, or geometry=None for composition)"
+        )
+    if settings.momentum != 0.0 or settings.nesterov:
+        return (
+            "momentum",
+            f"must be 0 for the hidden-state analyses (a momentum step is not a contraction "
+            f"of one gradient step), got momentum={settings.momentum:g}, nesterov={settings.nesterov}"
+        )
+    if settings.gradient_postprocessing:
+        return (
+            "optimizer",
+            f"{settings.gradient_postprocessing} post-processes the noisy gradient; the "
+            "hidden-state analyses assume it is applied as is"
+        )
+    return None

@@ -1,0 +1,190 @@
+"""L2 regularisation outside clipping and projection onto an L2 ball (DESIGN.md section 2).
+
+The analysed update is ``theta <- Proj_K(theta - lr*[(1/b) sum clip_C(grad l_i) + m_reg*theta + noise])``:
+
+* the L2 term ``m_reg*theta`` is added *after* per-example clipping and noise. A Keras
+  ``kernel_regularizer`` (or any ``model.losses`` term) is added by Keras to every
+  per-example loss, so TF-Privacy clips it with the data gradient: that is not the analysed
+  update. :class:`DecoupledL2DPKerasSGDOptimizer` adds the term outside clipping and noise;
+  :func:`inside_clipping_regularizers` finds the Keras regularisers to warn about.
+* ``Proj_K`` is applied after every step. :class:`L2BallProjection` is a Keras constraint,
+  which every Keras optimiser applies to its variable right after each update; with one on
+  every trainable variable the parameters stay in a product of balls, a convex set whose
+  diameter :func:`projection_diameter` reports.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import tensorflow as tf
+from tensorflow_privacy.privacy.dp_query import gaussian_query
+from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras import GenericDPSGDOptimizer
+
+from hidden_state_accountants import ParameterError
+
+# float32 rounding can leave a projected tensor a few ulps outside its ball; the reported
+# diameter is inflated by this factor so it stays an upper bound (a larger D only loosens bounds).
+_DIAMETER_SLACK = 1.0 + 1e-5
+
+
+class DecoupledL2DPKerasSGDOptimizer(GenericDPSGDOptimizer):
+    """``DPKerasSGDOptimizer`` plus an L2 term ``l2_regularization * theta`` outside clipping.
+
+    The gradient it applies is TF-Privacy's (per-example clipped, summed, noised, divided by
+    the number of microbatches) plus ``l2_regularization * theta`` for *every* trainable
+    variable, biases included: strong convexity ``m = l2_regularization`` of the update map
+    needs the term on all parameters (Ye & Shokri 2022, Prop. 5.1/5.2).
+
+    Args:
+      l2_norm_clip: ``C``.
+      noise_multiplier: ``z``; the noise on the sum of clipped gradients is ``N(0, (zC)^2)``.
+      l2_regularization: ``m_reg >= 0``.
+      num_microbatches: ``None`` (one example per microbatch, what the accountant assumes).
+      gradient_accumulation_steps: must stay 1 for the accountant.
+      **kwargs: passed to ``tf.keras.optimizers.legacy.SGD`` (``learning_rate``, ...).
+    """
+
+    def __init__(
+        self,
+        l2_norm_clip: float,
+        noise_multiplier: float,
+        l2_regularization: float,
+        num_microbatches: Optional[int] = None,
+        gradient_accumulation_steps: int = 1,
+        **kwargs,
+    ):
+        m = float(l2_regularization)
+        if not (math.isfinite(m) and m >= 0):
+            raise ParameterError("l2_regularization", f"must be a finite number >= 0, got {l2_regularization!r}")
+        query = gaussian_query.GaussianSumQuery(l2_norm_clip, l2_norm_clip * noise_multiplier)
+        super().__init__(
+            query,
+            num_microbatches=num_microbatches,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            **kwargs,
+        )
+        self._l2_regularization = m
+        self._l2_norm_clip = float(l2_norm_clip)
+        self._noise_multiplier = float(noise_multiplier)
+
+    @property
+    def l2_regularization(self) -> float:
+        return self._l2_regularization
+
+    def _add_l2(self, grad, var):
+        if grad is None:
+            grad = tf.zeros_like(var)
+        grad = tf.convert_to_tensor(grad)  # IndexedSlices -> dense: the L2 term touches every entry
+        if self._l2_regularization == 0.0:
+            return grad
+        return grad + tf.cast(self._l2_regularization, var.dtype) * tf.convert_to_tensor(var)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        grads_and_vars = super()._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
+        return [(self._add_l2(g, v), v) for g, v in grads_and_vars]
+
+    def get_gradients(self, loss, params):
+        grads = super().get_gradients(loss, params)
+        return [self._add_l2(g, p) for g, p in zip(grads, params)]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            l2_regularization=self._l2_regularization,
+            l2_norm_clip=self._l2_norm_clip,
+            noise_multiplier=self._noise_multiplier,
+        )
+        return config
+
+
+class L2BallProjection(tf.keras.constraints.Constraint):
+    """Projects a whole weight tensor onto ``{w : ||w||_2 <= radius}`` after every step.
+
+    Unlike ``tf.keras.constraints.MaxNorm`` (per column) this is the Euclidean projection of
+    the tensor as one vector. Use it as ``kernel_constraint=`` and ``bias_constraint=`` on
+    every trainable layer; :func:`projection_diameter` then reports the diameter.
+    """
+
+    def __init__(self, radius: float):
+        r = float(radius)
+        if not (math.isfinite(r) and r > 0):
+            raise ParameterError("radius", f"must be a finite number > 0, got {radius!r}")
+        self.radius = r
+
+    def __call__(self, w):
+        norm = tf.norm(tf.reshape(w, [-1]))
+        scale = tf.minimum(tf.constant(1.0, w.dtype), tf.cast(self.radius, w.dtype) / tf.maximum(norm, tf.cast(1e-30, w.dtype)))
+        return w * scale
+
+    def get_config(self):
+        return {"radius": self.radius}
+
+
+def _var_name(v) -> str:
+    return getattr(v, "path", None) or v.name
+
+
+def projection_diameter(model: tf.keras.Model) -> Optional[float]:
+    """Diameter of the set the trainable parameters are projected onto, or ``None``.
+
+    Returns ``2 * sqrt(sum_j r_j^2)`` (the diameter of the product of balls) when *every*
+    trainable variable carries an :class:`L2BallProjection` of radius ``r_j``; ``None`` when
+    any is unconstrained. Raises :class:`ParameterError` for any other Keras constraint: it
+    is not a projection the analyses cover.
+    """
+    variables = model.trainable_variables
+    if not variables:
+        return None
+    total, missing = 0.0, False
+    for v in variables:
+        c = getattr(v, "constraint", None)
+        if c is None:
+            missing = True
+        elif isinstance(c, L2BallProjection):
+            total += c.radius**2
+        else:
+            raise ParameterError(
+                "constraint",
+                f"variable {_var_name(v)!r} has {type(c).__name__}; only L2BallProjection (projection "
+                "onto a ball, convex and non-expansive) is covered by the hidden-state analyses",
+            )
+    if missing:
+        return None
+    return 2.0 * math.sqrt(total) * _DIAMETER_SLACK
+
+
+def unprojected_variables(model: tf.keras.Model) -> List[str]:
+    """Names of trainable variables without an :class:`L2BallProjection`."""
+    return [_var_name(v) for v in model.trainable_variables if not isinstance(getattr(v, "constraint", None), L2BallProjection)]
+
+
+def trainable_layers(model: tf.keras.Model) -> List[str]:
+    """Names of the layers that own trainable weights (nested models looked into)."""
+    return [
+        layer.name for layer in model.submodules
+        if isinstance(layer, tf.keras.layers.Layer) and getattr(layer, "_trainable_weights", None)
+    ]
+
+
+def inside_clipping_regularizers(model: tf.keras.Model) -> List[str]:
+    """Descriptions of loss terms Keras adds to every per-example loss (so TF-Privacy clips them).
+
+    Lists each layer's ``kernel_regularizer`` / ``bias_regularizer`` /
+    ``activity_regularizer`` and, if no layer explains them, the count of ``model.losses``.
+    """
+    found = []
+    for layer in model.submodules:
+        if not isinstance(layer, tf.keras.layers.Layer):
+            continue
+        for attr in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                     "depthwise_regularizer", "pointwise_regularizer", "recurrent_regularizer",
+                     "beta_regularizer", "gamma_regularizer", "embeddings_regularizer"):
+            if getattr(layer, attr, None) is not None:
+                found.append(f"{layer.name}.{attr}")
+    if not found:
+        n = len(model.losses)
+        if n:
+            found.append(f"{n} term(s) in model.losses (add_loss)")
+    return found

@@ -121,9 +121,16 @@ class PrivacyReport:
     analyses: List[AnalysisReport]
     notes: List[str] = field(default_factory=list)
 
+    @property
+    def composition_epsilon(self) -> float:
+        """The best composition baseline listed (valid even if every iterate is released)."""
+        values = [a.epsilon for a in self.analyses if not a.hidden_state and a.epsilon is not None]
+        return min(values) if values else math.inf
+
     def to_dict(self) -> dict:
         return {
             "epsilon": _json_number(self.epsilon),
+            "composition_epsilon": _json_number(self.composition_epsilon),
             "delta": self.delta,
             "analysis": self.analysis,
             "neighboring_relation": self.neighboring_relation,
@@ -409,6 +416,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
 
 
 __all__ = [
+    "NO_GEOMETRY",
     "HiddenStateAccountant",
     "PrivacyReport",
     "AnalysisReport",

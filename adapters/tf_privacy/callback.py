@@ -29,7 +29,7 @@ from hidden_state_accountants import (
 )
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import PrivacyReport
-from hidden_state_accountants.analyses._common import NO_GEOMETRY
+from hidden_state_accountants.accountant import NO_GEOMETRY
 
 from .data import DATASET_SAMPLINGS
 from .optimizers import (
@@ -44,7 +44,7 @@ from .regularization import (
     trainable_layers,
     unprojected_variables,
 )
-from .statement import composition_epsilon, statement_for_run
+from .statement import statement_for_run
 
 _DP_MODEL_MODULE = "tensorflow_privacy.privacy.keras_models.dp_keras_model"
 
@@ -227,7 +227,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._sync()
         report = self._report()
-        comp = composition_epsilon(report)
+        comp = report.composition_epsilon
         if logs is not None:
             logs["epsilon"] = report.epsilon
             logs["epsilon_composition"] = comp

@@ -79,12 +79,6 @@ def statement_for_run(run: TrainingRunDpEvent, delta: float, *, include_analyses
     return _render(run, report, include_analyses)
 
 
-def composition_epsilon(report: PrivacyReport) -> float:
-    """The best composition baseline in ``report`` (valid when every iterate is released)."""
-    values = [a.epsilon for a in report.analyses if not a.hidden_state and a.epsilon is not None]
-    return min(values) if values else math.inf
-
-
 def _fill(text: str) -> str:
     return textwrap.fill(text, width=_WIDTH, break_on_hyphens=False)
 
@@ -131,7 +125,7 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, include_analyses: bo
 
     hidden = next((a for a in report.analyses if a.name == report.analysis), None)
     hidden_won = hidden is not None and hidden.hidden_state
-    comp = composition_epsilon(report)
+    comp = report.composition_epsilon
     lines = [_fill(
         f"Example-level DP with replace-one adjacency ({report.neighboring_relation}) at delta = "
         f"{report.delta:g}:"

@@ -15,7 +15,7 @@ garbled we say so and re-derive it.
 from __future__ import annotations
 
 import math
-from typing import Iterable, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 

@@ -19,11 +19,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import attr
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
+from hidden_state_accountants import validation as v
 from hidden_state_accountants.analyses import altschuler_talwar, bok, chourasia, composition, ye_shokri
 from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
 from hidden_state_accountants.bounds import Bound, NotApplicable
@@ -68,9 +70,34 @@ def register_event_analyzer(event_type: type, analyzer: EventAnalyzer) -> None:
     _EVENT_ANALYZERS[event_type] = analyzer
 
 
+def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
+    """The same run in units where the clip norm is 1.
+
+    The privacy of DP-SGD is invariant under ``theta -> theta / C``: the rescaled losses
+    ``l(C theta')/C^2`` keep ``m`` and ``M``, their clipped gradients are the old ones over
+    ``C``, the noise becomes ``z``, a domain of diameter ``D`` becomes ``D/C`` and an LSI
+    constant ``c`` becomes ``c C^2``. Analysing the normalised run keeps every formula free of
+    over- and underflow in ``C`` (e.g. ``sigma^2 = lr z^2 C^2 / (2 b^2)``).
+    """
+    C = run.clip_norm
+    if C == 1.0:
+        return run
+    geom = run.geometry
+    if geom is not None and (geom.diameter is not None or geom.lsi_constant is not None):
+        changes = {}
+        if geom.diameter is not None:
+            # an underflow to 0 would be invalid; the smallest positive diameter is conservative
+            changes["diameter"] = max(geom.diameter / C, 5e-324)
+        if geom.lsi_constant is not None:
+            changes["lsi_constant"] = min(geom.lsi_constant * C * C, 1.7e308)  # capped: conservative
+        geom = attr.evolve(geom, **changes)
+    return run.replace(clip_norm=1.0, geometry=geom)
+
+
 def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
     """Every analysis for ``run``: its schedule's composition baselines and all hidden-state
     analyses, those that do not apply carrying the reason."""
+    run = normalised(run)
     bounds = [f(run, ctx) for f in COMPOSITION_BASELINES[run.sampling]]
     applicable = HIDDEN_STATE_ANALYSES[run.sampling]
     for f in _ALL_HIDDEN:
@@ -204,10 +231,13 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 f"got {neighboring_relation}"
             )
         super().__init__(neighboring_relation)
+        d = v.positive_float("pld_discretization", pld_discretization)
+        if d > 0.1:
+            raise v.ParameterError("pld_discretization", f"must be <= 0.1 for meaningful PLDs, got {d:g}")
         orders = rdp_tools.DEFAULT_ORDERS if orders is None else tuple(sorted(float(a) for a in orders))
-        if not orders or min(orders) <= 1:
-            raise ValueError(f"orders: every RDP order must be > 1, got {orders}")
-        self._ctx = Context(orders=tuple(orders), discretization=float(pld_discretization))
+        if not orders or not all(1 < a < math.inf for a in orders):
+            raise v.ParameterError("orders", f"every RDP order must be finite and > 1, got {orders}")
+        self._ctx = Context(orders=tuple(orders), discretization=d)
         self._components: List[_Component] = []
         self._warned = False
 
@@ -251,8 +281,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return self.explain(target_delta).epsilon
 
     def get_delta(self, target_epsilon: float) -> float:
-        if not 0 <= target_epsilon:
-            raise ValueError(f"target_epsilon: must be >= 0, got {target_epsilon}")
+        v.nonnegative_float("target_epsilon", target_epsilon)
         if not self._components:
             return 0.0
         rdp = self.get_rdp()  # pointwise minimum over every RDP-capable bound (and sum over events)
@@ -267,8 +296,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     # --------------------------------------------------------------------- reporting
     def explain(self, target_delta: float) -> PrivacyReport:
         """Every analysis with its epsilon (or reason), and the best valid one."""
-        if not 0 < target_delta < 1:
-            raise ValueError(f"target_delta: must lie in (0, 1), got {target_delta}")
+        v.probability("target_delta", target_delta)
         notes = [
             "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
         ]

@@ -58,14 +58,14 @@ class LossGeometry:
     feature clipping of the adapters make these claims true.
     """
 
-    smoothness: float = attr.ib(converter=float)
-    strong_convexity: float = attr.ib(default=0.0, converter=float)
+    smoothness: float = attr.ib()
+    strong_convexity: float = attr.ib(default=0.0)
     diameter: Optional[float] = attr.ib(default=None)
     lsi_constant: Optional[float] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
-        v.positive_float("smoothness", self.smoothness)
-        v.nonnegative_float("strong_convexity", self.strong_convexity)
+        object.__setattr__(self, "smoothness", v.positive_float("smoothness", self.smoothness))
+        object.__setattr__(self, "strong_convexity", v.nonnegative_float("strong_convexity", self.strong_convexity))
         if self.strong_convexity > self.smoothness:
             raise v.ParameterError(
                 "strong_convexity",

@@ -44,13 +44,27 @@ def _sgm_rdp_cached(q: float, noise_multiplier: float, orders: Tuple[float, ...]
     return tuple(float(x) for x in np.atleast_1d(out))
 
 
+# dp_accounting's subsampled-Gaussian RDP takes seconds at orders in the millions; beyond this
+# order we report infinity (a valid, uninformative value: such orders never give the best epsilon).
+MAX_SUBSAMPLED_ORDER = 4096.0
+
+
+def _limited(fn, q: float, noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
+    orders = np.asarray(orders, dtype=float)
+    out = np.full(orders.shape, np.inf)
+    small = orders <= MAX_SUBSAMPLED_ORDER
+    if np.any(small):
+        out[small] = fn(float(q), float(noise_multiplier), tuple(float(a) for a in orders[small]))
+    return out
+
+
 def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:
     """RDP of the sampled Gaussian mechanism with sensitivity 1 (dp_accounting, Mironov et al. 2019).
 
     dp_accounting evaluates ``D_a(mix || N(0)) >= D_a(N(0) || mix)`` (Mironov et al. Thm 4/5),
     so the value bounds both directions and is valid at every order, integer or not.
     """
-    return np.asarray(_sgm_rdp_cached(float(q), float(noise_multiplier), tuple(float(a) for a in orders)))
+    return _limited(_sgm_rdp_cached, q, noise_multiplier, orders)
 
 
 @lru_cache(maxsize=1024)
@@ -65,4 +79,4 @@ def without_replacement_gaussian_rdp(q: float, noise_multiplier: float, orders: 
     Wang, Balle & Kasiviswanathan (2019) Thm. 27 as implemented in dp_accounting;
     ``noise_multiplier`` is relative to the replace-one sensitivity of the base query.
     """
-    return np.asarray(_wor_rdp_cached(float(q), float(noise_multiplier), tuple(float(a) for a in orders)))
+    return _limited(_wor_rdp_cached, q, noise_multiplier, orders)

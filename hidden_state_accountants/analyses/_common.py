@@ -37,6 +37,8 @@ def hidden_state_preconditions(run: TrainingRunDpEvent) -> Optional[str]:
 def need_strong_convexity(run: TrainingRunDpEvent) -> Optional[str]:
     if run.geometry.strong_convexity <= 0:
         return "needs a strongly convex loss (strong_convexity > 0)"
+    if math.log1p(-min(run.learning_rate * run.geometry.strong_convexity, 0.5)) == 0.0:
+        return "learning_rate * strong_convexity underflows: the contraction 1 - lr*m is 1 in floating point"
     return None
 
 

@@ -170,10 +170,11 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     unit = _sensitivity(run) / (run.batch_size * _sigma(run, run.noise_multiplier))
     if lc == -math.inf or E == 1:
         extra = 0.0
-    else:
-        a = math.exp((2 * l - 2) * lc) * (-math.expm1(2 * lc)) / math.expm1(l * lc) ** 2
+    else:  # in log space: each factor under- or overflows when c is within 1e-300 of 1
         x = l * (E - 1) * lc
-        extra = a * (-math.expm1(x)) / (1 + math.exp(x))
+        log_extra = ((2 * l - 2) * lc + math.log(-math.expm1(2 * lc)) - 2 * math.log(-math.expm1(l * lc))
+                     + math.log(-math.expm1(x)) - math.log1p(math.exp(x)))
+        extra = math.exp(log_extra)
     return GdpBound(name=name, citation=cite, hidden_state=True, mu=unit * math.sqrt(1 + extra), monotone_in_steps=True)
 
 

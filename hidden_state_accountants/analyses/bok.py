@@ -52,6 +52,18 @@ def log_contraction(run: TrainingRunDpEvent) -> float:
     return max(log_abs_one_minus(lr * g.strong_convexity), log_abs_one_minus(lr * g.smoothness))
 
 
+def _strongly_convex_conditions(run: TrainingRunDpEvent):
+    """Theorems 4.2, 4.5, 4.9: m-strongly convex, M-smooth, eta in (0, 2/M)."""
+    return cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_strong_convexity(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"))
+
+
+def _constrained_conditions(run: TrainingRunDpEvent):
+    """Theorems 4.3, 4.6, 4.10: convex, M-smooth, diameter D, eta in [0, 2/M]."""
+    return cm.hidden_state_preconditions(run) or cm.first_reason(
+        cm.need_diameter(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False))
+
+
 def _not(name: str, cite: str, reason: str) -> NotApplicable:
     return NotApplicable(name=name, citation=cite, hidden_state=True, reason=reason)
 
@@ -81,10 +93,7 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     the expression above. ``tests/test_exact_gaussian.py`` pins it.
     """
     name, cite = "bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)"
-    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_strong_convexity(run),
-        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
-    )
+    reason = _strongly_convex_conditions(run)
     if reason:
         return _not(name, cite, reason)
     lc, t = log_contraction(run), run.steps
@@ -113,10 +122,7 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         mu = (1/sigma) * sqrt( 3 L D / (eta n) + (L^2/n^2) * ceil(D n / (eta L)) ).
     """
     name, cite = "bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)"
-    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_diameter(run),
-        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
-    )
+    reason = _constrained_conditions(run)
     if reason:
         return _not(name, cite, reason)
     n, eta, D, L = run.dataset_size, run.learning_rate, run.geometry.diameter, _sensitivity(run)
@@ -160,10 +166,7 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     with ``E``.
     """
     name, cite = "bok_thm4.5", f"{CITE}, Thm 4.5 (NoisyCGD, strongly convex)"
-    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_strong_convexity(run),
-        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
-    )
+    reason = _strongly_convex_conditions(run)
     if reason:
         return _not(name, cite, reason)
     l, E, lc = run.steps_per_epoch, cm.epochs_visited(run), log_contraction(run)
@@ -186,10 +189,7 @@ def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     The epoch condition is checked on *complete* epochs ``floor(t/l)`` (conservative).
     """
     name, cite = "bok_thm4.6", f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)"
-    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_diameter(run),
-        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
-    )
+    reason = _constrained_conditions(run)
     if reason:
         return _not(name, cite, reason)
     b, l, eta, D, L = run.batch_size, run.steps_per_epoch, run.learning_rate, run.geometry.diameter, _sensitivity(run)
@@ -287,11 +287,8 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     candidates around the CLT optimum; each candidate is composed exactly.
     """
     name, cite = "bok_thm4.9", f"{CITE}, Thm 4.9 (NoisySGD, strongly convex)"
-    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_strong_convexity(run),
-        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"),
-        "needs t >= 2 steps (tau ranges over 1..t-1)" if run.steps < 2 else None,
-    )
+    reason = _strongly_convex_conditions(run) or (
+        "needs t >= 2 steps (tau ranges over 1..t-1)" if run.steps < 2 else None)
     if reason:
         return _not(name, cite, reason)
     t, p = run.steps, run.batch_size / run.dataset_size
@@ -325,10 +322,7 @@ def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     for any ``tau = 0, ..., t-1``; ``tau`` chosen as in :func:`thm_4_9`.
     """
     name, cite = "bok_thm4.10", f"{CITE}, Thm 4.10 (NoisySGD, constrained convex)"
-    reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_diameter(run),
-        cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
-    )
+    reason = _constrained_conditions(run)
     if reason:
         return _not(name, cite, reason)
     t, p, eta, D = run.steps, run.batch_size / run.dataset_size, run.learning_rate, run.geometry.diameter

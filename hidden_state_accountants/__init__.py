@@ -21,11 +21,16 @@ from hidden_state_accountants.calibration import (
 from hidden_state_accountants.events import SAMPLINGS, LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.validation import ParameterError
 
+# DP-SBCD's analysis registers its event with the accountant on import.
+from hidden_state_accountants.analyses import sbcd as _sbcd  # noqa: E402,F401  (registration)
+from hidden_state_accountants.analyses.sbcd import DpSbcdRunDpEvent  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
     "HiddenStateAccountant",
     "TrainingRunDpEvent",
+    "DpSbcdRunDpEvent",
     "LossGeometry",
     "PrivacyReport",
     "AnalysisReport",

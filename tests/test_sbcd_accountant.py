@@ -328,6 +328,12 @@ def test_long_run_in_log_space():
     (dict(batch_size=100), "batch_size"),
     (dict(gamma=0.0), "gamma"),
     (dict(step_size=(0.1, 0.2, 0.3)), "step_size"),
+    (dict(step_size="fast"), "step_size"),
+    (dict(noise=()), "noise"),
+    (dict(rho=float("nan")), "rho"),
+    (dict(noise=(float("inf"),)), "noise"),
+    (dict(steps=0), "steps"),
+    (dict(num_layers=0), "num_layers"),
 ])
 def test_bad_parameters(kw, param):
     with pytest.raises(ParameterError) as err:

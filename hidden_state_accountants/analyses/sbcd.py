@@ -274,16 +274,24 @@ def compress_noise(per_step: Sequence[float], steps_per_epoch: int) -> Tuple[flo
 
 
 # ----------------------------------------------------------------------------------- event
-def _float_tuple(value) -> Tuple[float, ...]:
-    if isinstance(value, (list, tuple, np.ndarray)):
-        return tuple(float(x) for x in np.asarray(value, dtype=float).ravel())
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return (float(value),)
-    raise TypeError(f"expected a number or a sequence of numbers, got {value!r}")
+def _float_tuple(name: str):
+    """An attrs converter to a tuple of floats that fails with a ParameterError naming ``name``."""
 
+    def convert(value) -> Tuple[float, ...]:
+        if value is None and name == "radius":
+            return None
+        try:
+            if isinstance(value, (list, tuple, np.ndarray)):
+                out = tuple(float(x) for x in np.asarray(value, dtype=float).ravel())
+                if out:
+                    return out
+            elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+                return (float(value),)
+        except (TypeError, ValueError):
+            pass
+        raise v.ParameterError(name, f"must be a number or a non-empty sequence of numbers, got {value!r}")
 
-def _opt_float_tuple(value):
-    return None if value is None else _float_tuple(value)
+    return convert
 
 
 def _per_layer(name: str, values: Tuple[float, ...], layers: int) -> Tuple[float, ...]:
@@ -332,15 +340,15 @@ class DpSbcdRunDpEvent(dp_event.DpEvent):
     batch_size: int = attr.ib()
     steps: int = attr.ib()
     num_layers: int = attr.ib()
-    step_size: Tuple[float, ...] = attr.ib(converter=_float_tuple)
-    rho: Tuple[float, ...] = attr.ib(converter=_float_tuple)
-    noise: Tuple[float, ...] = attr.ib(converter=_float_tuple)
+    step_size: Tuple[float, ...] = attr.ib(converter=_float_tuple("step_size"))
+    rho: Tuple[float, ...] = attr.ib(converter=_float_tuple("rho"))
+    noise: Tuple[float, ...] = attr.ib(converter=_float_tuple("noise"))
     gamma: float = attr.ib(default=1.0)
     regularizer: str = attr.ib(default="none")
-    regularization: Tuple[float, ...] = attr.ib(default=0.0, converter=_float_tuple)
+    regularization: Tuple[float, ...] = attr.ib(default=0.0, converter=_float_tuple("regularization"))
     sampling: str = attr.ib(default="shuffle_partition")
     variant: str = attr.ib(default="proximal_gradient")
-    radius: Optional[Tuple[float, ...]] = attr.ib(default=None, converter=_opt_float_tuple)
+    radius: Optional[Tuple[float, ...]] = attr.ib(default=None, converter=_float_tuple("radius"))
     paper_assumptions: bool = attr.ib(default=True)
 
     def __attrs_post_init__(self):
@@ -550,12 +558,14 @@ def rdp_from_positions(event: DpSbcdRunDpEvent, log_a: np.ndarray, orders: Seque
     orders = np.asarray(orders, dtype=float)
     if np.any(orders <= 1):
         raise v.ParameterError("orders", "every RDP order must be > 1")
-    a = np.exp(log_a)  # A(j0) itself: eps(alpha, j0) = alpha A(j0)
+    with np.errstate(over="ignore"):
+        a = np.exp(log_a)  # A(j0) itself: eps(alpha, j0) = alpha A(j0)
     if event.sampling == "cyclic":
         return orders * float(np.max(a))
     n, b, l = event.dataset_size, event.batch_size, event.steps_per_epoch
     log_w = math.log(b / n)
-    exps = ((orders - 1.0) * orders)[:, None] * a[None, :] + log_w
+    with np.errstate(over="ignore", invalid="ignore"):
+        exps = ((orders - 1.0) * orders)[:, None] * a[None, :] + log_w
     dropped = n - l * b
     if dropped > 0:
         exps = np.hstack([exps, np.full((len(orders), 1), math.log(dropped / n))])

@@ -181,6 +181,25 @@ def test_schedule_change_mid_training_is_accounted_and_hidden_state_refused(what
     assert any("changes during training" in r for r in reasons)
 
 
+def test_clip_norm_change_mid_training_falls_back_to_composition():
+    s = hso.CyclicBatchSampler(N, 10)
+    engine, model, opt, loader = private(s, clip=1.0)
+    hook = hso.ProjectionHook(opt, l2_regularization=0.05)
+    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=s)
+
+    def change(epoch):
+        opt.max_grad_norm = 2.0
+
+    train(model, opt, loader, 2, on_epoch=change)
+    with pytest.warns(UserWarning, match="max_grad_norm changed during training"):
+        eps = engine.get_epsilon(DELTA)
+    # composition depends on the noise-to-sensitivity ratio z only, whatever C is
+    run = TrainingRunDpEvent(dataset_size=N, batch_size=10, steps=12, noise_multiplier=2.0, clip_norm=2.0,
+                             learning_rate=0.5, sampling="cyclic")
+    assert engine.accountant.training_run() == run
+    assert eps == core_epsilon(run)
+
+
 def test_non_sgd_optimizer_gets_composition_with_the_reason():
     s = hso.CyclicBatchSampler(N, 10)
     engine, model, opt, loader = private(s, optimizer="adam", lr=0.01)

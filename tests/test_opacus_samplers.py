@@ -1,7 +1,6 @@
 """Every sampler produces the schedule it claims: coverage, order, reuse across epochs, seeds,
 remainders, resumption and sharding across ranks."""
 
-import itertools
 import warnings
 
 import pytest
@@ -118,6 +117,14 @@ def test_resume_continues_the_same_schedule(cls):
     rest = [x for e in epochs(b2, 3) for x in e][: len(full) - len(first)]
     assert first + rest == full
     assert hso.sampler_from_state_dict(state).state_dict() == state
+
+
+def test_default_seed_is_secret_random_and_kept_for_resumption():
+    a, b = hso.ShufflePartitionBatchSampler(40, 5), hso.ShufflePartitionBatchSampler(40, 5)
+    assert a.seed != b.seed and list(a) != list(b)
+    assert list(hso.sampler_from_state_dict(a.state_dict())) == list(a)
+    with pytest.raises(ParameterError, match="^seed: with num_replicas > 1"):
+        hso.WithoutReplacementBatchSampler(40, 4, num_replicas=2, rank=0)
 
 
 def test_load_state_dict_refuses_another_schedule():

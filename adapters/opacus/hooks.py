@@ -1,0 +1,296 @@
+"""The pieces that make a declared :class:`~hidden_state_accountants.LossGeometry` true in Opacus.
+
+* :class:`ProjectionHook` keeps all trained parameters in the L2 ball of radius ``R`` after
+  every optimiser step (the accountant learns the diameter ``D = 2R``), and supplies the L2
+  regulariser as the base SGD optimiser's ``weight_decay``: applied *after* clipping and
+  noise, so the per-example map ``clip_C(grad l_i) + m_reg*theta`` is ``m_reg``-strongly
+  convex (DESIGN.md section 2). It exposes that strength as :attr:`ProjectionHook.strong_convexity`.
+* :func:`clip_features` / :class:`FeatureClip` scale every input to L2 norm ``<= R``, the
+  feature bound of :meth:`LossGeometry.logistic_regression`.
+
+Why not a penalty in the loss: Opacus computes per-example gradients from layer
+activations only, so a term like ``lam * ||w||^2`` added to the loss reaches ``p.grad`` but
+not ``p.grad_sample``, and the DP optimiser then overwrites ``p.grad`` with the clipped,
+noised per-example sum: the penalty silently vanishes (in frameworks that do include it
+per example, it is clipped with the gradient and is no longer ``m_reg*theta``). The hook
+checks the first step for such a term and warns.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import List, Optional
+
+import torch
+from opacus.optimizers import DPOptimizer
+from torch import nn
+
+from hidden_state_accountants import LossGeometry
+from hidden_state_accountants import validation as v
+
+__all__ = ["ProjectionHook", "FeatureClip", "clip_features", "hidden_state_update_issue", "base_optimizer_issue"]
+
+# Project onto a ball a hair inside the declared one, so float rounding of the rescaled
+# parameters can never leave the set whose diameter the accountant uses.
+_INSIDE = 1.0 - 1e-6
+_MARK = "_hsa_projection"  # the attribute the accountant reads from the DP optimizer
+
+
+def hidden_state_update_issue(optimizer: DPOptimizer, *, weight_decay: bool = True) -> Optional[str]:
+    """Why this DP optimizer's step is *not* DESIGN.md's update rule, or ``None``.
+
+    The hidden-state analyses assume flat clipping, mean reduction and plain SGD on the
+    noisy mean (``weight_decay`` allowed, applied after the noise; one learning rate and
+    one ``weight_decay`` for all parameters, unless ``weight_decay=False`` skips that check).
+    Anything else is still covered by composition (post-processing), not by a hidden-state bound.
+    """
+    if getattr(optimizer, "max_grad_norms", None) is not None:
+        return "per-layer clipping: the analyses assume flat clipping of the whole gradient"
+    if optimizer.loss_reduction != "mean":
+        return f"loss_reduction={optimizer.loss_reduction!r}: the analyses assume 'mean'"
+    return base_optimizer_issue(optimizer.original_optimizer, weight_decay=weight_decay)
+
+
+def base_optimizer_issue(base: torch.optim.Optimizer, *, weight_decay: bool = True) -> Optional[str]:
+    """The part of :func:`hidden_state_update_issue` about the base optimizer (before ``make_private``)."""
+    if not isinstance(base, torch.optim.SGD):
+        return f"base optimizer is {type(base).__name__}, the analyses assume plain SGD"
+    groups = base.param_groups
+    for g in groups:
+        if g.get("momentum", 0) or g.get("nesterov", False) or g.get("maximize", False):
+            return "SGD with momentum/nesterov/maximize: the analyses assume plain SGD steps"
+    if len(groups) == 1:  # the common case, checked at every step
+        return None
+    if len({float(g["lr"]) for g in groups}) > 1:
+        return "parameter groups have different learning rates"
+    if weight_decay and len({float(g.get("weight_decay", 0.0)) for g in groups}) > 1:
+        return "parameter groups have different weight_decay"
+    return None
+
+
+def _unsupported_clipping(optimizer: DPOptimizer) -> Optional[str]:
+    """Clipping no bound here covers, not even composition (the clip norm follows the data)."""
+    if type(optimizer).__name__.startswith("AdaClip"):
+        return "adaptive clipping changes the clip norm with the data; use clipping='flat'"
+    return None
+
+
+def _params(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _project_(params: List[torch.Tensor], radius: float) -> None:
+    """Scales ``params`` (one vector) onto the ball of ``radius`` if outside.
+
+    On CPU the norm is read on the host and nothing is written when inside (cheapest); on an
+    accelerator everything stays on the device (no host sync).
+    """
+    target = radius * _INSIDE
+    with torch.no_grad():
+        same = len({(p.device, p.dtype) for p in params}) == 1
+        if same and params[0].device.type == "cpu":
+            total = math.sqrt(sum(float(n) ** 2 for n in torch._foreach_norm(params)))
+            if total > target:
+                torch._foreach_mul_(params, target / total)
+            return
+        norms = torch._foreach_norm(params) if same else [
+            torch.linalg.vector_norm(p).to(params[0].device) for p in params]
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        scale = torch.clamp(target / total, max=1.0)  # total = 0: inf, clamped to 1
+        if same:
+            torch._foreach_mul_(params, scale)
+        else:
+            for p in params:
+                p.mul_(scale.to(device=p.device, dtype=p.dtype))
+
+
+class ProjectionHook:
+    """Projection onto ``{theta : ||theta||_2 <= radius}`` after every step, and the L2 regulariser.
+
+    Attach it to the ``DPOptimizer`` returned by ``PrivacyEngine.make_private``. It
+    projects the current parameters at once (so ``theta_0`` is in the set) and after every
+    base-optimiser step; the ``hidden_state`` accountant reads it from the optimizer at
+    every step and uses ``D = 2 * radius`` for the steps it covered.
+
+    Args:
+      optimizer: the DP optimizer; its base optimizer must be plain ``torch.optim.SGD``.
+      radius: ``R``; ``None`` for no projection (regularisation only).
+      l2_regularization: ``m_reg``, set as ``weight_decay`` on every parameter group (which
+        must hold none or the same value); ``None`` keeps the optimizer's own weight_decay.
+      check_loss_penalty: on the first step, warn if ``p.grad`` differs from the mean of the
+        per-example gradients (a penalty in the loss, which Opacus drops).
+
+    Raises:
+      ParameterError: naming ``optimizer``, ``radius`` or ``l2_regularization``.
+
+    Example (``optimizer`` from ``make_private``)::
+
+        hook = ProjectionHook(optimizer, radius=5.0, l2_regularization=0.01)
+        geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0)
+        engine.accountant.configure(geometry=geometry, sampler=sampler)
+    """
+
+    def __init__(
+        self,
+        optimizer: DPOptimizer,
+        *,
+        radius: Optional[float] = None,
+        l2_regularization: Optional[float] = None,
+        check_loss_penalty: bool = True,
+    ) -> None:
+        if not isinstance(optimizer, DPOptimizer):
+            raise v.ParameterError(
+                "optimizer",
+                f"must be the DPOptimizer returned by PrivacyEngine.make_private (the L2 term and the "
+                f"projection must follow clipping and noise), got {type(optimizer).__name__}")
+        if radius is None and l2_regularization is None:
+            raise v.ParameterError("radius", "give a radius, an l2_regularization, or both")
+        reason = _unsupported_clipping(optimizer) or hidden_state_update_issue(optimizer, weight_decay=False)
+        if reason:
+            raise v.ParameterError("optimizer", reason)
+        if getattr(optimizer, _MARK, None) is not None:
+            raise v.ParameterError("optimizer", "already has a ProjectionHook; detach() it first")
+        self.optimizer = optimizer
+        self.radius = None if radius is None else v.positive_float("radius", radius)
+        base = optimizer.original_optimizer
+        if l2_regularization is not None:
+            m = v.nonnegative_float("l2_regularization", l2_regularization)
+            for g in base.param_groups:
+                wd = float(g.get("weight_decay", 0.0))
+                if wd not in (0.0, m):
+                    raise v.ParameterError(
+                        "l2_regularization",
+                        f"the optimizer already has weight_decay={wd:g}; give one L2 strength")
+            for g in base.param_groups:
+                g["weight_decay"] = m
+        elif len({float(g.get("weight_decay", 0.0)) for g in base.param_groups}) > 1:
+            raise v.ParameterError("optimizer", "parameter groups have different weight_decay")
+        self._handle = None
+        if self.radius is not None:
+            _project_(_params(base), self.radius)
+            self._handle = base.register_step_post_hook(lambda opt, args, kwargs: self.project())
+        self._patched_pre_step = False
+        world = getattr(optimizer, "world_size", 1)
+        if check_loss_penalty and world == 1:  # under DDP p.grad is averaged over ranks
+            self._patch_first_step()
+        setattr(optimizer, _MARK, self)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def diameter(self) -> Optional[float]:
+        """``2 * radius``: the diameter of the set the parameters stay in."""
+        return None if self.radius is None else 2.0 * self.radius
+
+    @property
+    def strong_convexity(self) -> float:
+        """``m_reg``: the base optimizer's ``weight_decay`` (read live)."""
+        return float(self.optimizer.original_optimizer.param_groups[0].get("weight_decay", 0.0))
+
+    def logistic_regression_geometry(self, feature_norm_bound: float) -> LossGeometry:
+        """:meth:`LossGeometry.logistic_regression` with this hook's ``m_reg`` and ``D``.
+
+        ``feature_norm_bound`` must hold for every input (use :class:`FeatureClip`)."""
+        return LossGeometry.logistic_regression(
+            feature_norm_bound=feature_norm_bound,
+            l2_regularization=self.strong_convexity,
+            diameter=self.diameter,
+        )
+
+    # ------------------------------------------------------------------- mechanics
+    def project(self) -> None:
+        """Projects the optimizer's parameters onto the ball now."""
+        if self.radius is not None:
+            _project_(_params(self.optimizer.original_optimizer), self.radius)
+
+    def _patch_first_step(self) -> None:
+        opt = self.optimizer
+        original = opt.pre_step
+
+        def pre_step_once(*args, **kwargs):
+            self._restore_pre_step()
+            self._check_loss_penalty()
+            return original(*args, **kwargs)
+
+        opt.pre_step = pre_step_once  # instance attribute: only this optimizer, only once
+        self._patched_pre_step = True
+
+    def _restore_pre_step(self) -> None:
+        if self._patched_pre_step:
+            del self.optimizer.pre_step
+            self._patched_pre_step = False
+
+    def _check_loss_penalty(self) -> None:
+        """Warns when ``p.grad`` (all of the loss) is not the mean of ``p.grad_sample``."""
+        opt = self.optimizer
+        worst = 0.0
+        with torch.no_grad():
+            for p in opt.params:
+                gs = getattr(p, "grad_sample", None)
+                if p.grad is None or not isinstance(gs, torch.Tensor) or gs.shape[0] == 0:
+                    return  # ghost clipping, accumulation, empty batch: nothing to compare
+                ref = gs.sum(0) if opt.loss_reduction == "sum" else gs.mean(0)
+                gap = torch.linalg.vector_norm(p.grad - ref) / (torch.linalg.vector_norm(ref) + 1e-12)
+                worst = max(worst, float(gap))
+        if worst > 1e-3:
+            warnings.warn(
+                "ProjectionHook: p.grad differs from the mean per-example gradient (relative gap "
+                f"{worst:.3g}); a penalty in the loss (e.g. lam*||w||^2) is dropped by Opacus' DP "
+                "optimizer, so it neither regularises nor gives strong convexity. Use "
+                "ProjectionHook(l2_regularization=...) (weight_decay, applied after clipping and noise).",
+                UserWarning, stacklevel=4)
+
+    def detach(self) -> None:
+        """Stops projecting; the accountant then sees unprojected steps (no diameter)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._restore_pre_step()
+        if getattr(self.optimizer, _MARK, None) is self:
+            delattr(self.optimizer, _MARK)
+
+    def __repr__(self) -> str:
+        return f"ProjectionHook(radius={self.radius}, strong_convexity={self.strong_convexity:g})"
+
+
+def clip_features(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scales each example (row; trailing dimensions flattened) to L2 norm ``<= max_norm``.
+
+    >>> x = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    >>> clip_features(x, 1.0).norm(dim=1).tolist() <= [1.0, 1.0]
+    True
+    >>> clip_features(x, 1.0)[1].tolist() == x[1].tolist()  # inside: unchanged
+    True
+    """
+    r = v.positive_float("max_norm", max_norm)
+    if x.dim() == 0:
+        raise v.ParameterError("x", "needs a batch dimension")
+    norms = torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1)
+    scale = torch.clamp(r * _INSIDE / norms.clamp_min(1e-30), max=1.0)
+    return x * scale.reshape((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
+
+
+class FeatureClip(nn.Module):
+    """A parameter-free first layer: ``clip_features(x, max_norm)``.
+
+    Put it in front of the model so the feature bound of
+    :meth:`LossGeometry.logistic_regression` holds for every input, in training and after.
+
+    >>> layer = FeatureClip(2.0)
+    >>> float(layer(torch.ones(1, 16)).norm()) <= 2.0
+    True
+    """
+
+    def __init__(self, max_norm: float) -> None:
+        super().__init__()
+        self.max_norm = v.positive_float("max_norm", max_norm)
+
+    @property
+    def feature_norm_bound(self) -> float:
+        return self.max_norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return clip_features(x, self.max_norm)
+
+    def extra_repr(self) -> str:
+        return f"max_norm={self.max_norm:g}"

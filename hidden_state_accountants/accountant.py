@@ -268,7 +268,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     def _add(self, event, count):
         if count <= 0:
             return
-        if isinstance(event, TrainingRunDpEvent) and event.geometry is None and not self._warned:
+        if (isinstance(event, TrainingRunDpEvent) and event.geometry is None
+                and not event.hidden_state_refusal and not self._warned):
             self._warned = True
             warnings.warn(
                 f"{NO_GEOMETRY}; reporting the composition bound for sampling={event.sampling!r}",
@@ -308,9 +309,12 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         else:
             report = self._explain_composed(target_delta, notes)
         for c in self._components:
-            if isinstance(c.event, TrainingRunDpEvent) and c.event.geometry is None:
+            if not isinstance(c.event, TrainingRunDpEvent):
+                continue
+            if c.event.hidden_state_refusal:
+                report.notes.append(f"hidden-state analyses refused: {c.event.hidden_state_refusal}")
+            elif c.event.geometry is None:
                 report.notes.append(f"{NO_GEOMETRY}: the composition bound is reported")
-                break
         return report
 
     def _single(self) -> Optional[_Component]:

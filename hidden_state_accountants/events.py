@@ -133,6 +133,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
       gaussian_initialization: the user declares ``theta_0 ~ Proj_K(N(0, 2 sigma^2/m I))``
         as Chourasia et al. Cor. 1 requires (see
         :func:`hidden_state_accountants.analyses.chourasia.required_initial_std`).
+      hidden_state_refusal: set by an adapter when the training code departs from the
+        analysed update (momentum, Adam, a clip norm that changes, ...): every hidden-state
+        analysis is then listed as not applicable with this reason, whatever the geometry.
 
     Hidden-state theorems assume a constant step size and noise; with a per-step
     schedule that is not constant only the composition baselines apply.
@@ -147,31 +150,18 @@ class TrainingRunDpEvent(dp_event.DpEvent):
     sampling: str = attr.ib()
     geometry: Optional[LossGeometry] = attr.ib(default=None)
     gaussian_initialization: bool = attr.ib(default=False)
+    hidden_state_refusal: Optional[str] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
-        n = v.positive_int("dataset_size", self.dataset_size)
-        b = v.positive_int("batch_size", self.batch_size)
+        n, b = check_schedule(self.dataset_size, self.batch_size, self.sampling)
         t = v.positive_int("steps", self.steps)
         object.__setattr__(self, "dataset_size", n)
         object.__setattr__(self, "batch_size", b)
         object.__setattr__(self, "steps", t)
         object.__setattr__(self, "clip_norm", v.positive_float("clip_norm", self.clip_norm))
-        if self.sampling not in SAMPLINGS:
-            raise v.ParameterError(
-                "sampling", f"must be one of {', '.join(SAMPLINGS)}; got {self.sampling!r}"
-            )
-        if b > n:
-            raise v.ParameterError("batch_size", f"must be <= dataset_size ({n}), got {b}")
-        if self.sampling == "full" and b != n:
-            raise v.ParameterError(
-                "batch_size", f"must equal dataset_size ({n}) for sampling='full', got {b}"
-            )
-        if self.sampling in ("cyclic", "shuffle_partition") and n // b < 2:
-            raise v.ParameterError(
-                "batch_size",
-                f"{self.sampling} needs at least two batches (dataset_size // batch_size >= 2), "
-                f"got {n} // {b} = {n // b}; use sampling='full' for one batch",
-            )
+        if self.hidden_state_refusal is not None and not (
+                isinstance(self.hidden_state_refusal, str) and self.hidden_state_refusal.strip()):
+            raise v.ParameterError("hidden_state_refusal", "must be None or a non-empty reason")
         if self.geometry is not None and not isinstance(self.geometry, LossGeometry):
             raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {self.geometry!r}")
         for name in ("noise_multiplier", "learning_rate"):
@@ -233,6 +223,29 @@ class TrainingRunDpEvent(dp_event.DpEvent):
     def replace(self, **changes) -> "TrainingRunDpEvent":
         """A copy with some fields changed (``attr.evolve``)."""
         return attr.evolve(self, **changes)
+
+
+def check_schedule(dataset_size, batch_size, sampling) -> Tuple[int, int]:
+    """Validates ``(n, b, sampling)`` for a batch schedule and returns ``(n, b)``.
+
+    ``b <= n``; ``b == n`` for ``full``; at least two batches for the partition schedules.
+    Raises :class:`ParameterError` naming the parameter.
+    """
+    n = v.positive_int("dataset_size", dataset_size)
+    b = v.positive_int("batch_size", batch_size)
+    if sampling not in SAMPLINGS:
+        raise v.ParameterError("sampling", f"must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
+    if b > n:
+        raise v.ParameterError("batch_size", f"must be <= dataset_size ({n}), got {b}")
+    if sampling == "full" and b != n:
+        raise v.ParameterError("batch_size", f"must equal dataset_size ({n}) for sampling='full', got {b}")
+    if sampling in ("cyclic", "shuffle_partition") and n // b < 2:
+        raise v.ParameterError(
+            "batch_size",
+            f"{sampling} needs at least two batches (dataset_size // batch_size >= 2), "
+            f"got {n} // {b} = {n // b}; use sampling='full' for one batch",
+        )
+    return n, b
 
 
 def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str) -> int:

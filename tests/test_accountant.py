@@ -157,3 +157,15 @@ def test_custom_orders_and_bad_orders():
         acc.get_epsilon(0.0)
     with pytest.raises(ValueError, match="target_epsilon"):
         acc.get_delta(-1.0)
+
+
+def test_adapter_refusal_lists_its_reason_and_reports_composition():
+    run = make_run(hidden_state_refusal="the base optimizer uses momentum")
+    report = HiddenStateAccountant().compose(run).explain(1e-5)
+    assert report.analysis == "bok_thm4.4"
+    hidden = [a for a in report.analyses if a.hidden_state and a.name != "rdp_pointwise_min"]
+    assert all(a.epsilon is None for a in hidden)
+    assert any(a.reason == "the base optimizer uses momentum" for a in hidden)
+    assert any("momentum" in n for n in report.notes)
+    with pytest.raises(Exception, match="hidden_state_refusal"):
+        make_run(hidden_state_refusal="  ")

@@ -194,10 +194,12 @@ def test_clip_norm_change_mid_training_falls_back_to_composition():
     with pytest.warns(UserWarning, match="max_grad_norm changed during training"):
         eps = engine.get_epsilon(DELTA)
     # composition depends on the noise-to-sensitivity ratio z only, whatever C is
-    run = TrainingRunDpEvent(dataset_size=N, batch_size=10, steps=12, noise_multiplier=2.0, clip_norm=2.0,
-                             learning_rate=0.5, sampling="cyclic")
-    assert engine.accountant.training_run() == run
-    assert eps == core_epsilon(run)
+    run = engine.accountant.training_run()
+    assert "max_grad_norm changed during training" in run.hidden_state_refusal
+    assert run == TrainingRunDpEvent(dataset_size=N, batch_size=10, steps=12, noise_multiplier=2.0, clip_norm=2.0,
+                                     learning_rate=0.5, sampling="cyclic", geometry=run.geometry,
+                                     hidden_state_refusal=run.hidden_state_refusal)
+    assert eps == core_epsilon(run) == core_epsilon(run.replace(geometry=None, hidden_state_refusal=None))
 
 
 def test_non_sgd_optimizer_gets_composition_with_the_reason():
@@ -303,9 +305,11 @@ def test_per_layer_clipping_gets_composition_with_the_reason():
     with pytest.warns(UserWarning, match="per-layer clipping"):
         eps = engine.get_epsilon(DELTA)
     # the flat norm of the per-layer bounds is the sensitivity Opacus scales its noise to
-    run = TrainingRunDpEvent(dataset_size=N, batch_size=10, steps=6, noise_multiplier=2.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling="cyclic")
-    assert engine.accountant.training_run() == run
+    run = engine.accountant.training_run()
+    assert "per-layer clipping" in run.hidden_state_refusal
+    assert run.replace(geometry=None, hidden_state_refusal=None) == TrainingRunDpEvent(
+        dataset_size=N, batch_size=10, steps=6, noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5,
+        sampling="cyclic")
     assert eps == core_epsilon(run)
 
 

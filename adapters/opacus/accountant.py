@@ -314,11 +314,9 @@ class OpacusHiddenStateAccountant(IAccountant):
             radii = {r.projection_radius for r in recs}
             proj_d = 2.0 * radii.pop() if len(radii) == 1 and None not in radii else None
             geometry = self._effective_geometry(proj_d, wds)
-        if reasons:
-            geometry = None
         run = TrainingRunDpEvent(dataset_size=s.dataset_size, batch_size=s.batch_size, sampling=s.sampling,
                                  geometry=geometry, gaussian_initialization=self.gaussian_initialization,
-                                 **common)
+                                 hidden_state_refusal="; ".join(reasons) if reasons else None, **common)
         return run, reasons
 
     def _check_strong_convexity(self, weight_decay: float) -> None:
@@ -395,7 +393,8 @@ class OpacusHiddenStateAccountant(IAccountant):
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_CORE_NO_GEOMETRY, category=UserWarning)
                 report = HiddenStateAccountant().compose(run).explain(delta)
-            report.notes.extend(reasons)
+            if not run.hidden_state_refusal:  # a refusal is in the core's notes already
+                report.notes.extend(reasons)
             self._cache = {key: report}  # one entry: the run only grows
         self._warn_if_composition_only(run, reasons)
         return report
@@ -405,7 +404,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         return self.explain(delta).composition_epsilon
 
     def _warn_if_composition_only(self, run: TrainingRunDpEvent, reasons: List[str]) -> None:
-        if run.geometry is not None:
+        if run.geometry is not None and not run.hidden_state_refusal:
             return
         if reasons:
             why = "; ".join(reasons)

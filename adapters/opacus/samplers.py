@@ -51,9 +51,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from hidden_state_accountants import TrainingRunDpEvent
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.events import steps_per_epoch
+from hidden_state_accountants.events import check_schedule, steps_per_epoch
 
 __all__ = [
     "HiddenStateBatchSampler",
@@ -125,11 +124,8 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
         num_replicas: Optional[int] = None,
         rank: Optional[int] = None,
     ) -> None:
-        n = v.positive_int("dataset_size", dataset_size)
-        b = v.positive_int("batch_size", batch_size)
-        # the core's own checks (b <= n, b = n for full, n // b >= 2 for partitions)
-        TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=1, noise_multiplier=1.0,
-                           clip_norm=1.0, learning_rate=1.0, sampling=self.sampling)
+        # the core's checks: b <= n, b = n for full, n // b >= 2 for partitions
+        n, b = check_schedule(dataset_size, batch_size, self.sampling)
         self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
         if self.num_replicas > b:
             raise v.ParameterError(

@@ -30,6 +30,7 @@ from hidden_state_accountants import (
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import PrivacyReport
 from hidden_state_accountants.accountant import NO_GEOMETRY
+from hidden_state_accountants.events import check_schedule, steps_per_epoch
 
 from .data import DATASET_SAMPLINGS
 from .optimizers import (
@@ -110,14 +111,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.delta = v.probability("delta", delta)
         self.target_epsilon = None if target_epsilon is None else v.positive_float("target_epsilon", target_epsilon)
         # the core checks n, b and the schedule's own conditions
-        probe = TrainingRunDpEvent(
-            dataset_size=dataset_size, batch_size=batch_size, steps=1, noise_multiplier=1.0,
-            clip_norm=1.0, learning_rate=1e-9, sampling=sampling, geometry=None,
-        )
-        self.dataset_size = probe.dataset_size
-        self.batch_size = probe.batch_size
+        self.dataset_size, self.batch_size = check_schedule(dataset_size, batch_size, sampling)
         self.sampling = sampling
-        self.steps_per_epoch = probe.steps_per_epoch
+        self.steps_per_epoch = steps_per_epoch(self.dataset_size, self.batch_size, sampling)
         self.declared_geometry = geometry
         self.geometry = geometry  # with the projection's diameter once training starts
         self.verbose = int(verbose)

@@ -24,6 +24,8 @@ NO_GEOMETRY = (
 
 def hidden_state_preconditions(run: TrainingRunDpEvent) -> Optional[str]:
     """Reason no hidden-state theorem applies to ``run`` at all, or ``None``."""
+    if run.hidden_state_refusal:
+        return run.hidden_state_refusal
     if run.geometry is None:
         return NO_GEOMETRY
     if not run.is_constant:

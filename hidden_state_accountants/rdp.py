@@ -30,18 +30,34 @@ def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) 
     return float(min(1.0, delta))
 
 
+def _gaussian_fallback(values, noise_multiplier: float, orders) -> Tuple[float, ...]:
+    """Replaces failed or underflowed (NaN, <= 0) subsampled values by the unsampled Gaussian's
+    ``a / (2 sigma^2)``: sampling never hurts (joint convexity of ``exp((a-1) D_a)`` over the
+    inclusion event), and the true value is positive."""
+    out = []
+    for a, value in zip(orders, values):
+        value = float(value)
+        if math.isnan(value) or value <= 0:
+            value = a / (2.0 * noise_multiplier**2)
+        out.append(value)
+    return tuple(out)
+
+
 @lru_cache(maxsize=4096)
 def _sgm_rdp_cached(q: float, noise_multiplier: float, orders: Tuple[float, ...]) -> Tuple[float, ...]:
     fn = getattr(_rdp, "_compute_rdp_poisson_subsampled_gaussian", None)
-    if fn is not None:
-        out = fn(q=q, noise_multiplier=noise_multiplier, orders=np.array(orders))
-    else:  # pragma: no cover - fallback through the public accountant
-        from dp_accounting import dp_event
+    try:
+        if fn is not None:
+            out = fn(q=q, noise_multiplier=noise_multiplier, orders=np.array(orders))
+        else:  # pragma: no cover - fallback through the public accountant
+            from dp_accounting import dp_event
 
-        acc = _rdp.RdpAccountant(list(orders))
-        acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(noise_multiplier)))
-        out = acc._rdp  # noqa: SLF001
-    return tuple(float(x) for x in np.atleast_1d(out))
+            acc = _rdp.RdpAccountant(list(orders))
+            acc.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(noise_multiplier)))
+            out = acc._rdp  # noqa: SLF001
+    except (ValueError, OverflowError, ZeroDivisionError):
+        out = [math.nan] * len(orders)
+    return _gaussian_fallback(np.atleast_1d(out), noise_multiplier, orders)
 
 
 # dp_accounting's subsampled-Gaussian RDP takes seconds at orders in the millions; beyond this
@@ -69,8 +85,13 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: Sequence[flo
 
 @lru_cache(maxsize=1024)
 def _wor_rdp_cached(q: float, noise_multiplier: float, orders: Tuple[float, ...]) -> Tuple[float, ...]:
-    out = _rdp._compute_rdp_sample_wor_gaussian(q, noise_multiplier, np.array(orders))  # noqa: SLF001
-    return tuple(float(x) for x in np.atleast_1d(out))
+    values = []
+    for a in orders:
+        try:
+            values.append(float(_rdp._compute_rdp_sample_wor_gaussian_scalar(q, noise_multiplier, a)))  # noqa: SLF001
+        except (ValueError, OverflowError, ZeroDivisionError):
+            values.append(math.nan)  # dp_accounting fails for vanishing RDP (log1p(-1) at huge noise)
+    return _gaussian_fallback(values, noise_multiplier, orders)
 
 
 def without_replacement_gaussian_rdp(q: float, noise_multiplier: float, orders: Sequence[float]) -> np.ndarray:

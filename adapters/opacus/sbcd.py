@@ -63,7 +63,6 @@ import torch
 from torch import nn
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.analyses import sbcd as core
 
 __all__ = ["DPSBCD", "UnsupportedLayerError", "parse_model", "MAX_TOEPLITZ_INPUTS"]
@@ -215,7 +214,7 @@ def u_update(a: torch.Tensor, x_next: torch.Tensor) -> torch.Tensor:
     return torch.where(c_neg <= c_pos, u_neg, u_pos)
 
 
-class DPSBCD(torch.optim.Optimizer):
+class DPSBCD(torch.optim.Optimizer, core.SbcdAccounting):
     """DP-SBCD (Algorithm 2) on an ``nn.Sequential`` ReLU network, with its accountant.
 
     Args:
@@ -610,36 +609,3 @@ class DPSBCD(torch.optim.Optimizer):
                 total += float(((a - self.targets[idx]) ** 2).sum())
         return self.gamma / 2.0 * total / len(idx)
 
-    # ------------------------------------------------------------ privacy
-    def privacy_event(self, steps: Optional[int] = None) -> core.DpSbcdRunDpEvent:
-        """The run so far (``steps=None``) or a planned run of ``steps`` steps from the start."""
-        if steps is None:
-            if self._t == 0:
-                raise ValueError("steps: no step has run yet; pass the planned number of steps")
-            t, noise = self._t, list(self._noise_history)
-        else:
-            t = v.positive_int("steps", steps)
-            noise = [self._noise_at(s) for s in range(t)]
-        return core.DpSbcdRunDpEvent(
-            dataset_size=self.dataset_size, batch_size=self.batch_size, steps=t,
-            num_layers=self.num_layers, step_size=tuple(self.step_sizes), rho=tuple(self.rho_eff),
-            noise=core.compress_noise(noise, self.steps_per_epoch), gamma=self.gamma,
-            regularizer=self.regularizer, regularization=tuple(self.lambdas), sampling=self.sampling,
-            variant=self.variant, radius=None if self.radius is None else tuple(self.radius),
-            paper_assumptions=self.paper_assumptions,
-        )
-
-    def accountant(self, steps: Optional[int] = None) -> HiddenStateAccountant:
-        return HiddenStateAccountant().compose(self.privacy_event(steps))
-
-    def get_epsilon(self, delta: float, steps: Optional[int] = None) -> float:
-        """Best valid epsilon (min of Thm 4.5 and composition) for the run so far / planned."""
-        return self.accountant(steps).get_epsilon(delta)
-
-    def get_rdp(self, orders: Sequence[float], steps: Optional[int] = None):
-        """RDP curve at ``orders`` (pointwise minimum of the two analyses)."""
-        acc = HiddenStateAccountant(orders=orders).compose(self.privacy_event(steps))
-        return acc.get_rdp(orders)
-
-    def explain(self, delta: float, steps: Optional[int] = None):
-        return self.accountant(steps).explain(delta)

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.analyses import sbcd as core
 
 __all__ = ["DPSBCD", "UnsupportedLayerError", "parse_model"]
@@ -124,7 +123,7 @@ def u_update(a: tf.Tensor, x_next: tf.Tensor) -> tf.Tensor:
     return tf.where(c_neg <= c_pos, u_neg, u_pos)
 
 
-class DPSBCD:
+class DPSBCD(core.SbcdAccounting):
     """DP-SBCD (Algorithm 2) on a Keras ``Sequential`` ReLU MLP, with its accountant.
 
     Arguments as for the PyTorch ``DPSBCD`` (``hidden_state_accountants.opacus.sbcd``):
@@ -403,33 +402,3 @@ class DPSBCD:
                 total += float(tf.reduce_sum((a - tf.gather(self.targets, idx)) ** 2))
         return self.gamma / 2.0 * total / int(idx.shape[0])
 
-    # --------------------------------------------------------------- privacy
-    def privacy_event(self, steps: Optional[int] = None) -> core.DpSbcdRunDpEvent:
-        if steps is None:
-            if self._t == 0:
-                raise ValueError("steps: no step has run yet; pass the planned number of steps")
-            t, noise = self._t, list(self._noise_history)
-        else:
-            t = v.positive_int("steps", steps)
-            noise = [self._noise_at(s) for s in range(t)]
-        return core.DpSbcdRunDpEvent(
-            dataset_size=self.dataset_size, batch_size=self.batch_size, steps=t,
-            num_layers=self.num_layers, step_size=tuple(self.step_sizes), rho=tuple(self.rho_eff),
-            noise=core.compress_noise(noise, self.steps_per_epoch), gamma=self.gamma,
-            regularizer=self.regularizer, regularization=tuple(self.lambdas), sampling=self.sampling,
-            variant=self.variant, radius=None if self.radius is None else tuple(self.radius),
-            paper_assumptions=self.paper_assumptions,
-        )
-
-    def accountant(self, steps: Optional[int] = None) -> HiddenStateAccountant:
-        return HiddenStateAccountant().compose(self.privacy_event(steps))
-
-    def get_epsilon(self, delta: float, steps: Optional[int] = None) -> float:
-        return self.accountant(steps).get_epsilon(delta)
-
-    def get_rdp(self, orders: Sequence[float], steps: Optional[int] = None):
-        acc = HiddenStateAccountant(orders=orders).compose(self.privacy_event(steps))
-        return acc.get_rdp(orders)
-
-    def explain(self, delta: float, steps: Optional[int] = None):
-        return self.accountant(steps).explain(delta)

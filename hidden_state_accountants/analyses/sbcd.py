@@ -112,7 +112,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import attr
 import numpy as np
@@ -120,6 +120,7 @@ from dp_accounting import dp_event
 from scipy import special
 
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.accountant import HiddenStateAccountant, register_event_analyzer
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 
@@ -641,16 +642,53 @@ def analyze(event: DpSbcdRunDpEvent, ctx: cm.Context = cm.Context()) -> List[Bou
     return [composition(event, ctx), thm_4_5(event, ctx)]
 
 
-def _register() -> None:
-    from hidden_state_accountants.accountant import register_event_analyzer
-
-    register_event_analyzer(DpSbcdRunDpEvent, analyze)
+register_event_analyzer(DpSbcdRunDpEvent, analyze)
 
 
-_register()
+class SbcdAccounting:
+    """The privacy methods of a DP-SBCD trainer, shared by the PyTorch and Keras ones.
+
+    The trainer supplies ``dataset_size``, ``batch_size``, ``steps_per_epoch``,
+    ``num_layers``, ``step_sizes``, ``rho_eff``, ``gamma``, ``regularizer``, ``lambdas``,
+    ``sampling``, ``variant``, ``radius``, ``paper_assumptions``, the step counter ``_t``, the
+    noise actually used ``_noise_history`` and the planned noise ``_noise_at(step)``.
+    """
+
+    def privacy_event(self, steps: Optional[int] = None) -> "DpSbcdRunDpEvent":
+        """The run so far (``steps=None``) or a planned run of ``steps`` steps from the start."""
+        if steps is None:
+            if self._t == 0:
+                raise ValueError("steps: no step has run yet; pass the planned number of steps")
+            t, noise = self._t, list(self._noise_history)
+        else:
+            t = v.positive_int("steps", steps)
+            noise = [self._noise_at(s) for s in range(t)]
+        return DpSbcdRunDpEvent(
+            dataset_size=self.dataset_size, batch_size=self.batch_size, steps=t,
+            num_layers=self.num_layers, step_size=tuple(self.step_sizes), rho=tuple(self.rho_eff),
+            noise=compress_noise(noise, self.steps_per_epoch), gamma=self.gamma,
+            regularizer=self.regularizer, regularization=tuple(self.lambdas), sampling=self.sampling,
+            variant=self.variant, radius=None if self.radius is None else tuple(self.radius),
+            paper_assumptions=self.paper_assumptions,
+        )
+
+    def accountant(self, steps: Optional[int] = None):
+        return HiddenStateAccountant().compose(self.privacy_event(steps))
+
+    def get_epsilon(self, delta: float, steps: Optional[int] = None) -> float:
+        """Best valid epsilon (min of Thm 4.5 and composition) for the run so far / planned."""
+        return self.accountant(steps).get_epsilon(delta)
+
+    def get_rdp(self, orders: Sequence[float], steps: Optional[int] = None):
+        """RDP curve at ``orders`` (pointwise minimum of the two analyses)."""
+        return HiddenStateAccountant(orders=orders).compose(self.privacy_event(steps)).get_rdp(orders)
+
+    def explain(self, delta: float, steps: Optional[int] = None):
+        return self.accountant(steps).explain(delta)
 
 
 __all__ = [
+    "SbcdAccounting",
     "DpSbcdRunDpEvent",
     "NoiseSchedule",
     "ConstantNoise",

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[all,dev]"
-.venv/bin/python -m pytest -q "$@"
+# the long tests (examples end to end) too: the whole run stays well under CI's 30 minutes
+.venv/bin/python -m pytest -q -m "slow or not slow" "$@"
 if [ -z "${HSA_SKIP_NEWEST:-}" ]; then
   # DESIGN section 5: the core works with dp-accounting 0.4.3 (TF-Privacy's pin) and the newest.
   python3 -m venv .venv-newest

@@ -214,7 +214,7 @@ def u_update(a: torch.Tensor, x_next: torch.Tensor) -> torch.Tensor:
     return torch.where(c_neg <= c_pos, u_neg, u_pos)
 
 
-class DPSBCD(torch.optim.Optimizer, core.SbcdAccounting):
+class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
     """DP-SBCD (Algorithm 2) on an ``nn.Sequential`` ReLU network, with its accountant.
 
     Args:
@@ -564,25 +564,6 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdAccounting):
         self._t += 1
         return None
 
-    def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable[[int, "DPSBCD"], None]] = None,
-            desc: str = "DP-SBCD") -> "DPSBCD":
-        """Runs ``epochs`` epochs (``callback(epoch, self)`` after each)."""
-        epochs = v.positive_int("epochs", epochs)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=epochs * self.steps_per_epoch, desc=desc, unit="step")
-        for e in range(epochs):
-            for _ in range(self.steps_per_epoch):
-                self.step()
-                if bar is not None:
-                    bar.update(1)
-            if callback is not None:
-                callback(e, self)
-        if bar is not None:
-            bar.close()
-        return self
 
     # ------------------------------------------------------------ inference
     @torch.no_grad()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -123,7 +123,8 @@ def u_update(a: tf.Tensor, x_next: tf.Tensor) -> tf.Tensor:
     return tf.where(c_neg <= c_pos, u_neg, u_pos)
 
 
-class DPSBCD(core.SbcdAccounting):
+class DPSBCD(core.SbcdTrainerBase):
+    _progress_label = "DP-SBCD (Keras)"
     """DP-SBCD (Algorithm 2) on a Keras ``Sequential`` ReLU MLP, with its accountant.
 
     Arguments as for the PyTorch ``DPSBCD`` (``hidden_state_accountants.opacus.sbcd``):
@@ -364,24 +365,6 @@ class DPSBCD(core.SbcdAccounting):
         self._noise_history.append(o)
         self._t += 1
 
-    def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable[[int, "DPSBCD"], None]] = None,
-            desc: str = "DP-SBCD (Keras)") -> "DPSBCD":
-        epochs = v.positive_int("epochs", epochs)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=epochs * self.steps_per_epoch, desc=desc, unit="step")
-        for e in range(epochs):
-            for _ in range(self.steps_per_epoch):
-                self.step()
-                if bar is not None:
-                    bar.update(1)
-            if callback is not None:
-                callback(e, self)
-        if bar is not None:
-            bar.close()
-        return self
 
     def predict(self, data) -> np.ndarray:
         """The model's output with the training's input clipping (``rho[0]``)."""

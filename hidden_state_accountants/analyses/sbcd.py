@@ -645,14 +645,36 @@ def analyze(event: DpSbcdRunDpEvent, ctx: cm.Context = cm.Context()) -> List[Bou
 register_event_analyzer(DpSbcdRunDpEvent, analyze)
 
 
-class SbcdAccounting:
-    """The privacy methods of a DP-SBCD trainer, shared by the PyTorch and Keras ones.
+class SbcdTrainerBase:
+    """What the PyTorch and Keras DP-SBCD trainers share: the training loop and the privacy methods.
 
-    The trainer supplies ``dataset_size``, ``batch_size``, ``steps_per_epoch``,
+    The trainer supplies ``step()``, ``dataset_size``, ``batch_size``, ``steps_per_epoch``,
     ``num_layers``, ``step_sizes``, ``rho_eff``, ``gamma``, ``regularizer``, ``lambdas``,
     ``sampling``, ``variant``, ``radius``, ``paper_assumptions``, the step counter ``_t``, the
     noise actually used ``_noise_history`` and the planned noise ``_noise_at(step)``.
     """
+
+    _progress_label = "DP-SBCD"
+
+    def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable] = None,
+            desc: Optional[str] = None):
+        """Runs ``epochs`` epochs with a progress bar (``callback(epoch, self)`` after each)."""
+        epochs = v.positive_int("epochs", epochs)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=epochs * self.steps_per_epoch, desc=desc or self._progress_label, unit="step")
+        for e in range(epochs):
+            for _ in range(self.steps_per_epoch):
+                self.step()
+                if bar is not None:
+                    bar.update(1)
+            if callback is not None:
+                callback(e, self)
+        if bar is not None:
+            bar.close()
+        return self
 
     def privacy_event(self, steps: Optional[int] = None) -> "DpSbcdRunDpEvent":
         """The run so far (``steps=None``) or a planned run of ``steps`` steps from the start."""
@@ -688,7 +710,7 @@ class SbcdAccounting:
 
 
 __all__ = [
-    "SbcdAccounting",
+    "SbcdTrainerBase",
     "DpSbcdRunDpEvent",
     "NoiseSchedule",
     "ConstantNoise",

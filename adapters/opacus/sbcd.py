@@ -55,7 +55,6 @@ What it cannot enforce: the log-Sobolev and per-layer conditioning assumptions o
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -265,41 +264,13 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
         if not isinstance(data, torch.Tensor) or data.dim() < 2:
             raise v.ParameterError("data", "must be a tensor of shape (n, ...)")
         n = int(data.shape[0])
-        b = v.positive_int("batch_size", batch_size)
-        if b > n:
-            raise v.ParameterError("batch_size", f"must be <= the number of records ({n}), got {b}")
-        if sampling not in core.SBCD_SAMPLINGS:
-            raise v.ParameterError("sampling", f"must be one of {', '.join(core.SBCD_SAMPLINGS)}; got {sampling!r}")
-        if regularizer not in core.REGULARIZERS:
-            raise v.ParameterError("regularizer", f"must be one of {', '.join(core.REGULARIZERS)}; got {regularizer!r}")
-        if variant not in core.VARIANTS:
-            raise v.ParameterError("variant", f"must be one of {', '.join(core.VARIANTS)}; got {variant!r}")
-        self.gamma = v.positive_float("gamma", gamma)
+        b = self._check_options(n, batch_size, sampling, regularizer, variant, gamma)
         blocks = parse_model(model, data.shape[1:])
-        layers = len(blocks)
         self.blocks = blocks
         self.model = model
-        self.num_layers = layers
-        self.step_sizes = self._per_layer("step_size", step_size, v.positive_float)
-        self.rho_x = self._per_layer("rho", rho, v.positive_float)
-        self.lambdas = self._per_layer("regularization", regularization, v.nonnegative_float)
-        self.radius = None if radius is None else self._per_layer("radius", radius, v.positive_float)
-        if variant == "appendix_c" and self.radius is None:
-            raise v.ParameterError("radius", "variant='appendix_c' needs a projection radius per block")
-        self.schedule = core.as_schedule(noise)
-        self.regularizer, self.sampling, self.variant = regularizer, sampling, variant
-        self.paper_assumptions = bool(paper_assumptions)
-        self.batch_size, self.dataset_size = b, n
-        self.steps_per_epoch = max(1, n // b)
+        self._set_layer_hyperparameters(len(blocks), step_size, rho, regularization, radius, noise, paper_assumptions)
         self.rho_eff = [self._effective_rho(blk, r) for blk, r in zip(blocks, self.rho_x)]
-        for d, (blk, eta, r) in enumerate(zip(blocks, self.step_sizes, self.rho_eff)):
-            beta = self.gamma * r * r
-            if self.variant == "proximal_gradient" and eta * beta > 2.0 * (1.0 + 1e-9):
-                warnings.warn(
-                    f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
-                    "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
-                    UserWarning, stacklevel=2,
-                )
+        self._warn_expansive_steps()
         self.device = torch.device(device) if device is not None else blocks[0].module.weight.device
         self.dtype = blocks[0].module.weight.dtype
         model.to(self.device)
@@ -339,7 +310,7 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
             x = _clip_rows(data.to(self.device, self.dtype), self.rho_x[0]).reshape((n,) + blocks[0].in_shape)
             self.xs: List[torch.Tensor] = [x]
             self.us: List[torch.Tensor] = []
-            for d in range(layers - 1):
+            for d in range(self.num_layers - 1):
                 u = self._chunked_forward(blocks[d], self.xs[d])
                 self.us.append(u)
                 nxt = torch.relu(u).reshape((n,) + blocks[d + 1].in_shape)
@@ -348,16 +319,6 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
         self._noise_history: List[float] = []
 
     # ------------------------------------------------------------------ helpers
-    def _per_layer(self, name, value, check) -> List[float]:
-        if isinstance(value, (list, tuple)):
-            vals = [check(name, x) for x in value]
-            if len(vals) == 1:
-                vals = vals * self.num_layers
-            if len(vals) != self.num_layers:
-                raise v.ParameterError(name, f"needs 1 or {self.num_layers} values (one per layer), got {len(vals)}")
-            return vals
-        return [check(name, value)] * self.num_layers
-
     @staticmethod
     def _effective_rho(blk: _Block, rho_x: float) -> float:
         """Bound on the norm of the per-example input of the weight update (module docstring)."""
@@ -516,10 +477,6 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
     @property
     def epochs_done(self) -> float:
         return self._t / self.steps_per_epoch
-
-    def _noise_at(self, t: int) -> float:
-        k, j = divmod(t, self.steps_per_epoch)
-        return core._check_noise_value(self.schedule(self.step_sizes[0], k, j), k, j)
 
     def discard_auxiliary(self) -> nn.Module:
         """Deletes the per-example auxiliary variables and returns the model.

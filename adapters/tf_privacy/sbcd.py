@@ -27,7 +27,6 @@ optimizer only. Runs on CPU or GPU (wherever TensorFlow places the variables).
 from __future__ import annotations
 
 import math
-import warnings
 from typing import List, Optional
 
 import numpy as np
@@ -156,42 +155,16 @@ class DPSBCD(core.SbcdTrainerBase):
             raise v.ParameterError("data", "must be an array of shape (n, ...)")
         n = int(data.shape[0])
         data = data.reshape(n, -1).astype(np.float32)
-        b = v.positive_int("batch_size", batch_size)
-        if b > n:
-            raise v.ParameterError("batch_size", f"must be <= the number of records ({n}), got {b}")
-        if sampling not in core.SBCD_SAMPLINGS:
-            raise v.ParameterError("sampling", f"must be one of {', '.join(core.SBCD_SAMPLINGS)}; got {sampling!r}")
-        if regularizer not in core.REGULARIZERS:
-            raise v.ParameterError("regularizer", f"must be one of {', '.join(core.REGULARIZERS)}; got {regularizer!r}")
-        if variant not in core.VARIANTS:
-            raise v.ParameterError("variant", f"must be one of {', '.join(core.VARIANTS)}; got {variant!r}")
-        self.gamma = v.positive_float("gamma", gamma)
+        b = self._check_options(n, batch_size, sampling, regularizer, variant, gamma)
         self.model = model
         self.layers = parse_model(model, data.shape[1])
-        self.num_layers = len(self.layers)
         if self.layers[0].kernel.shape[0] != data.shape[1]:
             raise v.ParameterError("data", f"the model expects {self.layers[0].kernel.shape[0]} features, got {data.shape[1]}")
-        self.step_sizes = self._per_layer("step_size", step_size, v.positive_float)
-        self.rho_x = self._per_layer("rho", rho, v.positive_float)
-        self.lambdas = self._per_layer("regularization", regularization, v.nonnegative_float)
-        self.radius = None if radius is None else self._per_layer("radius", radius, v.positive_float)
-        if variant == "appendix_c" and self.radius is None:
-            raise v.ParameterError("radius", "variant='appendix_c' needs a projection radius per block")
-        self.schedule = core.as_schedule(noise)
-        self.regularizer, self.sampling, self.variant = regularizer, sampling, variant
-        self.paper_assumptions = bool(paper_assumptions)
-        self.batch_size, self.dataset_size = b, n
-        self.steps_per_epoch = max(1, n // b)
+        self._set_layer_hyperparameters(len(self.layers), step_size, rho, regularization, radius, noise,
+                                        paper_assumptions)
         self.has_bias = [layer.use_bias for layer in self.layers]
         self.rho_eff = [math.sqrt(r * r + (1.0 if hb else 0.0)) for r, hb in zip(self.rho_x, self.has_bias)]
-        for d, (eta, r) in enumerate(zip(self.step_sizes, self.rho_eff)):
-            beta = self.gamma * r * r
-            if variant == "proximal_gradient" and eta * beta > 2.0 * (1.0 + 1e-9):
-                warnings.warn(
-                    f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
-                    "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
-                    UserWarning, stacklevel=2,
-                )
+        self._warn_expansive_steps()
         seed = int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
         self._gen = tf.random.Generator.from_seed(seed)
         l = self.steps_per_epoch
@@ -230,16 +203,6 @@ class DPSBCD(core.SbcdTrainerBase):
         self._compiled = tf.function(self._step_impl, reduce_retracing=True)
 
     # --------------------------------------------------------------- helpers
-    def _per_layer(self, name, value, check) -> List[float]:
-        if isinstance(value, (list, tuple)):
-            vals = [check(name, x) for x in value]
-            if len(vals) == 1:
-                vals = vals * self.num_layers
-            if len(vals) != self.num_layers:
-                raise v.ParameterError(name, f"needs 1 or {self.num_layers} values (one per layer), got {len(vals)}")
-            return vals
-        return [check(name, value)] * self.num_layers
-
     def _linear(self, d: int, x):
         layer = self.layers[d]
         out = tf.matmul(x, layer.kernel)
@@ -343,10 +306,6 @@ class DPSBCD(core.SbcdTrainerBase):
     @property
     def steps_done(self) -> int:
         return self._t
-
-    def _noise_at(self, t: int) -> float:
-        k, j = divmod(t, self.steps_per_epoch)
-        return core._check_noise_value(self.schedule(self.step_sizes[0], k, j), k, j)
 
     def discard_auxiliary(self):
         """Deletes the per-example auxiliary variables (unnoised functions of each record: never

@@ -656,6 +656,59 @@ class SbcdTrainerBase:
 
     _progress_label = "DP-SBCD"
 
+    def _check_options(self, n: int, batch_size, sampling: str, regularizer: str, variant: str, gamma) -> int:
+        """Validates the choices that do not depend on the model; returns the batch size."""
+        b = v.positive_int("batch_size", batch_size)
+        if b > n:
+            raise v.ParameterError("batch_size", f"must be <= the number of records ({n}), got {b}")
+        for name, value, allowed in (("sampling", sampling, SBCD_SAMPLINGS), ("regularizer", regularizer, REGULARIZERS),
+                                     ("variant", variant, VARIANTS)):
+            if value not in allowed:
+                raise v.ParameterError(name, f"must be one of {', '.join(allowed)}; got {value!r}")
+        self.gamma = v.positive_float("gamma", gamma)
+        self.regularizer, self.sampling, self.variant = regularizer, sampling, variant
+        self.batch_size, self.dataset_size = b, n
+        self.steps_per_epoch = max(1, n // b)
+        return b
+
+    def _set_layer_hyperparameters(self, num_layers: int, step_size, rho, regularization, radius, noise,
+                                   paper_assumptions) -> None:
+        """Per-layer values (one for all, or one per layer) and the noise schedule."""
+        self.num_layers = num_layers
+        self.step_sizes = self._per_layer("step_size", step_size, v.positive_float)
+        self.rho_x = self._per_layer("rho", rho, v.positive_float)
+        self.lambdas = self._per_layer("regularization", regularization, v.nonnegative_float)
+        self.radius = None if radius is None else self._per_layer("radius", radius, v.positive_float)
+        if self.variant == "appendix_c" and self.radius is None:
+            raise v.ParameterError("radius", "variant='appendix_c' needs a projection radius per block")
+        self.schedule = as_schedule(noise)
+        self.paper_assumptions = bool(paper_assumptions)
+
+    def _per_layer(self, name, value, check) -> List[float]:
+        if isinstance(value, (list, tuple)):
+            vals = [check(name, x) for x in value]
+            if len(vals) == 1:
+                vals = vals * self.num_layers
+            if len(vals) != self.num_layers:
+                raise v.ParameterError(name, f"needs 1 or {self.num_layers} values (one per layer), got {len(vals)}")
+            return vals
+        return [check(name, value)] * self.num_layers
+
+    def _warn_expansive_steps(self) -> None:
+        """Warns for layers whose gradient step is expansive (needs ``rho_eff`` set)."""
+        for d, (eta, r) in enumerate(zip(self.step_sizes, self.rho_eff)):
+            beta = self.gamma * r * r
+            if self.variant == "proximal_gradient" and eta * beta > 2.0 * (1.0 + 1e-9):
+                warnings.warn(
+                    f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
+                    "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
+                    UserWarning, stacklevel=3,
+                )
+
+    def _noise_at(self, t: int) -> float:
+        k, j = divmod(t, self.steps_per_epoch)
+        return _check_noise_value(self.schedule(self.step_sizes[0], k, j), k, j)
+
     def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable] = None,
             desc: Optional[str] = None):
         """Runs ``epochs`` epochs with a progress bar (``callback(epoch, self)`` after each)."""

@@ -27,14 +27,6 @@ DELTA = 1e-5
 N, D, K = 60, 5, 3
 
 
-@pytest.fixture(autouse=True)
-def _quiet_opacus():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Secure RNG turned off")
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        yield
-
-
 def data(n=N, seed=0):
     g = torch.Generator().manual_seed(seed)
     return TensorDataset(torch.randn(n, D, generator=g), torch.randint(0, K, (n,), generator=g))

@@ -2,7 +2,6 @@
 
 import importlib.util
 import pathlib
-import warnings
 
 import pytest
 
@@ -22,14 +21,6 @@ def example():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-@pytest.fixture(autouse=True)
-def _quiet_opacus():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Secure RNG turned off")
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        yield
 
 
 def check(res, epochs):

@@ -19,14 +19,6 @@ from hidden_state_accountants import LossGeometry, ParameterError  # noqa: E402
 N, D, K = 60, 8, 3
 
 
-@pytest.fixture(autouse=True)
-def _quiet_opacus():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Secure RNG turned off")
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        yield
-
-
 def setup(base="sgd", lr=5.0, **opt_kwargs):
     torch.manual_seed(0)
     x = 10 * torch.randn(N, D)  # large inputs and lr: unprojected weights would grow fast

@@ -128,7 +128,7 @@ class AnalysisReport:
     def to_dict(self) -> dict:
         return {
             "name": self.name,
-            "epsilon": self.epsilon,
+            "epsilon": _json_number(self.epsilon),
             "reason": self.reason,
             "hidden_state": self.hidden_state,
             "kind": self.kind,
@@ -161,7 +161,7 @@ class PrivacyReport:
             "delta": self.delta,
             "analysis": self.analysis,
             "neighboring_relation": self.neighboring_relation,
-            "analyses": [a.to_dict() | {"epsilon": _json_number(a.epsilon)} for a in self.analyses],
+            "analyses": [a.to_dict() for a in self.analyses],
             "notes": list(self.notes),
         }
 

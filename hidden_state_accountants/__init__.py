@@ -1,9 +1,11 @@
 """Hidden-state (last-iterate) privacy accounting for DP-SGD.
 
-Top-level exports (DESIGN.md section 5): :class:`HiddenStateAccountant`, a
-``dp_accounting.PrivacyAccountant``; :class:`TrainingRunDpEvent`, the training-run event it
-accounts; :class:`LossGeometry`, the declared assumptions; and the calibration helpers.
-The core never imports torch or tensorflow.
+Top-level exports: :class:`HiddenStateAccountant`, a ``dp_accounting.PrivacyAccountant``;
+:class:`TrainingRunDpEvent`, the training-run event it accounts; :class:`LossGeometry`, the
+declared assumptions; :class:`BatchSchedule`, the batch schedules; the calibration helpers;
+and the warning emitted when a run is accounted by composition only. The core never imports
+torch or tensorflow; the framework adapters hand their facts to
+:mod:`hidden_state_accountants.recording`.
 """
 
 from hidden_state_accountants.accountant import (
@@ -18,7 +20,9 @@ from hidden_state_accountants.calibration import (
     calibrate_noise_multiplier,
     max_epochs_within_budget,
 )
-from hidden_state_accountants.events import SAMPLINGS, LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.recording import CompositionFallbackWarning, HiddenStateWarning
+from hidden_state_accountants.schedules import SAMPLINGS, BatchSchedule
 from hidden_state_accountants.validation import ParameterError
 
 # DP-SBCD's analysis registers its event with the accountant on import.
@@ -32,6 +36,9 @@ __all__ = [
     "TrainingRunDpEvent",
     "DpSbcdRunDpEvent",
     "LossGeometry",
+    "BatchSchedule",
+    "CompositionFallbackWarning",
+    "HiddenStateWarning",
     "PrivacyReport",
     "AnalysisReport",
     "analyze_training_run",

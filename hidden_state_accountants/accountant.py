@@ -26,34 +26,14 @@ from dp_accounting import dp_event, privacy_accountant
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import altschuler_talwar, bok, chourasia, composition, ye_shokri
+from hidden_state_accountants.analyses import composition, registry
 from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
 from hidden_state_accountants.bounds import Bound, NotApplicable
-from hidden_state_accountants.events import SAMPLINGS, TrainingRunDpEvent
+from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.recording import CompositionFallbackWarning
+from hidden_state_accountants.schedules import POISSON, SAMPLINGS
 
 NeighborRel = privacy_accountant.NeighboringRelation
-Analysis = Callable[[TrainingRunDpEvent, Context], Bound]
-
-COMPOSITION_BASELINES: Dict[str, Tuple[Analysis, ...]] = {
-    "full": (bok.thm_4_1,),
-    "cyclic": (bok.thm_4_4,),
-    "shuffle_partition": (bok.thm_4_4,),
-    "without_replacement": (bok.thm_4_8, composition.without_replacement_rdp),
-    "poisson": (composition.poisson_pld, composition.poisson_rdp),
-}
-"""Composition (all iterates released) for each schedule (DESIGN.md section 3)."""
-
-HIDDEN_STATE_ANALYSES: Dict[str, Tuple[Analysis, ...]] = {
-    "full": (chourasia.thm_2, chourasia.cor_1, bok.thm_4_2, bok.thm_4_3),
-    "cyclic": (bok.thm_4_5, bok.thm_4_6, ye_shokri.thm_3_3, ye_shokri.thm_2_1),
-    # a partition drawn once and reused: Thm 4.2, and every fixed-order bound (condition on it)
-    "shuffle_partition": (ye_shokri.thm_4_2, bok.thm_4_5, bok.thm_4_6, ye_shokri.thm_3_3, ye_shokri.thm_2_1),
-    "without_replacement": (ye_shokri.thm_4_3, bok.thm_4_9, bok.thm_4_10, altschuler_talwar.eq_3_3),
-    "poisson": (),
-}
-"""Hidden-state (last-iterate) analyses that hold for each schedule (DESIGN.md section 3)."""
-
-_ALL_HIDDEN = tuple(dict.fromkeys(f for fs in HIDDEN_STATE_ANALYSES.values() for f in fs))
 
 EventAnalyzer = Callable[[dp_event.DpEvent, Context], List[Bound]]
 _EVENT_ANALYZERS: Dict[type, EventAnalyzer] = {}
@@ -96,20 +76,18 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
 
 def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
     """Every analysis for ``run``: its schedule's composition baselines and all hidden-state
-    analyses, those that do not apply carrying the reason."""
+    analyses, those that do not apply carrying the reason (from the registry, without
+    running them)."""
     run = normalised(run)
-    bounds = [f(run, ctx) for f in COMPOSITION_BASELINES[run.sampling]]
-    applicable = HIDDEN_STATE_ANALYSES[run.sampling]
-    for f in _ALL_HIDDEN:
-        if f in applicable:
-            bounds.append(f(run, ctx))
-        else:
-            probe = f(run.replace(geometry=None), ctx)  # cheap: only to learn name/citation
-            schedules = [s for s, fs in HIDDEN_STATE_ANALYSES.items() if f in fs]
-            reason = f"applies to sampling {' / '.join(schedules)}, not {run.sampling}"
-            if run.sampling == "poisson":
+    bounds = []
+    for info in registry.all_analyses():
+        if run.sampling in info.schedules:
+            bounds.append(info.function(run, ctx))
+        elif info.hidden_state:
+            reason = info.not_applicable_reason(run.sampling)
+            if run.sampling == POISSON:
                 reason += " (no analysis in these papers covers Poisson sampling under hidden state)"
-            bounds.append(NotApplicable(name=probe.name, citation=probe.citation, hidden_state=True, reason=reason))
+            bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=True, reason=reason))
     return bounds
 
 
@@ -273,7 +251,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             self._warned = True
             warnings.warn(
                 f"{NO_GEOMETRY}; reporting the composition bound for sampling={event.sampling!r}",
-                UserWarning,
+                CompositionFallbackWarning,
                 stacklevel=4,
             )
         self._components.append(_Component(event, count))
@@ -331,7 +309,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             elif type(c.event) in _EVENT_ANALYZERS:
                 c.bounds = _EVENT_ANALYZERS[type(c.event)](c.event, self._ctx)
             elif isinstance(c.event, dp_event.NonPrivateDpEvent):
-                c.bounds = [composition._non_private("NonPrivateDpEvent")]
+                c.bounds = [composition.non_private_bound("NonPrivateDpEvent")]
             else:
                 c.bounds = composition.standard_event_bounds(c.event, self._ctx, c.count)
         return c.bounds
@@ -454,7 +432,5 @@ __all__ = [
     "AnalysisReport",
     "analyze_training_run",
     "register_event_analyzer",
-    "COMPOSITION_BASELINES",
-    "HIDDEN_STATE_ANALYSES",
     "SAMPLINGS",
 ]

@@ -78,7 +78,7 @@ def _inclusion(run: TrainingRunDpEvent, t: int, repetitions: int, position: Opti
         return np.ones(repetitions, dtype=bool)
     if run.sampling in ("cyclic", "shuffle_partition"):
         return position == t % run.steps_per_epoch
-    q = run.batch_size / run.dataset_size  # fresh draw each step: independent inclusions
+    q = run.sampling_rate  # fresh draw each step: independent inclusions
     return rng.random(repetitions) < q
 
 

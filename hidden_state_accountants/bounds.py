@@ -19,11 +19,15 @@ from hidden_state_accountants import rdp as rdp_tools
 
 @dataclass
 class Bound:
-    """Base class. ``name`` is a stable identifier, ``citation`` says paper/theorem/equation."""
+    """Base class. ``name`` is a stable identifier, ``citation`` says paper/theorem/equation.
 
-    name: str
-    citation: str
-    hidden_state: bool
+    Analyses registered with :func:`hidden_state_accountants.analyses.registry.analysis`
+    leave these three to the registry, which fills them in from the analysis' entry.
+    """
+
+    name: str = ""
+    citation: str = ""
+    hidden_state: bool = True
     # True when the bound never decreases as the run gets longer, so its value for an
     # unbounded run bounds every shorter one (used to certify "unlimited" epochs).
     monotone_in_steps: bool = field(default=False, kw_only=True)

@@ -26,7 +26,8 @@ import numpy as np
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.calibration import calibrate_noise_multiplier, max_epochs_within_budget
-from hidden_state_accountants.events import SAMPLINGS, LossGeometry, TrainingRunDpEvent, steps_per_epoch
+from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.schedules import SAMPLINGS, steps_per_epoch
 from hidden_state_accountants.plotting import epsilon_curves, plot_epsilon_curves
 
 FLAG_FOR_PARAMETER = {

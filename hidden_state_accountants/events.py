@@ -12,7 +12,6 @@ dataset size. Neighbouring datasets differ by replacing one record (REPLACE_ONE)
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Dict, Optional, Tuple, Union
 
@@ -21,24 +20,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from hidden_state_accountants import validation as v
-
-SAMPLINGS: Tuple[str, ...] = (
-    "full",
-    "cyclic",
-    "shuffle_partition",
-    "without_replacement",
-    "poisson",
-)
-"""Batch schedules. Each must be produced by a sampler of this package (DESIGN section 3)."""
-
-SAMPLING_DESCRIPTIONS = {
-    "full": "every step uses all n records",
-    "cyclic": "one fixed partition into n//b batches, visited in the same order every epoch",
-    "shuffle_partition": "one partition drawn at random once, then visited in order every epoch",
-    "without_replacement": "each step draws b distinct records afresh",
-    "poisson": "each record joins each step's batch independently with probability b/n",
-}
-
+from hidden_state_accountants.schedules import CYCLIC, POISSON, check_schedule, steps_per_epoch
 
 @attr.s(frozen=True, slots=True, kw_only=True)
 class LossGeometry:
@@ -123,7 +105,8 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
     Attributes:
       dataset_size: ``n``.
-      batch_size: ``b`` (the expected batch size for ``poisson``).
+      batch_size: ``b``, the number the clipped sum is divided by (the expected batch size
+        for ``poisson``).
       steps: number of optimiser steps ``T``. Use :meth:`from_epochs` to give epochs.
       noise_multiplier: ``z``, or a tuple of per-step values.
       clip_norm: ``C`` (``max_grad_norm`` in Opacus, ``l2_norm_clip`` in TF-Privacy).
@@ -133,7 +116,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
       gaussian_initialization: the user declares ``theta_0 ~ Proj_K(N(0, 2 sigma^2/m I))``
         as Chourasia et al. Cor. 1 requires (see
         :func:`hidden_state_accountants.analyses.chourasia.required_initial_std`).
-      hidden_state_refusal: set by an adapter when the training code departs from the
+      sampling_probability: ``q`` of ``poisson`` when it is not ``b / n`` (Opacus divides by
+        ``int(n q)``); ``None`` means ``b / n``.
+      hidden_state_refusal: set by the recording layer when the training code departs from the
         analysed update (momentum, Adam, a clip norm that changes, ...): every hidden-state
         analysis is then listed as not applicable with this reason, whatever the geometry.
 
@@ -150,6 +135,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
     sampling: str = attr.ib()
     geometry: Optional[LossGeometry] = attr.ib(default=None)
     gaussian_initialization: bool = attr.ib(default=False)
+    sampling_probability: Optional[float] = attr.ib(default=None)
     hidden_state_refusal: Optional[str] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
@@ -159,6 +145,15 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         object.__setattr__(self, "batch_size", b)
         object.__setattr__(self, "steps", t)
         object.__setattr__(self, "clip_norm", v.positive_float("clip_norm", self.clip_norm))
+        if self.sampling_probability is not None:
+            if self.sampling != POISSON:
+                raise v.ParameterError("sampling_probability", f"applies to sampling='poisson' only, not {self.sampling!r}")
+            q = v.real("sampling_probability", self.sampling_probability)
+            if not 0 < q <= 1:
+                raise v.ParameterError("sampling_probability", f"must lie in (0, 1], got {self.sampling_probability!r}")
+            object.__setattr__(self, "sampling_probability", q)
+        if not isinstance(self.gaussian_initialization, bool):
+            raise v.ParameterError("gaussian_initialization", f"must be True or False, got {self.gaussian_initialization!r}")
         if self.hidden_state_refusal is not None and not (
                 isinstance(self.hidden_state_refusal, str) and self.hidden_state_refusal.strip()):
             raise v.ParameterError("hidden_state_refusal", "must be None or a non-empty reason")
@@ -178,8 +173,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
             else:
                 object.__setattr__(self, name, v.positive_float(name, value))
         geom = self.geometry
-        if geom is not None:
-            lr_max = max(self.learning_rate) if isinstance(self.learning_rate, tuple) else self.learning_rate
+        # a claim that cannot hold is an error; a varying rate already rules out the analyses
+        if geom is not None and self.hidden_state_refusal is None and not isinstance(self.learning_rate, tuple):
+            lr_max = self.learning_rate
             if lr_max >= 2.0 / geom.smoothness:
                 raise v.ParameterError(
                     "learning_rate",
@@ -193,7 +189,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         n = v.positive_int("dataset_size", dataset_size)
         b = v.positive_int("batch_size", batch_size)
         e = v.positive_float("epochs", epochs)
-        spe = steps_per_epoch(n, b, kwargs.get("sampling", "cyclic"))
+        spe = steps_per_epoch(n, b, kwargs.get("sampling", CYCLIC))
         steps = e * spe
         if not float(steps).is_integer():
             raise v.ParameterError(
@@ -207,6 +203,14 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         if isinstance(self.noise_multiplier, tuple):
             return dict(Counter(self.noise_multiplier))
         return {float(self.noise_multiplier): self.steps}
+
+    @property
+    def sampling_rate(self) -> float:
+        """``q``: the probability that a given record is in a step's batch (``b / n`` unless
+        ``sampling_probability`` says otherwise)."""
+        if self.sampling_probability is not None:
+            return self.sampling_probability
+        return self.batch_size / self.dataset_size
 
     @property
     def is_constant(self) -> bool:
@@ -225,37 +229,5 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         return attr.evolve(self, **changes)
 
 
-def check_schedule(dataset_size, batch_size, sampling) -> Tuple[int, int]:
-    """Validates ``(n, b, sampling)`` for a batch schedule and returns ``(n, b)``.
 
-    ``b <= n``; ``b == n`` for ``full``; at least two batches for the partition schedules.
-    Raises :class:`ParameterError` naming the parameter.
-    """
-    n = v.positive_int("dataset_size", dataset_size)
-    b = v.positive_int("batch_size", batch_size)
-    if sampling not in SAMPLINGS:
-        raise v.ParameterError("sampling", f"must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
-    if b > n:
-        raise v.ParameterError("batch_size", f"must be <= dataset_size ({n}), got {b}")
-    if sampling == "full" and b != n:
-        raise v.ParameterError("batch_size", f"must equal dataset_size ({n}) for sampling='full', got {b}")
-    if sampling in ("cyclic", "shuffle_partition") and n // b < 2:
-        raise v.ParameterError(
-            "batch_size",
-            f"{sampling} needs at least two batches (dataset_size // batch_size >= 2), "
-            f"got {n} // {b} = {n // b}; use sampling='full' for one batch",
-        )
-    return n, b
-
-
-def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str) -> int:
-    """One step for ``full``; ``n // b`` otherwise (a remainder of ``n % b`` records is
-    dropped each epoch, Ye & Shokri footnote 3)."""
-    if sampling == "full":
-        return 1
-    return max(1, dataset_size // batch_size)
-
-
-def visits_per_record(steps: int, batches_per_epoch: int) -> int:
-    """Most visits any record gets in ``steps`` steps of a fixed-order schedule."""
-    return math.ceil(steps / batches_per_epoch)
+__all__ = ["TrainingRunDpEvent", "LossGeometry"]

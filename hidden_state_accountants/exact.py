@@ -126,7 +126,7 @@ def _schedule_law(run: TrainingRunDpEvent, c: float, position: Optional[int]):
         values = [sum(c ** (T - 1 - t) for t in range(j, T, l)) for j in positions]
         return np.array(values), np.full(len(values), 1.0 / len(values))
     # independent inclusions with probability q = b/n at every step
-    q = run.batch_size / run.dataset_size
+    q = run.sampling_rate
     if T > 16:
         raise ValueError("steps: the exact law is enumerated over 2^T schedules; use T <= 16")
     weights_c = c ** (T - 1 - np.arange(T))

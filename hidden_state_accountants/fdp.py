@@ -73,7 +73,20 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     hi = mu * mu / 2.0 + mu * math.sqrt(2.0 * max(-log_target, 1.0)) + 1.0
     while f(hi) > 0:
         hi *= 2.0
-    return optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-10)
+    return conservative_root(f, 0.0, hi)
+
+
+def conservative_root(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """A root of the decreasing function ``f`` on ``[lo, hi]`` (``f(lo) > 0 >= f(hi)``), taken
+    on the safe side: the returned ``x`` has ``f(x) <= 0``. Brent's method can stop a hair
+    before the root; for ``f = log delta(eps) - log target`` that would be an epsilon whose
+    delta exceeds the target."""
+    x = optimize.brentq(f, lo, hi, xtol=1e-12, rtol=1e-10)
+    step = max(1e-15, 1e-12 * abs(x))
+    while f(x) > 0 and x < hi:
+        x = min(hi, x + step)
+        step *= 2.0
+    return x
 
 
 def gdp_tradeoff(mu: float, alpha: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
 """HiddenStateAccountant behind the dp_accounting interface."""
 
+import dataclasses
 import json
 import math
 import warnings
@@ -9,7 +10,8 @@ import pytest
 import dp_accounting as dpa
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.accountant import COMPOSITION_BASELINES, HIDDEN_STATE_ANALYSES
+from hidden_state_accountants.analyses import registry
+from hidden_state_accountants.schedules import SAMPLINGS
 
 
 def make_run(sampling="cyclic", geometry=True, steps=400, **kw):
@@ -143,9 +145,34 @@ def test_curves_for_plotting():
 
 
 def test_registry_covers_design_table():
-    assert set(COMPOSITION_BASELINES) == set(HIDDEN_STATE_ANALYSES) == {
-        "full", "cyclic", "shuffle_partition", "without_replacement", "poisson"}
-    assert HIDDEN_STATE_ANALYSES["poisson"] == ()
+    """Which analysis holds where (docs/design.md): every schedule has a composition
+    baseline; the hidden-state analyses cover exactly the schedules their theorems do."""
+    table = {s: sorted(a.name for a in registry.analyses_for(s) if a.hidden_state) for s in SAMPLINGS}
+    assert table == {
+        "full": ["bok_thm4.2", "bok_thm4.3", "chourasia_cor1", "chourasia_thm2"],
+        "cyclic": ["bok_thm4.5", "bok_thm4.6", "ye_shokri_thm2.1", "ye_shokri_thm3.3"],
+        "shuffle_partition": ["bok_thm4.5", "bok_thm4.6", "ye_shokri_thm2.1", "ye_shokri_thm3.3",
+                              "ye_shokri_thm4.2"],
+        "without_replacement": ["altschuler_talwar_eq3.3", "bok_thm4.10", "bok_thm4.9", "ye_shokri_thm4.3"],
+        "poisson": [],
+    }
+    for s in SAMPLINGS:
+        assert any(not a.hidden_state for a in registry.analyses_for(s)), s
+    for a in registry.all_analyses():  # each analysis describes itself
+        assert a.name and a.citation and a.needs and a.schedules
+
+
+def test_inapplicable_analyses_are_listed_without_running_them(monkeypatch):
+    info = registry.get("bok_thm4.9")
+
+    def boom(run, ctx):
+        raise AssertionError("an analysis for another schedule was run")
+
+    monkeypatch.setitem(registry._REGISTRY, info.name, dataclasses.replace(info, function=boom))
+    report = HiddenStateAccountant().compose(make_run()).explain(1e-5)
+    row = next(a for a in report.analyses if a.name == "bok_thm4.9")
+    assert row.epsilon is None and row.reason.startswith("applies to sampling without_replacement")
+    assert row.citation == info.citation
 
 
 def test_custom_orders_and_bad_orders():

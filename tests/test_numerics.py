@@ -62,3 +62,19 @@ def test_profiles_in_range_for_extreme_arguments():
         values = profile(eps)
         assert np.all(np.isfinite(values)) and np.all((0 <= values) & (values <= 1))
         assert np.all(np.diff(values) <= 1e-15)
+
+
+def test_gdp_epsilon_is_on_the_safe_side_of_the_root():
+    """The returned epsilon satisfies delta_{G(mu)}(eps) <= delta by the closed form (Brent's
+    root used to land up to ~1e-11 relative below it, e.g. full batch, z = 300, delta = 1e-12)."""
+    from hidden_state_accountants import fdp
+
+    for mu in np.geomspace(1e-4, 50.0, 120):
+        for delta in (1e-3, 1e-5, 1e-8, 1e-12, 1e-15):
+            eps = fdp.gdp_epsilon(float(mu), delta)
+            assert eps == 0.0 or fdp.gdp_log_delta(float(mu), eps) <= math.log(delta), (mu, delta, eps)
+    run = TrainingRunDpEvent(dataset_size=1000, batch_size=1000, steps=10, noise_multiplier=300.0, clip_norm=1.0,
+                             learning_rate=0.1, sampling="full")
+    with pytest.warns(UserWarning):
+        eps = HiddenStateAccountant().compose(run).get_epsilon(1e-12)
+    assert fdp.gdp_log_delta(2.0 / 300.0 * math.sqrt(10.0), eps) <= math.log(1e-12)

@@ -52,7 +52,7 @@ import torch
 from torch.utils.data import Sampler
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.events import check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import check_schedule, steps_per_epoch
 
 __all__ = [
     "HiddenStateBatchSampler",

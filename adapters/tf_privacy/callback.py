@@ -30,7 +30,7 @@ from hidden_state_accountants import (
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import PrivacyReport
 from hidden_state_accountants.accountant import NO_GEOMETRY
-from hidden_state_accountants.events import check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import check_schedule, steps_per_epoch
 
 from .data import DATASET_SAMPLINGS
 from .optimizers import (

@@ -19,7 +19,7 @@ import tensorflow as tf
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
 from hidden_state_accountants import ParameterError
-from hidden_state_accountants.events import steps_per_epoch as _steps_per_epoch
+from hidden_state_accountants.schedules import steps_per_epoch as _steps_per_epoch
 
 DATASET_SAMPLINGS = ("full", "cyclic", "shuffle_partition", "without_replacement")
 """Schedules :func:`batched_dataset` produces. ``poisson`` batches have a random size, which

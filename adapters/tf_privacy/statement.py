@@ -17,7 +17,7 @@ from typing import Optional, Sequence, Union
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants.accountant import PrivacyReport
-from hidden_state_accountants.events import SAMPLING_DESCRIPTIONS, steps_per_epoch
+from hidden_state_accountants.schedules import SAMPLING_DESCRIPTIONS, steps_per_epoch
 
 _WIDTH = 80
 

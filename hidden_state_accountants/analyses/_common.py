@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from hidden_state_accountants.events import TrainingRunDpEvent, visits_per_record
+from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import visits_per_record
 from hidden_state_accountants.rdp import DEFAULT_ORDERS
 
 

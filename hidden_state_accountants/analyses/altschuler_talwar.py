@@ -24,18 +24,22 @@ import numpy as np
 
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import WITHOUT_REPLACEMENT
 
 CITE = "Altschuler & Talwar (2022)"
 # Fractions s = sigma_2^2 / sigma^2 tried for the noise split; any split is valid.
 SPLITS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
+@analysis(
+    "altschuler_talwar_eq3.3", f"{CITE}, eq. (3.3) / Thm 3.1 (projected noisy SGD)", (WITHOUT_REPLACEMENT,),
+    hidden_state=True, needs="D, lr <= 2/M")
 def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Eq. (3.3) minimised, per order, over ``tau`` (exactly, via the convex objective in
     ``k = T - tau``) and over the noise split (on the grid :data:`SPLITS`)."""
-    name, cite = "altschuler_talwar_eq3.3", f"{CITE}, eq. (3.3) / Thm 3.1 (projected noisy SGD)"
     reason = cm.hidden_state_preconditions(run)
     if not reason:
         reason = cm.first_reason(
@@ -43,10 +47,10 @@ def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
             cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False),
         )
     if reason:
-        return NotApplicable(name=name, citation=cite, hidden_state=True, reason=reason)
+        return NotApplicable(reason=reason)
 
     orders = np.asarray(ctx.orders, dtype=float)
-    q = run.batch_size / run.dataset_size
+    q = run.sampling_rate
     z, eta, D, T = run.noise_multiplier, run.learning_rate, run.geometry.diameter, run.steps
     sigma2 = (z * run.clip_norm / run.batch_size) ** 2
     best = np.full(len(orders), math.inf)
@@ -63,4 +67,4 @@ def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
             best = np.where(better, value, best)
             best_k = np.where(better, k, best_k)
     note = f"T - tau between {int(best_k.min())} and {int(best_k.max())} across orders"
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=best, note=note)
+    return RdpBound(orders=ctx.orders, values=best, note=note)

@@ -21,8 +21,10 @@ import numpy as np
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import CYCLIC, FULL, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 CITE = "Bok, Su & Altschuler (2024)"
 # A tau-family whose CLT estimate exceeds this GDP parameter (epsilon in the hundreds) cannot
@@ -64,23 +66,20 @@ def _constrained_conditions(run: TrainingRunDpEvent):
         cm.need_diameter(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False))
 
 
-def _not(name: str, cite: str, reason: str) -> NotApplicable:
-    return NotApplicable(name=name, citation=cite, hidden_state=True, reason=reason)
-
-
 # ---------------------------------------------------------------- NoisyGD (full batch)
+@analysis("bok_thm4.1", f"{CITE}, Thm 4.1 (composition, full batch)", (FULL,), hidden_state=False, needs="nothing")
 def thm_4_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.1 (composition): NoisyGD is ``mu``-GDP with ``mu = L/(n sigma) sqrt(t)``.
 
     With a per-step noise schedule the same composition gives ``sqrt(sum_t (L/(n sigma_t))^2)``
     (Dong, Roth & Su Cor. 3.3). Tight when every iterate is released.
     """
-    name, cite = "bok_thm4.1", f"{CITE}, Thm 4.1 (composition, full batch)"
     unit = _sensitivity(run) / (run.dataset_size * _sigma(run, 1.0))
     mu = math.sqrt(sum(k * (unit / z) ** 2 for z, k in run.noise_counts().items()))
-    return GdpBound(name=name, citation=cite, hidden_state=False, mu=mu, monotone_in_steps=True)
+    return GdpBound(mu=mu, monotone_in_steps=True)
 
 
+@analysis("bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)", (FULL,), hidden_state=True, needs="m > 0, lr < 2/M")
 def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.2: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisyGD is ``mu``-GDP with
 
@@ -92,17 +91,16 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``(eta L/n)(1-c^t)/(1-c)`` and std ``eta sigma sqrt((1-c^{2t})/(1-c^2))``), whose ratio is
     the expression above. ``tests/test_exact_gaussian.py`` pins it.
     """
-    name, cite = "bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)"
     reason = _strongly_convex_conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     lc, t = log_contraction(run), run.steps
     ratio = _geometric_ratio(lc, t)
     mu = _sensitivity(run) / (run.dataset_size * _sigma(run, run.noise_multiplier)) * math.sqrt(ratio)
     g = run.geometry
     exact = run.learning_rate <= 2.0 / (g.smoothness + g.strong_convexity)
     return GdpBound(
-        name=name, citation=cite, hidden_state=True, mu=mu, monotone_in_steps=True,
+        mu=mu, monotone_in_steps=True,
         note="exact (optimal) since lr <= 2/(M+m)" if exact else "",
     )
 
@@ -115,26 +113,27 @@ def _geometric_ratio(lc: float, t: float) -> float:
     return (-math.expm1(t * lc)) * (1 + math.exp(lc)) / ((-math.expm1(lc)) * (1 + ct))
 
 
+@analysis("bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)", (FULL,), hidden_state=True, needs="D, lr <= 2/M, t >= D n/(lr L)")
 def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.3: convex, M-smooth, projection onto a set of diameter ``D``, ``eta in [0, 2/M]``
     and ``t >= D n/(eta L)``: NoisyGD is ``mu``-GDP with
 
         mu = (1/sigma) * sqrt( 3 L D / (eta n) + (L^2/n^2) * ceil(D n / (eta L)) ).
     """
-    name, cite = "bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)"
     reason = _constrained_conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     n, eta, D, L = run.dataset_size, run.learning_rate, run.geometry.diameter, _sensitivity(run)
     burn_in = D * n / (eta * L)
     if run.steps < burn_in:
-        return _not(name, cite, f"needs t >= D n/(eta L) = {burn_in:.6g} steps, got {run.steps}")
+        return NotApplicable(reason=f"needs t >= D n/(eta L) = {burn_in:.6g} steps, got {run.steps}")
     sigma = _sigma(run, run.noise_multiplier)
     mu = math.sqrt(3 * L * D / (eta * n) + (L / n) ** 2 * math.ceil(burn_in)) / sigma
-    return GdpBound(name=name, citation=cite, hidden_state=True, mu=mu)
+    return GdpBound(mu=mu)
 
 
 # ------------------------------------------------------- NoisyCGD (cyclic batches)
+@analysis("bok_thm4.4", f"{CITE}, Thm 4.4 (composition, cyclic batches)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=False, needs="nothing")
 def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.4 (composition): NoisyCGD is ``mu``-GDP with ``mu = L/(b sigma) sqrt(E)``.
 
@@ -142,7 +141,6 @@ def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     has ``E = ceil(t / l)`` visits. With a noise schedule, ``mu^2`` is the largest over batch
     positions of the sum of ``(L/(b sigma_t))^2`` over that position's steps.
     """
-    name, cite = "bok_thm4.4", f"{CITE}, Thm 4.4 (composition, cyclic batches)"
     l, unit = run.steps_per_epoch, _sensitivity(run) / (run.batch_size * _sigma(run, 1.0))
     if isinstance(run.noise_multiplier, tuple):
         per_step = (unit / np.asarray(run.noise_multiplier)) ** 2
@@ -151,9 +149,10 @@ def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         mu = math.sqrt(float(np.max(padded.reshape(-1, l).sum(axis=0))))
     else:
         mu = unit / run.noise_multiplier * math.sqrt(cm.epochs_visited(run))
-    return GdpBound(name=name, citation=cite, hidden_state=False, mu=mu, monotone_in_steps=True)
+    return GdpBound(mu=mu, monotone_in_steps=True)
 
 
+@analysis("bok_thm4.5", f"{CITE}, Thm 4.5 (NoisyCGD, strongly convex)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=True, needs="m > 0, lr < 2/M")
 def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.5: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisyCGD is ``mu``-GDP with
 
@@ -165,10 +164,9 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``E``-epoch run and every other record has fewer or earlier visits; the bound grows
     with ``E``.
     """
-    name, cite = "bok_thm4.5", f"{CITE}, Thm 4.5 (NoisyCGD, strongly convex)"
     reason = _strongly_convex_conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     l, E, lc = run.steps_per_epoch, cm.epochs_visited(run), log_contraction(run)
     unit = _sensitivity(run) / (run.batch_size * _sigma(run, run.noise_multiplier))
     if lc == -math.inf or E == 1:
@@ -178,9 +176,10 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         log_extra = ((2 * l - 2) * lc + math.log(-math.expm1(2 * lc)) - 2 * math.log(-math.expm1(l * lc))
                      + math.log(-math.expm1(x)) - math.log1p(math.exp(x)))
         extra = math.exp(log_extra)
-    return GdpBound(name=name, citation=cite, hidden_state=True, mu=unit * math.sqrt(1 + extra), monotone_in_steps=True)
+    return GdpBound(mu=unit * math.sqrt(1 + extra), monotone_in_steps=True)
 
 
+@analysis("bok_thm4.6", f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=True, needs="D, lr <= 2/M, E >= D b/(lr L)")
 def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.6: convex, M-smooth, diameter ``D``, ``eta in [0, 2/M]``, ``E >= D b/(eta L)``:
 
@@ -188,21 +187,21 @@ def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
     The epoch condition is checked on *complete* epochs ``floor(t/l)`` (conservative).
     """
-    name, cite = "bok_thm4.6", f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)"
     reason = _constrained_conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     b, l, eta, D, L = run.batch_size, run.steps_per_epoch, run.learning_rate, run.geometry.diameter, _sensitivity(run)
     burn_in = D * b / (eta * L)
     complete = run.steps // l
     if complete < burn_in:
-        return _not(name, cite, f"needs E >= D b/(eta L) = {burn_in:.6g} complete epochs, got {complete}")
+        return NotApplicable(reason=f"needs E >= D b/(eta L) = {burn_in:.6g} complete epochs, got {complete}")
     sigma = _sigma(run, run.noise_multiplier)
     mu = math.sqrt((L / b) ** 2 + 3 * L * D / (eta * b * l) + L**2 / (b**2 * l) * math.ceil(burn_in)) / sigma
-    return GdpBound(name=name, citation=cite, hidden_state=True, mu=mu)
+    return GdpBound(mu=mu)
 
 
 # ------------------------------------------------ NoisySGD (b of n without replacement)
+@analysis("bok_thm4.8", f"{CITE}, Thm 4.8 (composition, sampling without replacement)", (WITHOUT_REPLACEMENT,), hidden_state=False, needs="nothing")
 def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.8 (composition): NoisySGD is ``C_{b/n}(G(L/(b sigma)))^{(x) t}``-DP.
 
@@ -210,16 +209,14 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     (DESIGN section 4), self-composed by dp_accounting. With a noise schedule, steps with
     equal noise are composed together.
     """
-    name, cite = "bok_thm4.8", f"{CITE}, Thm 4.8 (composition, sampling without replacement)"
     if run.steps > MAX_PLD_STEPS:
-        return NotApplicable(name=name, citation=cite, hidden_state=False,
-                             reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD; the RDP baseline covers this run")
-    p = run.batch_size / run.dataset_size
+        return NotApplicable(reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD; the RDP baseline covers this run")
+    p = run.sampling_rate
     unit = _sensitivity(run) / (run.batch_size * _sigma(run, 1.0))
     counts = run.noise_counts()
     d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)), ctx.discretization)
     if d_min is None:
-        return NotApplicable(name=name, citation=cite, hidden_state=False, reason=fdp.TOO_LARGE)
+        return NotApplicable(reason=fdp.TOO_LARGE)
 
     def build(delta: float, d: float):
         total = None
@@ -228,8 +225,7 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
             total = part if total is None else total.compose(part)
         return total, f"p = b/n = {p:.6g}"
 
-    return PldBound(name=name, citation=cite, hidden_state=False, build=build, discretization=d_min,
-                    monotone_in_steps=True)
+    return PldBound(build=build, discretization=d_min, monotone_in_steps=True)
 
 
 def _candidate_ks(approx_mu, k_max: int) -> Tuple[List[int], float]:
@@ -245,7 +241,7 @@ def _candidate_ks(approx_mu, k_max: int) -> Tuple[List[int], float]:
     return sorted(ks), float(values[i])
 
 
-def _tau_family(run, ctx, name, cite, fixed_terms, k_max, approx_mu) -> Bound:
+def _tau_family(run, ctx, fixed_terms, k_max, approx_mu) -> Bound:
     """PLD bound minimised over ``tau`` among candidates chosen with the CLT approximation.
 
     ``fixed_terms(k, d)`` returns the PLD for window length ``k = t - tau``. The CLT only
@@ -253,7 +249,7 @@ def _tau_family(run, ctx, name, cite, fixed_terms, k_max, approx_mu) -> Bound:
     """
     candidates, mu_estimate = _candidate_ks(approx_mu, k_max)
     if mu_estimate > MU_SKIP:
-        return _not(name, cite, f"not computed: the CLT estimate mu ~ {mu_estimate:.3g} at its best tau "
+        return NotApplicable(reason=f"not computed: the CLT estimate mu ~ {mu_estimate:.3g} at its best tau "
                                 f"is far weaker than the other bounds (exact composition skipped)")
     plds = {}
 
@@ -272,9 +268,10 @@ def _tau_family(run, ctx, name, cite, fixed_terms, k_max, approx_mu) -> Bound:
         return plds[(k, d)], f"tau = t - {k} (candidates t - {candidates})"
 
     d_min = fdp.discretization_for(mu_estimate, ctx.discretization)
-    return PldBound(name=name, citation=cite, hidden_state=True, build=build, discretization=d_min)
+    return PldBound(build=build, discretization=d_min)
 
 
+@analysis("bok_thm4.9", f"{CITE}, Thm 4.9 (NoisySGD, strongly convex)", (WITHOUT_REPLACEMENT,), hidden_state=True, needs="m > 0, lr < 2/M, t >= 2")
 def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.9: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisySGD is f-DP for
 
@@ -286,12 +283,11 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     uses the same shift term with ``t - tau >= 100``). ``tau`` is chosen per ``delta`` among
     candidates around the CLT optimum; each candidate is composed exactly.
     """
-    name, cite = "bok_thm4.9", f"{CITE}, Thm 4.9 (NoisySGD, strongly convex)"
     reason = _strongly_convex_conditions(run) or (
         "needs t >= 2 steps (tau ranges over 1..t-1)" if run.steps < 2 else None)
     if reason:
-        return _not(name, cite, reason)
-    t, p = run.steps, run.batch_size / run.dataset_size
+        return NotApplicable(reason=reason)
+    t, p = run.steps, run.sampling_rate
     unit = _sensitivity(run) / (run.batch_size * _sigma(run, run.noise_multiplier))
     lc = log_contraction(run)
     one_minus_c = -math.expm1(lc) if lc > -math.inf else 1.0
@@ -311,9 +307,10 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         out = out.compose(fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * math.sqrt(2) * unit, p), d))
         return out.compose(fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * unit, p), d).self_compose(k))
 
-    return _tau_family(run, ctx, name, cite, fixed_terms, t - 1, approx)
+    return _tau_family(run, ctx, fixed_terms, t - 1, approx)
 
 
+@analysis("bok_thm4.10", f"{CITE}, Thm 4.10 (NoisySGD, constrained convex)", (WITHOUT_REPLACEMENT,), hidden_state=True, needs="D, lr <= 2/M")
 def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.10: convex, M-smooth, diameter ``D``, ``eta in [0, 2/M]``: NoisySGD is f-DP for
 
@@ -321,11 +318,10 @@ def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
     for any ``tau = 0, ..., t-1``; ``tau`` chosen as in :func:`thm_4_9`.
     """
-    name, cite = "bok_thm4.10", f"{CITE}, Thm 4.10 (NoisySGD, constrained convex)"
     reason = _constrained_conditions(run)
     if reason:
-        return _not(name, cite, reason)
-    t, p, eta, D = run.steps, run.batch_size / run.dataset_size, run.learning_rate, run.geometry.diameter
+        return NotApplicable(reason=reason)
+    t, p, eta, D = run.steps, run.sampling_rate, run.learning_rate, run.geometry.diameter
     sigma = _sigma(run, run.noise_multiplier)
     unit = _sensitivity(run) / (run.batch_size * sigma)
 
@@ -339,4 +335,4 @@ def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         sub = fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * math.sqrt(2) * unit, p), d)
         return fdp.gaussian_pld(float(shift_mu(k)), d).compose(sub.self_compose(k))
 
-    return _tau_family(run, ctx, name, cite, fixed_terms, t, approx)
+    return _tau_family(run, ctx, fixed_terms, t, approx)

@@ -14,8 +14,10 @@ import math
 import numpy as np
 
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import FULL
 
 CITE = "Chourasia, Ye & Shokri (2021)"
 
@@ -37,43 +39,39 @@ def required_initial_std(*, dataset_size: int, noise_multiplier: float, clip_nor
     return math.sqrt(2.0 * sigma2 / strong_convexity)
 
 
-def _not(name, cite, reason):
-    return NotApplicable(name=name, citation=cite, hidden_state=True, reason=reason)
 
 
-def _full_batch(run: TrainingRunDpEvent):
-    if run.sampling != "full":
-        return "applies to full-batch noisy GD only"
-    return cm.hidden_state_preconditions(run)
-
-
+@analysis(
+    "chourasia_thm2", f"{CITE}, Thm 2, eq. (16) (noisy GD, declared LSI constant)", (FULL,),
+    hidden_state=True, needs="a declared LSI constant")
 def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 2, eq. (16): if the coupled tracing diffusions satisfy ``c``-LSI throughout
     (declared as ``LossGeometry(lsi_constant=c)``; not checkable here), then
 
         eps(alpha) = alpha S_g^2 / (2 c sigma^4 n^2) * (1 - exp(-sigma^2 c eta K)).
     """
-    name, cite = "chourasia_thm2", f"{CITE}, Thm 2, eq. (16) (noisy GD, declared LSI constant)"
-    reason = _full_batch(run)
+    reason = cm.hidden_state_preconditions(run)
     if not reason and run.geometry.lsi_constant is None:
         reason = "needs a declared log-Sobolev constant (LossGeometry(lsi_constant=...))"
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     c, s2, n, sg = run.geometry.lsi_constant, _sigma2(run), run.dataset_size, 2.0 * run.clip_norm
     orders = np.asarray(ctx.orders, dtype=float)
     vals = orders * sg * sg / (2 * c * s2 * s2 * n * n) * (-math.expm1(-s2 * c * run.learning_rate * run.steps))
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+    return RdpBound(orders=ctx.orders, values=vals,
                     note=f"LSI constant {c:g} as declared", monotone_in_steps=True)
 
 
+@analysis(
+    "chourasia_cor1", f"{CITE}, Cor. 1 (noisy GD, strongly convex)", (FULL,),
+    hidden_state=True, needs="m > 0, lr < 1/M, Gaussian initialisation")
 def cor_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Cor. 1 (Lemma 5 + Thm 2): ``lambda``-strongly convex, ``beta``-smooth, ``eta < 1/beta``,
     ``theta_0 ~ Proj_C(N(0, 2 sigma^2/lambda I))`` (declared with ``gaussian_initialization``)::
 
         eps(alpha) = alpha S_g^2 / (lambda sigma^2 n^2) * (1 - exp(-lambda eta K / 2)).
     """
-    name, cite = "chourasia_cor1", f"{CITE}, Cor. 1 (noisy GD, strongly convex)"
-    reason = _full_batch(run)
+    reason = cm.hidden_state_preconditions(run)
     if not reason:
         reason = cm.first_reason(
             cm.need_strong_convexity(run),
@@ -83,9 +81,9 @@ def cor_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
                 "(declare gaussian_initialization=True; see required_initial_std)"),
         )
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     lam, s2, n, sg = run.geometry.strong_convexity, _sigma2(run), run.dataset_size, 2.0 * run.clip_norm
     orders = np.asarray(ctx.orders, dtype=float)
     vals = orders * sg * sg / (lam * s2 * n * n) * (-math.expm1(-lam * run.learning_rate * run.steps / 2.0))
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+    return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)

@@ -23,12 +23,16 @@ from dp_accounting import dp_event
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import POISSON, WITHOUT_REPLACEMENT
 
 MAX_PLD_STEPS = 10_000_000
 
 
+@analysis("composition_wor_rdp", "Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
+          (WITHOUT_REPLACEMENT,), hidden_state=False, needs="nothing")
 def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """RDP composition of Gaussian steps on ``b``-of-``n`` samples without replacement.
 
@@ -36,7 +40,7 @@ def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``SampledWithoutReplacementDpEvent`` under REPLACE_ONE; the base query's replace-one
     sensitivity is ``2C`` so its noise multiplier is ``z/2``.
     """
-    q = run.batch_size / run.dataset_size
+    q = run.sampling_rate
     total = np.zeros(len(ctx.orders))
     for z, k in run.noise_counts().items():
         total += k * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders)
@@ -87,6 +91,9 @@ def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
     )
 
 
+@analysis("composition_poisson_pld",
+          "Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD",
+          (POISSON,), hidden_state=False, needs="nothing")
 def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Poisson sampling under REPLACE_ONE, every step composed as a PLD (see
     :func:`hidden_state_accountants.fdp.poisson_replace_one_profile`)."""
@@ -94,12 +101,14 @@ def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if run.steps > MAX_PLD_STEPS:
         return NotApplicable(name=name, citation="", hidden_state=False,
                              reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD")
-    q = run.batch_size / run.dataset_size
+    q = run.sampling_rate
     return _poisson_pld_bound(name, q, Counter(run.noise_counts()), ctx.discretization)
 
 
+@analysis("composition_poisson_rdp", "Ye & Shokri (2022), Lemma 4.1 (joint convexity, Poisson, REPLACE_ONE)",
+          (POISSON,), hidden_state=False, needs="nothing")
 def poisson_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    q = run.batch_size / run.dataset_size
+    q = run.sampling_rate
     return _poisson_rdp_bound("composition_poisson_rdp", q, Counter(run.noise_counts()), ctx.orders)
 
 
@@ -115,13 +124,13 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
     if isinstance(event, dp_event.GaussianDpEvent):
         z = event.noise_multiplier
         if z <= 0:
-            return [_non_private("GaussianDpEvent with noise_multiplier 0")]
+            return [non_private_bound("GaussianDpEvent with noise_multiplier 0")]
         return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C (REPLACE_ONE)",
                          hidden_state=False, mu=2.0 / z)]
     if isinstance(event, dp_event.LaplaceDpEvent):
         b = event.noise_multiplier
         if b <= 0:
-            return [_non_private("LaplaceDpEvent with noise_multiplier 0")]
+            return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
         eps = 2.0 / b  # L1 sensitivity 2C under REPLACE_ONE
         orders = np.asarray(ctx.orders, dtype=float)
         return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP",
@@ -132,7 +141,7 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
         if q == 0:
             return []
         if z == 0:
-            return [_non_private("Poisson-sampled Gaussian with noise_multiplier 0")]
+            return [non_private_bound("Poisson-sampled Gaussian with noise_multiplier 0")]
         if q >= 1:
             return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C", hidden_state=False, mu=2.0 / z)]
         counts = Counter({z: 1})
@@ -141,7 +150,7 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         z = _gaussian_noise(event.event)
         if z == 0:
-            return [_non_private("sampled Gaussian with noise_multiplier 0")]
+            return [non_private_bound("sampled Gaussian with noise_multiplier 0")]
         q = event.sample_size / event.source_dataset_size
         mu = 2.0 / z
         rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27",
@@ -165,6 +174,7 @@ def _gaussian_noise(event: dp_event.DpEvent) -> float:
     raise UnsupportedEvent(f"sampled events must wrap a GaussianDpEvent, got {type(event).__name__}")
 
 
-def _non_private(what: str) -> Bound:
+def non_private_bound(what: str) -> Bound:
+    """A mechanism without noise: infinite epsilon at every order."""
     return RdpBound(name="non_private", citation=what, hidden_state=False,
                     orders=(2.0,), values=np.array([math.inf]))

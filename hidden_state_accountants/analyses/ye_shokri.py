@@ -25,8 +25,10 @@ import numpy as np
 from scipy import optimize, special
 
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 CITE = "Ye & Shokri (2022)"
 # Iterations of the Thm 4.3 recursion after which the remaining orders take their
@@ -68,10 +70,6 @@ def _conditions(run: TrainingRunDpEvent, require_two_batches: bool = True) -> Op
     )
 
 
-def _not(name, cite, reason):
-    return NotApplicable(name=name, citation=cite, hidden_state=True, reason=reason)
-
-
 def eps0(run: TrainingRunDpEvent, orders: np.ndarray, j: np.ndarray) -> np.ndarray:
     """``eps_0^j(alpha)`` for every order (rows) and ``j`` (columns), eq. below Thm 3.3."""
     lr = _log_rho(run)
@@ -92,6 +90,9 @@ def _first_term(run: TrainingRunDpEvent, orders: np.ndarray, epochs: int) -> np.
     return eps0(run, orders, np.array([h]))[:, 0] * ratio
 
 
+@analysis(
+    "ye_shokri_thm2.1", f"{CITE}, Thm 2.1 (naive baseline)", (CYCLIC, SHUFFLE_PARTITION),
+    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
 def thm_2_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 2.1 (naive extension of Chourasia et al. to SGD): with ``eta < 2/(lambda+beta)``,
 
@@ -101,14 +102,13 @@ def thm_2_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     reading, at least the number of epochs). Holds for any fixed batch order, hence for
     ``cyclic`` and ``shuffle_partition``. A baseline: the other Ye & Shokri bounds improve on it.
     """
-    name, cite = "ye_shokri_thm2.1", f"{CITE}, Thm 2.1 (naive baseline)"
     reason = _conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     eta, sigma2, sg, b, lam, _ = _paper_parameters(run)
     orders = np.asarray(ctx.orders, dtype=float)
     vals = orders * sg * sg / (lam * sigma2 * b * b) * (-math.expm1(-lam * eta * run.steps / 2.0))
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+    return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)
 
 
@@ -128,18 +128,23 @@ def fixed_order_rdp(run: TrainingRunDpEvent, orders: Sequence[float], position: 
     return _first_term(run, orders, cm.epochs_visited(run)) + eps0(run, orders, np.array([l - j0]))[:, 0]
 
 
+@analysis(
+    "ye_shokri_thm3.3", f"{CITE}, Thm 3.3 (fixed order, worst position)", (CYCLIC, SHUFFLE_PARTITION),
+    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
 def thm_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 3.3 at the worst batch position (fixed order: ``cyclic``; also ``shuffle_partition``
     by conditioning on the partition). See :func:`fixed_order_rdp` for any position."""
-    name, cite = "ye_shokri_thm3.3", f"{CITE}, Thm 3.3 (fixed order, worst position)"
     reason = _conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     vals = fixed_order_rdp(run, ctx.orders)
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+    return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)
 
 
+@analysis(
+    "ye_shokri_thm4.2", f"{CITE}, Thm 4.2 (shuffle and partition)", (SHUFFLE_PARTITION,),
+    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
 def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.2 (shuffle and partition), eq. (5)::
 
@@ -149,10 +154,9 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     same quantity). ``K = ceil(t/l)``: at a partial last epoch the number of steps after a
     record's last visit is still uniform on ``0..l-1`` and the first term grows with ``K``.
     """
-    name, cite = "ye_shokri_thm4.2", f"{CITE}, Thm 4.2 (shuffle and partition)"
     reason = _conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     orders = np.asarray(ctx.orders, dtype=float)
     l = run.steps_per_epoch
     second = np.empty(len(orders))
@@ -162,7 +166,7 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         e = eps0(run, orders[sl], js)
         second[sl] = (special.logsumexp((orders[sl, None] - 1) * e, axis=1) - math.log(l)) / (orders[sl] - 1)
     vals = _first_term(run, orders, cm.epochs_visited(run)) + second
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+    return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)
 
 
@@ -184,7 +188,7 @@ def thm_4_3_log_s(run: TrainingRunDpEvent, orders: np.ndarray, steps: int) -> np
     (relative): exact up to that tolerance, never below the true value.
     """
     orders = np.asarray(orders, dtype=float)
-    q = run.batch_size / run.dataset_size
+    q = run.sampling_rate
     rho = math.exp(_log_rho(run))
     a_all = math.log(q) + (orders - 1) * _unit(run, orders)  # log(q e^{(alpha-1) unit})
     b = math.log1p(-q)
@@ -278,14 +282,16 @@ def _fixed_point_or_inf(a, b, rho) -> float:
     return root + 1e-12 * max(1.0, abs(root))  # a root-finder may stop a hair short
 
 
+@analysis(
+    "ye_shokri_thm4.3", f"{CITE}, Thm 4.3 (sampling without replacement)", (WITHOUT_REPLACEMENT,),
+    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
 def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.3 (sampling without replacement), eq. (6): ``eps <= log(S^0_K(alpha)) / (alpha - 1)``
     with the recursion of :func:`thm_4_3_log_s` run for every step."""
-    name, cite = "ye_shokri_thm4.3", f"{CITE}, Thm 4.3 (sampling without replacement)"
     reason = _conditions(run)
     if reason:
-        return _not(name, cite, reason)
+        return NotApplicable(reason=reason)
     orders = np.asarray(ctx.orders, dtype=float)
     vals = thm_4_3_log_s(run, orders, run.steps) / (orders - 1)
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=ctx.orders, values=vals,
+    return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)

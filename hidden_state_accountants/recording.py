@@ -1,0 +1,542 @@
+"""The recording layer: what a training framework did, turned into a training-run event.
+
+Adapters (Opacus, Keras) only *read* their framework and hand the facts over; every
+decision about whether those facts back a hidden-state claim is made here, the same way for
+every framework:
+
+* :class:`StepFacts`: what one optimiser step did (noise, clip norm, learning rate, the
+  number the clipped sum is divided by, L2 outside clipping, projection, optimiser kind,
+  momentum, clipping mode, ...).
+* :class:`ModelFacts`: the model's structure, layer by layer.
+* :class:`BatchSourceFacts`: where the batches come from (a schedule of this package, or a
+  description of something else).
+* :class:`RunRecorder` keeps a run-length-encoded ledger of steps and turns it into a
+  :class:`~hidden_state_accountants.TrainingRunDpEvent` plus the reasons a hidden-state
+  analysis does not apply.
+
+The policy, one for every framework:
+
+1. **Contradictions known before training are errors.** With a declared geometry, a model
+   that is not one linear map of its features, an update that is not plain DP-SGD (momentum,
+   Adam, per-layer clipping, ...), ``strong_convexity`` above the L2 term applied outside
+   clipping, a declared diameter without projection, ``learning_rate >= 2/smoothness``, or
+   batches that do not come from the declared schedule raise
+   :class:`~hidden_state_accountants.ParameterError` naming the parameter, at configuration or
+   before the first step is accounted.
+2. **Departures during training end the hidden-state claim.** If the learning rate, noise,
+   clip norm, L2 strength or projection changes mid-run, or the update stops being plain
+   DP-SGD, the run is accounted by composition (valid for any post-processing of the noisy
+   gradients). :class:`CompositionFallbackWarning` is emitted once per reason, and the reason
+   is in the report's notes.
+3. **No geometry, no hidden-state claim**: composition, with the same warning.
+4. **Not even composition holds** (adaptive clipping, whose clip norm follows the data; a
+   divisor that does not match the schedule's batches; gradient accumulation over a
+   schedule's batches): an error at the step where it is seen.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import attr
+
+from hidden_state_accountants import validation as v
+from hidden_state_accountants.analyses._common import NO_GEOMETRY
+from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.schedules import POISSON, BatchSchedule, poisson_sizes
+
+
+ASSUMED_CONVEX_NOTE = (
+    "the model structure was not verified: the user asserted (assume_convex_model=True) that "
+    "the loss is convex in the trainable parameters with the declared geometry"
+)
+
+
+class HiddenStateWarning(UserWarning):
+    """Base class of this package's warnings."""
+
+
+class CompositionFallbackWarning(HiddenStateWarning):
+    """A training run is accounted by composition only; the message says why."""
+
+
+# ------------------------------------------------------------------------------ facts
+Number = Union[float, Tuple[float, ...]]
+
+
+def _number_or_groups(value):
+    """A float, or a tuple of per-parameter-group floats (reduced to one value when equal)."""
+    if isinstance(value, (list, tuple)):
+        values = tuple(float(x) for x in value)
+        return values[0] if len(set(values)) == 1 else values
+    return None if value is None else float(value)
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class StepFacts:
+    """What one optimiser step did, as the framework reports it (no judgement).
+
+    Attributes:
+      noise_multiplier: ``z``: noise std on the clipped sum over ``clip_norm``.
+      clip_norm: ``C`` (``None`` if the framework did not say, e.g. Opacus' ``step()``).
+      learning_rate: the step size, or one value per parameter group (``None``: unknown).
+      divisor: the number the clipped sum and its noise are divided by (``None``: unknown).
+      weight_decay: L2 strength applied after clipping and noise, or one per parameter group.
+      projection_diameter: diameter of the convex set the parameters were projected onto
+        after the step, ``None`` for no projection.
+      optimizer: the update applied to the noisy gradient (``"sgd"`` for a plain step).
+      momentum, nesterov: SGD momentum settings.
+      clipping: ``"flat"``, ``"per_layer"`` or ``"adaptive"``.
+      loss_reduction: ``"mean"`` or ``"sum"``.
+      accumulation: batches (or optimiser calls) whose gradients one update applies.
+      postprocessing: anything applied to the noisy gradient before the step (e.g. Keras'
+        ``clipnorm``), described, or ``None``.
+      sample_rate: the probability a record is in the step's batch, for Poisson steps whose
+        rate the framework reports (Opacus), else ``None``.
+    """
+
+    noise_multiplier: float = attr.ib(converter=float)
+    clip_norm: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+    learning_rate: Optional[Number] = attr.ib(default=None, converter=_number_or_groups)
+    divisor: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+    weight_decay: Number = attr.ib(default=0.0, converter=_number_or_groups)
+    projection_diameter: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+    optimizer: str = attr.ib(default="sgd")
+    momentum: float = attr.ib(default=0.0, converter=float)
+    nesterov: bool = attr.ib(default=False, converter=bool)
+    clipping: str = attr.ib(default="flat")
+    loss_reduction: str = attr.ib(default="mean")
+    accumulation: int = attr.ib(default=1, converter=int)
+    postprocessing: Optional[str] = attr.ib(default=None)
+    sample_rate: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {k: (list(x) if isinstance(x, tuple) else x) for k, x in attr.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "StepFacts":
+        if not isinstance(d, dict):
+            raise v.ParameterError("ledger", f"a step must be a dict, got {type(d).__name__}")
+        unknown = set(d) - {f.name for f in attr.fields(cls)}
+        if unknown:
+            raise v.ParameterError("ledger", f"unknown step fields {sorted(unknown)}")
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as err:
+            raise v.ParameterError("ledger", f"malformed step {d!r}: {err}") from None
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class LayerFacts:
+    """One layer of a model, in the order the forward pass applies it.
+
+    ``kind`` is ``"affine"`` for a dense linear map with bias and no activation (Linear,
+    Dense(activation=None)), ``"random"`` for layers that draw randomness in training
+    (dropout), ``"other"`` for everything else. ``trainable`` says whether it owns parameters
+    that the optimiser updates.
+    """
+
+    name: str = attr.ib()
+    kind: str = attr.ib(validator=attr.validators.in_(("affine", "random", "other")))
+    trainable: bool = attr.ib(converter=bool)
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class ModelFacts:
+    """A model's structure: its layers in forward order, and whether that list is the whole
+    forward pass (``complete=False`` when custom code could not be read)."""
+
+    layers: Tuple[LayerFacts, ...] = attr.ib(converter=tuple)
+    complete: bool = attr.ib(converter=bool)
+    description: str = attr.ib(default="")
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class BatchSourceFacts:
+    """Where a run's batches come from: a schedule of this package (verified), or ``None``
+    with a description of what the framework feeds instead."""
+
+    schedule: Optional[BatchSchedule] = attr.ib()
+    description: str = attr.ib()
+    steps_per_epoch: Optional[int] = attr.ib(default=None)
+
+
+# ---------------------------------------------------------------------------- decisions
+def unaccountable(step: StepFacts) -> Optional[Tuple[str, str]]:
+    """``(parameter, reason)`` when not even composition covers the step, else ``None``."""
+    if step.clipping == "adaptive":
+        return "clipping", "adaptive clipping changes the clip norm with the data; use flat clipping"
+    if not (math.isfinite(step.noise_multiplier) and step.noise_multiplier >= 0):
+        return "noise_multiplier", f"must be a finite number >= 0, got {step.noise_multiplier!r}"
+    return None
+
+
+def update_departure(step: StepFacts) -> Optional[Tuple[str, str]]:
+    """``(parameter, reason)`` why the step is not the analysed DP-SGD update
+    ``theta - lr [(1/b) sum clip_C(grad l_i) + m_reg theta + (z C/b) xi]``, else ``None``.
+    Composition still covers such a step (any use of the noisy gradient is post-processing)."""
+    if step.optimizer != "sgd":
+        return "optimizer", f"{step.optimizer} applies its own update to the noisy gradient; the analyses assume plain SGD steps"
+    if step.momentum != 0.0 or step.nesterov:
+        return "momentum", (f"momentum={step.momentum:g}, nesterov={step.nesterov}: a momentum step is not a "
+                            "contraction of one gradient step; the analyses assume plain SGD")
+    if step.clipping != "flat":
+        return "clipping", f"{step.clipping} clipping: the analyses assume flat clipping of the whole per-example gradient"
+    if step.loss_reduction != "mean":
+        return "loss_reduction", f"loss_reduction={step.loss_reduction!r}: the analyses assume 'mean'"
+    if step.postprocessing:
+        return "optimizer", f"{step.postprocessing} post-processes the noisy gradient; the analyses assume it is applied as is"
+    if isinstance(step.learning_rate, tuple):
+        return "learning_rate", "parameter groups have different learning rates"
+    if isinstance(step.weight_decay, tuple):
+        return "weight_decay", "parameter groups have different weight_decay"
+    if step.learning_rate is None or step.clip_norm is None:
+        return "optimizer", "the step was recorded without the optimizer: learning rate and clip norm unknown"
+    return None
+
+
+def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False) -> Optional[str]:
+    """Why ``model`` does not back a declared geometry, or ``None``.
+
+    The geometries here (e.g. :meth:`LossGeometry.logistic_regression`) hold for a loss that
+    is convex in the parameters: one trainable affine map of fixed features, applied last
+    (its outputs go straight into the loss). Parameter-free or frozen layers before it are a
+    fixed feature map (the declared feature bound must hold for their output). A composition
+    of trainable layers, or a non-linearity after the trainable map, is not convex in the
+    parameters; layers that draw randomness make the update random.
+    ``assume_convex_model=True`` accepts any model on the user's word (reported as such).
+    """
+    if assume_convex_model:
+        return None
+    if model is None:
+        return ("the model structure is unknown: pass the model so it can be checked, or "
+                "assume_convex_model=True if you have verified convexity yourself")
+    what = model.description or "the model"
+    hint = ("; no hidden-state analysis applies to it (use DP-SBCD for ReLU networks, geometry=None for "
+            "composition, or assume_convex_model=True if you have verified that the loss is convex "
+            "in the trainable parameters)")
+    if not model.complete:
+        return f"the forward pass of {what} could not be read (custom code), so its convexity is unknown" + hint
+    random = [layer.name for layer in model.layers if layer.kind == "random"]
+    if random:
+        return f"{what} draws randomness in training ({', '.join(random)}): the update is not the analysed one" + hint
+    trainable = [i for i, layer in enumerate(model.layers) if layer.trainable]
+    if len(trainable) != 1:
+        names = ", ".join(model.layers[i].name for i in trainable) or "none"
+        return (f"{what} has {len(trainable)} trainable layers ({names}): a composition of trainable layers is "
+                "not convex in its parameters" + hint if trainable else f"{what} has no trainable layer")
+    i = trainable[0]
+    layer = model.layers[i]
+    if layer.kind != "affine":
+        return f"its trainable layer {layer.name} is not an affine map without activation" + hint
+    after = [x.name for x in model.layers[i + 1:]]
+    if after:
+        return (f"{', '.join(after)} follow the trainable layer {layer.name}: the loss must see its outputs "
+                "directly (use logits and a from-logits loss)" + hint)
+    return None
+
+
+def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts) -> None:
+    """Raises unless the batches come from ``schedule`` (the one the claim is about)."""
+    if source.schedule is None:
+        raise v.ParameterError(
+            "data", f"the batches do not come from a schedule of this package ({source.description}); "
+            f"the {schedule.sampling!r} bounds need exactly that schedule")
+    if not source.schedule.same_schedule(schedule):
+        raise v.ParameterError(
+            "data", f"the batches come from {source.schedule!r}, but the accountant was told {schedule!r}")
+    if source.steps_per_epoch is not None and source.steps_per_epoch != schedule.steps_per_epoch:
+        raise v.ParameterError(
+            "steps_per_epoch", f"training runs {source.steps_per_epoch} steps per epoch but {schedule.sampling} "
+            f"with n={schedule.dataset_size}, b={schedule.batch_size} has {schedule.steps_per_epoch}")
+
+
+def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_diameter: Optional[float]) -> LossGeometry:
+    """The declared geometry checked against what training enforces; returns the geometry to
+    account (the projection's diameter filled in when none was declared).
+
+    Strong convexity can only come from the L2 term applied outside clipping (a clipped
+    gradient is bounded, so it is not strongly monotone); a declared diameter needs a
+    projection onto a set no larger.
+    """
+    m = geometry.strong_convexity
+    if m > weight_decay * (1 + 1e-9):
+        raise v.ParameterError(
+            "geometry", f"strong_convexity {m:g} exceeds the L2 regularisation applied outside clipping "
+            f"({weight_decay:g}): clipped per-example gradients give no strong convexity of their own, so "
+            "m can be at most that L2 strength (the package's L2 hooks apply it outside clipping)")
+    if geometry.diameter is None:
+        if projection_diameter is not None:
+            return attr.evolve(geometry, diameter=projection_diameter)
+        return geometry
+    if projection_diameter is None:
+        raise v.ParameterError(
+            "geometry", f"diameter {geometry.diameter:g} is declared but the parameters are not projected "
+            "after every step (attach the package's projection)")
+    if projection_diameter > geometry.diameter * (1 + 1e-12):
+        raise v.ParameterError(
+            "geometry", f"declared diameter {geometry.diameter:g} is smaller than the diameter "
+            f"{projection_diameter:.6g} of the set the parameters are projected onto")
+    return geometry
+
+
+def check_position(batches_handed_out: int, steps: int, what: str) -> None:
+    """Raises when fewer batches came from the schedule than steps were taken: the steps then
+    used batches from elsewhere."""
+    if batches_handed_out < steps:
+        raise v.ParameterError(
+            "data_loader", f"{what} has handed out {batches_handed_out} batches for {steps} steps: the "
+            "batches did not come from it")
+
+
+# ------------------------------------------------------------------------------ recorder
+def _group_value(x: Number) -> float:
+    return x[0] if isinstance(x, tuple) else x
+
+
+class RunRecorder:
+    """A ledger of optimiser steps and the claim they are accounted under.
+
+    Args:
+      schedule: the batch schedule (``None``: the framework's own Poisson sampler, whose rate
+        each step reports as ``sample_rate``; composition only).
+      geometry: the declared :class:`LossGeometry`, ``None`` for no hidden-state claim.
+      model: the model's structure (needed with a geometry unless ``assume_convex_model``).
+      assume_convex_model: accept the geometry for any model, on the user's word.
+      gaussian_initialization: the user declares Chourasia et al.'s initialisation.
+      dataset_size: ``n`` of a Poisson run without a schedule, if known.
+
+    ``record(step)`` appends a step (the first one is checked against the claim: rule 1 of
+    the module docstring); ``run()`` is the event for the steps so far.
+    """
+
+    def __init__(
+        self,
+        *,
+        schedule: Optional[BatchSchedule],
+        geometry: Optional[LossGeometry] = None,
+        model: Optional[ModelFacts] = None,
+        assume_convex_model: bool = False,
+        gaussian_initialization: bool = False,
+        dataset_size: Optional[int] = None,
+    ) -> None:
+        if schedule is not None and not isinstance(schedule, BatchSchedule):
+            raise v.ParameterError("schedule", f"must be a BatchSchedule or None, got {type(schedule).__name__}")
+        if geometry is not None and not isinstance(geometry, LossGeometry):
+            raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {geometry!r}")
+        if geometry is not None and (schedule is None or schedule.sampling == POISSON):
+            raise v.ParameterError(
+                "sampler", "a hidden-state claim needs one of this package's batch schedules "
+                "(no analysis here covers Poisson sampling under hidden state)")
+        for name, flag in (("assume_convex_model", assume_convex_model), ("gaussian_initialization", gaussian_initialization)):
+            if not isinstance(flag, bool):
+                raise v.ParameterError(name, f"must be True or False, got {flag!r}")
+        self.schedule = schedule
+        self.geometry = geometry
+        self.model = model
+        self.assume_convex_model = assume_convex_model
+        self.gaussian_initialization = gaussian_initialization
+        self.dataset_size = None if dataset_size is None else v.positive_int("dataset_size", dataset_size)
+        self._ledger: List[List[Any]] = []  # [StepFacts, count]
+        self._steps = 0
+        self._warned: set = set()
+        if geometry is not None:
+            reason = model_refusal(model, assume_convex_model)
+            if reason:
+                raise v.ParameterError("model", reason)
+
+    # ------------------------------------------------------------------ ledger
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    @property
+    def ledger(self) -> List[Tuple[StepFacts, int]]:
+        return [(s, c) for s, c in self._ledger]
+
+    def check(self, step: StepFacts) -> None:
+        """The checks of the first step, usable before any step runs (rule 1)."""
+        problem = unaccountable(step)
+        if problem:
+            raise v.ParameterError(*problem)
+        s = self.schedule
+        if s is not None:
+            if step.accumulation != 1:
+                raise v.ParameterError(
+                    "accumulation", f"{step.accumulation} batches per update (gradient accumulation) are not the "
+                    f"{s.sampling} schedule; take one optimiser step per batch")
+            if step.loss_reduction == "mean" and step.divisor is not None and s.fixed_batch_size \
+                    and abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size:
+                raise v.ParameterError(
+                    "batch_size", f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
+                    f"batches hold {s.batch_size} records")
+        if self.geometry is None:
+            return
+        departure = update_departure(step)
+        if departure:
+            param, reason = departure
+            raise v.ParameterError(param, f"{reason} (a loss geometry is declared; use geometry=None to account "
+                                          "this training by composition)")
+        wd = _group_value(step.weight_decay)
+        geometry = check_geometry(self.geometry, weight_decay=wd, projection_diameter=step.projection_diameter)
+        if geometry.strong_convexity < wd * (1 - 1e-9) and "loose" not in self._warned:
+            self._warned.add("loose")
+            warnings.warn(
+                f"declared strong_convexity {geometry.strong_convexity:g} is below the L2 regularisation {wd:g}: "
+                "valid but loose; the declared smoothness must include the L2 term", HiddenStateWarning, stacklevel=3)
+        lr = _group_value(step.learning_rate)
+        if lr >= 2.0 / geometry.smoothness:
+            raise v.ParameterError(
+                "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
+                f"(a gradient step is not contractive otherwise), got {lr:.6g}")
+
+    def record(self, step: StepFacts, count: int = 1) -> None:
+        """Appends ``count`` identical steps."""
+        if not isinstance(step, StepFacts):
+            raise v.ParameterError("step", f"must be StepFacts, got {type(step).__name__}")
+        count = v.positive_int("count", count)
+        if self._steps == 0:
+            self.check(step)
+        else:
+            problem = unaccountable(step)
+            if problem:
+                raise v.ParameterError(*problem)
+            if self.schedule is not None and step.accumulation != 1:
+                raise v.ParameterError("accumulation", "gradient accumulation over the schedule's batches")
+        if self._ledger and self._ledger[-1][0] == step:
+            self._ledger[-1][1] += count
+        else:
+            self._ledger.append([step, count])
+        self._steps += count
+
+    def reset(self) -> None:
+        self._ledger, self._steps = [], 0
+
+    # ------------------------------------------------------------------- the run
+    def reasons(self) -> List[str]:
+        """Why the recorded steps do not back a hidden-state claim (empty when they do)."""
+        if self.geometry is None:
+            return [NO_GEOMETRY]
+        steps = [s for s, _ in self._ledger]
+        out: List[str] = []
+        departures = sorted({d[1] for d in map(update_departure, steps) if d})
+        out += departures
+        for name, what in (("clip_norm", "the clip norm"), ("weight_decay", "the L2 regularisation"),
+                           ("projection_diameter", "the projection")):
+            if len({getattr(s, name) for s in steps}) > 1:
+                out.append(f"{what} changed during training; the analyses assume it fixed")
+        for name, what in (("learning_rate", "learning rate"), ("noise_multiplier", "noise multiplier")):
+            if len({getattr(s, name) for s in steps}) > 1:
+                out.append(f"the {what} changed during training; the hidden-state theorems assume it constant")
+        if not out and steps:
+            try:
+                check_geometry(self.geometry, weight_decay=_group_value(steps[0].weight_decay),
+                               projection_diameter=steps[0].projection_diameter)
+            except v.ParameterError as err:
+                out.append(str(err).split(": ", 1)[1])
+        return out
+
+    def notes(self) -> List[str]:
+        """Facts about the claim a report should state."""
+        out = []
+        if self.geometry is not None and self.assume_convex_model:
+            out.append(ASSUMED_CONVEX_NOTE)
+        s = self.schedule
+        if s is not None and s.is_random and not s.seed_is_secret:
+            out.append(f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
+                       "as secret as the data")
+        return out
+
+    def run(self, *, steps: Optional[int] = None, warn: bool = True) -> TrainingRunDpEvent:
+        """The event for the recorded steps (``steps`` more than recorded: the last step
+        repeated, for planning), with the refusal reasons; warns once per reason."""
+        if not self._ledger:
+            raise v.ParameterError("steps", "no step has been recorded yet")
+        ledger = [list(x) for x in self._ledger]
+        if steps is not None:
+            steps = v.positive_int("steps", steps)
+            if steps < self._steps:
+                raise v.ParameterError("steps", f"must be >= the {self._steps} steps recorded, got {steps}")
+            ledger[-1][1] += steps - self._steps
+        reasons = self.reasons()
+        if warn:
+            for r in reasons:
+                if r not in self._warned:
+                    self._warned.add(r)
+                    warnings.warn(f"hidden-state analyses not applied ({r}); the composition bound is reported",
+                                  CompositionFallbackWarning, stacklevel=3)
+        return self._event(ledger, "; ".join(reasons) if reasons else None)
+
+    def _event(self, ledger, refusal: Optional[str]) -> TrainingRunDpEvent:
+        recs = [s for s, _ in ledger]
+        counts = [c for _, c in ledger]
+
+        def schedule_of(name, default):
+            values = [_group_value(getattr(r, name)) if getattr(r, name) is not None else default for r in recs]
+            if len(set(values)) == 1:
+                return values[0]
+            return tuple(x for x, c in zip(values, counts) for _ in range(c))
+
+        clip = max((r.clip_norm for r in recs if r.clip_norm is not None), default=1.0)
+        common = dict(steps=sum(counts), noise_multiplier=schedule_of("noise_multiplier", None),
+                      clip_norm=clip, learning_rate=schedule_of("learning_rate", 1.0),
+                      hidden_state_refusal=refusal)
+        s = self.schedule
+        if s is None:
+            rates = [r.sample_rate for r in recs]
+            if any(q is None for q in rates):
+                raise v.ParameterError("sample_rate", "a Poisson step without a schedule must report its sample rate")
+            q = max(rates)  # the Poisson composition grows with the rate: the largest covers every step
+            n, b = poisson_sizes(q, self.dataset_size)
+            return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling=POISSON, sampling_probability=q, **common)
+        geometry = None
+        if self.geometry is not None and refusal is None:
+            geometry = check_geometry(self.geometry, weight_decay=_group_value(recs[0].weight_decay),
+                                      projection_diameter=recs[0].projection_diameter)
+        extra = {}
+        if s.sampling == POISSON and s.sampling_probability != s.batch_size / s.dataset_size:
+            extra["sampling_probability"] = s.sampling_probability
+        return TrainingRunDpEvent(dataset_size=s.dataset_size, batch_size=s.batch_size, sampling=s.sampling,
+                                  geometry=geometry, gaussian_initialization=self.gaussian_initialization,
+                                  **extra, **common)
+
+    # ------------------------------------------------------------- persistence
+    def ledger_state(self) -> List[List[Any]]:
+        """The ledger in plain Python types."""
+        return [[s.to_dict(), c] for s, c in self._ledger]
+
+    def load_ledger_state(self, state: Sequence[Sequence[Any]]) -> None:
+        """Replaces the ledger (validated: every entry a known step with a positive count)."""
+        if not isinstance(state, (list, tuple)):
+            raise v.ParameterError("ledger", f"must be a list, got {type(state).__name__}")
+        ledger = []
+        for entry in state:
+            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+                raise v.ParameterError("ledger", f"every entry must be [step, count], got {entry!r}")
+            step = StepFacts.from_dict(entry[0])
+            count = entry[1]
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise v.ParameterError("ledger", f"a count must be a positive integer, got {count!r}")
+            ledger.append([step, count])
+        self._ledger = ledger
+        self._steps = sum(c for _, c in ledger)
+
+
+__all__ = [
+    "NO_GEOMETRY",
+    "HiddenStateWarning",
+    "CompositionFallbackWarning",
+    "StepFacts",
+    "LayerFacts",
+    "ModelFacts",
+    "BatchSourceFacts",
+    "RunRecorder",
+    "unaccountable",
+    "update_departure",
+    "model_refusal",
+    "check_batch_source",
+    "check_geometry",
+    "check_position",
+]

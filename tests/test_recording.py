@@ -1,0 +1,191 @@
+"""The recording layer (core): facts from a framework in, a training-run event and reasons out."""
+
+import math
+import warnings
+
+import pytest
+
+from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent
+from hidden_state_accountants.recording import (
+    CompositionFallbackWarning,
+    LayerFacts,
+    ModelFacts,
+    RunRecorder,
+    StepFacts,
+    model_refusal,
+)
+from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
+
+GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+LINEAR = ModelFacts(layers=[LayerFacts(name="FeatureClip", kind="other", trainable=False),
+                            LayerFacts(name="Linear(64, 10)", kind="affine", trainable=True)], complete=True)
+CONV_NET = ModelFacts(layers=[LayerFacts(name="Conv2d", kind="other", trainable=True),
+                              LayerFacts(name="ReLU", kind="other", trainable=False),
+                              LayerFacts(name="Linear", kind="affine", trainable=True),
+                              LayerFacts(name="ReLU", kind="other", trainable=False),
+                              LayerFacts(name="Linear", kind="affine", trainable=True)], complete=True)
+
+
+def step(**kw):
+    args = dict(noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5, divisor=10, weight_decay=0.01)
+    args.update(kw)
+    return StepFacts(**args)
+
+
+def recorder(geometry=GEOM, model=LINEAR, sampling=SHUFFLE_PARTITION, **kw):
+    return RunRecorder(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=model, **kw)
+
+
+# ------------------------------------------------------------------ model structure
+def test_a_network_with_hidden_layers_cannot_carry_a_geometry():
+    reason = model_refusal(CONV_NET)
+    assert "3 trainable layers" in reason and "not convex" in reason
+    with pytest.raises(ParameterError, match="model: .*not convex"):
+        recorder(model=CONV_NET)
+    rec = recorder(model=CONV_NET, assume_convex_model=True)  # the documented opt-in, reported as such
+    rec.record(step())
+    assert any("assume_convex_model=True" in n for n in rec.notes())
+
+
+@pytest.mark.parametrize("layers,complete,expected", [
+    ([("Linear", "affine", True)], True, None),
+    ([("frozen encoder", "other", False), ("Linear", "affine", True)], True, None),
+    ([("Linear", "affine", True), ("ReLU", "other", False)], True, "follow the trainable layer"),
+    ([("Dropout", "random", False), ("Linear", "affine", True)], True, "randomness"),
+    ([("Dense(relu)", "other", True)], True, "not an affine map"),
+    ([("Linear", "affine", True)], False, "could not be read"),
+])
+def test_model_structure_rules(layers, complete, expected):
+    model = ModelFacts(layers=[LayerFacts(name=n, kind=k, trainable=t) for n, k, t in layers], complete=complete)
+    reason = model_refusal(model)
+    assert reason is None if expected is None else expected in reason
+    assert model_refusal(model, assume_convex_model=True) is None
+    assert "model structure is unknown" in model_refusal(None)
+
+
+# ---------------------------------------------- rule 1: contradictions before training
+@pytest.mark.parametrize("facts,param", [
+    (dict(momentum=0.9), "momentum"),
+    (dict(optimizer="adam"), "optimizer"),
+    (dict(clipping="per_layer"), "clipping"),
+    (dict(loss_reduction="sum"), "loss_reduction"),
+    (dict(learning_rate=2.5), "learning_rate"),         # lr >= 2/M = 1.98
+    (dict(weight_decay=0.001), "geometry"),             # m = 0.01 > the L2 term 0.001
+    (dict(learning_rate=(0.5, 0.1)), "learning_rate"),  # parameter groups
+])
+def test_contradictions_known_before_training_raise_at_the_first_step(facts, param):
+    rec = recorder()
+    with pytest.raises(ParameterError) as err:
+        rec.check(step(**facts))  # usable before any step runs (configure / on_train_begin)
+    assert err.value.parameter == param
+    with pytest.raises(ParameterError):
+        rec.record(step(**facts))
+    assert rec.steps == 0
+
+
+def test_without_geometry_the_same_facts_are_accounted_by_composition():
+    rec = recorder(geometry=None)
+    rec.record(step(momentum=0.9), 100)
+    with pytest.warns(CompositionFallbackWarning, match="no loss geometry"):
+        run = rec.run()
+    assert run.hidden_state_refusal and run.geometry is None and run.steps == 100
+
+
+def test_declared_diameter_needs_a_projection_no_larger():
+    geom = LossGeometry.logistic_regression(1.0, 0.01, diameter=4.0)
+    with pytest.raises(ParameterError, match="not projected"):
+        recorder(geometry=geom).check(step())
+    with pytest.raises(ParameterError, match="smaller than"):
+        recorder(geometry=geom).check(step(projection_diameter=5.0))
+    rec = recorder(geometry=GEOM)
+    rec.record(step(projection_diameter=3.0), 40)
+    assert rec.run().geometry.diameter == 3.0  # the projection's diameter is used when none is declared
+
+
+def test_loose_strong_convexity_is_accepted_with_advice():
+    rec = recorder(geometry=LossGeometry(strong_convexity=0.001, smoothness=1.01))
+    with pytest.warns(UserWarning, match="valid but loose"):
+        rec.record(step())
+
+
+# ------------------------------------------------- rule 2: departures during training
+@pytest.mark.parametrize("change,text", [
+    (dict(learning_rate=0.25), "learning rate changed"),
+    (dict(noise_multiplier=3.0), "noise multiplier changed"),
+    (dict(momentum=0.9), "momentum"),
+    (dict(weight_decay=0.02), "L2 regularisation changed"),
+    (dict(clip_norm=2.0), "clip norm changed"),
+])
+def test_departures_during_training_fall_back_to_composition_with_one_warning(change, text):
+    rec = recorder()
+    rec.record(step(), 50)
+    rec.record(step(**change), 50)
+    with pytest.warns(CompositionFallbackWarning, match=text):
+        run = rec.run()
+    assert text in run.hidden_state_refusal
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per reason
+        rec.run()
+    report = HiddenStateAccountant().compose(run).explain(1e-5)
+    assert report.analysis == "bok_thm4.4" and any(text in n for n in report.notes)
+
+
+def test_a_clean_run_is_the_core_event():
+    rec = recorder()
+    rec.record(step(), 400)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = rec.run()
+    assert run == TrainingRunDpEvent(dataset_size=200, batch_size=10, steps=400, noise_multiplier=2.0,
+                                     clip_norm=1.0, learning_rate=0.5, sampling=SHUFFLE_PARTITION, geometry=GEOM)
+    assert rec.run(steps=800).steps == 800  # planning: the last step repeated
+    assert rec.notes() == []  # a secret seed, a checked model: nothing to qualify
+
+
+def test_a_user_chosen_seed_is_stated():
+    rec = RunRecorder(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION, seed=5), geometry=GEOM, model=LINEAR)
+    assert any("seed chosen by the user" in n for n in rec.notes())
+
+
+# ----------------------------------------------------- rule 4: not even composition
+def test_adaptive_clipping_and_wrong_divisor_are_errors():
+    with pytest.raises(ParameterError, match="clipping"):
+        recorder(geometry=None).record(step(clipping="adaptive"))
+    with pytest.raises(ParameterError, match="batch_size: the update divides the clipped sum by 12"):
+        recorder(geometry=None).record(step(divisor=12))
+    with pytest.raises(ParameterError, match="accumulation"):
+        recorder(geometry=None).record(step(accumulation=2))
+
+
+# --------------------------------------------------------------------- Poisson
+def test_poisson_steps_keep_their_exact_rate():
+    """Opacus' rates 1/k used to be rounded to fractions that doubled some of them."""
+    rec = RunRecorder(schedule=None)
+    rec.record(StepFacts(noise_multiplier=1.5, sample_rate=0.04), 2250)
+    with pytest.warns(CompositionFallbackWarning):
+        run = rec.run()
+    assert run.sampling == POISSON and run.sampling_rate == 0.04
+    direct = TrainingRunDpEvent(dataset_size=100, batch_size=4, steps=2250, noise_multiplier=1.5, clip_norm=1.0,
+                                learning_rate=1.0, sampling=POISSON)
+    with pytest.warns(UserWarning):
+        want = HiddenStateAccountant().compose(direct).get_epsilon(1e-5)
+    assert math.isclose(HiddenStateAccountant().compose(run).get_epsilon(1e-5), want, rel_tol=1e-9)
+
+
+def test_a_hidden_state_claim_needs_a_schedule_of_this_package():
+    with pytest.raises(ParameterError, match="sampler"):
+        RunRecorder(schedule=None, geometry=GEOM, model=LINEAR)
+
+
+# ----------------------------------------------------------------- persistence
+def test_ledger_round_trip_and_validation():
+    rec = recorder()
+    rec.record(step(), 30)
+    rec.record(step(learning_rate=0.25), 5)
+    other = recorder()
+    other.load_ledger_state(rec.ledger_state())
+    assert other.ledger == rec.ledger and other.steps == 35
+    for bad in ([[{"noise_multiplier": 1.0}, 1.5]], [[{"nonsense": 1}, 1]], [[{"noise_multiplier": 1.0}, 0]],
+                "x", [[1, 2, 3]]):
+        with pytest.raises(ParameterError, match="ledger"):
+            other.load_ledger_state(bad)

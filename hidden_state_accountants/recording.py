@@ -392,6 +392,27 @@ class RunRecorder:
                 "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
                 f"(a gradient step is not contractive otherwise), got {lr:.6g}")
 
+    def check_plan(self, planned: Sequence[StepFacts]) -> None:
+        """Rule 1 for a run known in advance (e.g. a learning-rate schedule): with a declared
+        geometry, a plan that already departs from the analysed update is an error now,
+        before any step, instead of a fallback later."""
+        planned = list(planned)
+        if not planned:
+            return
+        self.check(planned[0])
+        if self.geometry is None:
+            return
+        probe = RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
+                            assume_convex_model=self.assume_convex_model)
+        probe._ledger = [[s, 1] for s in planned]
+        probe._steps = len(planned)
+        reasons = probe.reasons()
+        if reasons:
+            raise v.ParameterError(
+                "learning_rate" if any("learning rate" in r for r in reasons) else "optimizer",
+                f"the planned run {'; '.join(reasons)} (a loss geometry is declared; use geometry=None to "
+                "account this training by composition)")
+
     def record(self, step: StepFacts, count: int = 1) -> None:
         """Appends ``count`` identical steps."""
         if not isinstance(step, StepFacts):

@@ -189,3 +189,11 @@ def test_ledger_round_trip_and_validation():
                 "x", [[1, 2, 3]]):
         with pytest.raises(ParameterError, match="ledger"):
             other.load_ledger_state(bad)
+
+
+def test_a_planned_departure_is_an_error_before_training():
+    rec = recorder()
+    with pytest.raises(ParameterError, match="learning_rate: the planned run the learning rate changed"):
+        rec.check_plan([step(learning_rate=0.5), step(learning_rate=0.4)])
+    rec.check_plan([step(), step()])  # a constant plan is fine
+    recorder(geometry=None).check_plan([step(learning_rate=0.5), step(learning_rate=0.4)])  # composition only

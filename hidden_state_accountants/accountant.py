@@ -19,7 +19,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import attr
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
 
@@ -63,14 +62,8 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
     if C == 1.0:
         return run
     geom = run.geometry
-    if geom is not None and (geom.diameter is not None or geom.lsi_constant is not None):
-        changes = {}
-        if geom.diameter is not None:
-            # an underflow to 0 would be invalid; the smallest positive diameter is conservative
-            changes["diameter"] = max(geom.diameter / C, 5e-324)
-        if geom.lsi_constant is not None:
-            changes["lsi_constant"] = min(geom.lsi_constant * C * C, 1.7e308)  # capped: conservative
-        geom = attr.evolve(geom, **changes)
+    if geom is not None:
+        geom = geom.rescaled(C)
     return run.replace(clip_norm=1.0, geometry=geom)
 
 
@@ -221,7 +214,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
 
     # ------------------------------------------------------------ PrivacyAccountant API
     def _maybe_compose(self, event, count, do_compose):
-        if isinstance(event, dp_event.NoOpDpEvent):
+        if isinstance(event, dp_event.NoOpDpEvent) or composition.is_no_op(event):
             return None
         if isinstance(event, dp_event.SelfComposedDpEvent):
             return self._maybe_compose(event.event, event.count * count, do_compose)
@@ -260,9 +253,15 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return self.explain(target_delta).epsilon
 
     def get_delta(self, target_epsilon: float) -> float:
-        v.nonnegative_float("target_epsilon", target_epsilon)
+        """Smallest delta the bounds give at ``target_epsilon`` (``inf`` allowed, as in dp_accounting)."""
+        if not (isinstance(target_epsilon, (int, float)) and target_epsilon == math.inf):
+            v.nonnegative_float("target_epsilon", target_epsilon)
         if not self._components:
             return 0.0
+        if target_epsilon == math.inf:
+            # only an infinite privacy loss exceeds it: a non-private event, or none at all
+            finite = [np.any(np.isfinite(self._event_rdp(c, self._ctx.orders))) for c in self._components]
+            return 0.0 if all(finite) else 1.0
         rdp = self.get_rdp()  # pointwise minimum over every RDP-capable bound (and sum over events)
         if self._single() is not None:
             own = [b.delta(target_epsilon) for b in self._single().bounds if b.applicable]
@@ -275,7 +274,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     # --------------------------------------------------------------------- reporting
     def explain(self, target_delta: float) -> PrivacyReport:
         """Every analysis with its epsilon (or reason), and the best valid one."""
-        v.probability("target_delta", target_delta)
+        v.probability("target_delta", target_delta, allow_zero=True, allow_one=True)
         notes = [
             "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
         ]
@@ -372,10 +371,13 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         orders = self._ctx.orders if orders is None else tuple(float(a) for a in orders)
         total = np.zeros(len(orders))
         for c in self._components:
-            curves = [b.rdp(orders) for b in self._ensure_bounds(c) if b.applicable]
-            curves = [v for v in curves if v is not None]
-            total = total + c.count * (np.min(np.vstack(curves), axis=0) if curves else np.inf)
+            total = total + c.count * self._event_rdp(c, orders)
         return total
+
+    def _event_rdp(self, c: _Component, orders) -> np.ndarray:
+        curves = [b.rdp(orders) for b in self._ensure_bounds(c) if b.applicable]
+        curves = [x for x in curves if x is not None]
+        return np.min(np.vstack(curves), axis=0) if curves else np.full(len(orders), np.inf)
 
     def _composed_pld(self, delta: float):
         chosen = []

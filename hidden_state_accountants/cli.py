@@ -28,7 +28,7 @@ from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.calibration import calibrate_noise_multiplier, max_epochs_within_budget
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.schedules import SAMPLINGS, steps_per_epoch
-from hidden_state_accountants.plotting import epsilon_curves, plot_epsilon_curves
+from hidden_state_accountants.plotting import epsilon_curves, plot_epsilon_curves, plot_path
 
 FLAG_FOR_PARAMETER = {
     "dataset_size": "--dataset-size",
@@ -51,6 +51,9 @@ FLAG_FOR_PARAMETER = {
     "confidence": "--confidence",
     "delta": "--delta",
     "construction": "--construction",
+    "output": "--output",
+    "seed": "--seed",
+    "steps": "--steps",
 }
 
 # The embedded default: MNIST-scale L2-regularised logistic regression, the setting of
@@ -67,28 +70,47 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"hsa: error: {message}\n")
 
 
+def number(text: str) -> float:
+    """A float flag; text beyond the floating-point range is refused quoting what was typed
+    (``float('1.8e308')`` is ``inf``, and the message should not say "got inf")."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}") from None
+    if math.isinf(x) and "inf" not in text.lower():
+        raise argparse.ArgumentTypeError(f"{text} is beyond the floating-point range (largest about 1.797e308)")
+    return x
+
+
+def integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
+
+
 def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bool = True) -> None:
-    p.add_argument("--dataset-size", type=int, required=True, metavar="N")
-    p.add_argument("--batch-size", type=int, required=True, metavar="B")
+    p.add_argument("--dataset-size", type=integer, required=True, metavar="N")
+    p.add_argument("--batch-size", type=integer, required=True, metavar="B")
     if length:
         g = p.add_mutually_exclusive_group(required=True)
-        g.add_argument("--epochs", type=float, metavar="E")
-        g.add_argument("--steps", type=int, metavar="T")
+        g.add_argument("--epochs", type=number, metavar="E")
+        g.add_argument("--steps", type=integer, metavar="T")
     if noise:
-        p.add_argument("--noise-multiplier", type=float, required=True, metavar="Z")
-    p.add_argument("--clip-norm", type=float, required=True, metavar="C")
-    p.add_argument("--learning-rate", type=float, required=True, metavar="LR")
+        p.add_argument("--noise-multiplier", type=number, required=True, metavar="Z")
+    p.add_argument("--clip-norm", type=number, required=True, metavar="C")
+    p.add_argument("--learning-rate", type=number, required=True, metavar="LR")
     p.add_argument("--sampling", choices=SAMPLINGS, required=True)
-    p.add_argument("--strong-convexity", type=float, metavar="M_LOW",
+    p.add_argument("--strong-convexity", type=number, metavar="M_LOW",
                    help="strong convexity m of the per-example update (e.g. the L2 weight decay)")
-    p.add_argument("--smoothness", type=float, metavar="M_HIGH",
+    p.add_argument("--smoothness", type=number, metavar="M_HIGH",
                    help="smoothness M; declaring it makes hidden-state analyses possible")
-    p.add_argument("--diameter", type=float, metavar="D",
+    p.add_argument("--diameter", type=number, metavar="D",
                    help="diameter of the convex set the parameters are projected onto")
-    p.add_argument("--lsi-constant", type=float, help="declared log-Sobolev constant (Chourasia Thm 2)")
+    p.add_argument("--lsi-constant", type=number, help="declared log-Sobolev constant (Chourasia Thm 2)")
     p.add_argument("--gaussian-init", action="store_true",
                    help="theta_0 ~ N(0, 2 sigma^2/m I) as Chourasia Cor. 1 requires")
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--delta", type=number, required=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -99,22 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(p)
     p = sub.add_parser("noise", help="noise multiplier needed for a target epsilon")
     _add_run_flags(p, noise=False)
-    p.add_argument("--target-epsilon", type=float, required=True)
+    p.add_argument("--target-epsilon", type=number, required=True)
     p = sub.add_parser("epochs", help="largest number of epochs within a budget")
     _add_run_flags(p, length=False)
-    p.add_argument("--target-epsilon", type=float, required=True)
-    p.add_argument("--max-epochs", type=int, default=100_000)
+    p.add_argument("--target-epsilon", type=number, required=True)
+    p.add_argument("--max-epochs", type=integer, default=100_000)
     p = sub.add_parser("plot", help="epsilon against epochs per analysis, saved as an image")
     _add_run_flags(p, length=False)
-    p.add_argument("--max-epochs", type=float, default=1000)
+    p.add_argument("--max-epochs", type=number, default=1000)
     p.add_argument("--output", default="hsa_epsilon_vs_epochs.png")
     p = sub.add_parser("audit", help="empirical lower bound on epsilon from simulated training runs")
     _add_run_flags(p)
     p.add_argument("--construction", choices=("strongly_convex", "constrained"), default=None,
                    help="default: constrained when --diameter is given, else strongly_convex")
-    p.add_argument("--repetitions", type=int, default=100_000)
-    p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repetitions", type=integer, default=100_000)
+    p.add_argument("--confidence", type=number, default=0.95)
+    p.add_argument("--seed", type=integer, default=0)
     p = sub.add_parser("demo", help="the embedded MNIST-scale default: table and plot")
     p.add_argument("--output", default="hsa_demo.png")
     p.add_argument("--json", action="store_true")
@@ -213,9 +235,10 @@ def _epoch_grid(max_epochs: float) -> List[float]:
 def cmd_plot(args) -> int:
     delta = _check_delta(args)
     run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling))
+    output = plot_path(args.output, "hsa_epsilon_vs_epochs.png")  # checked before the work
     curves = epsilon_curves(run, _epoch_grid(args.max_epochs), delta)
     print(curves.table())
-    print(f"\nplot saved to {plot_epsilon_curves(curves, args.output)}")
+    print(f"\nplot saved to {plot_epsilon_curves(curves, output)}")
     return 0
 
 
@@ -245,11 +268,12 @@ def cmd_demo(args) -> int:
         noise_multiplier=d["noise_multiplier"], clip_norm=d["clip_norm"],
         learning_rate=d["learning_rate"], sampling=d["sampling"], geometry=geometry)
     epochs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    output = plot_path(args.output, "hsa_demo.png")
     curves = epsilon_curves(run, epochs, d["delta"])
     if args.json:
         print(json.dumps({"epochs": curves.epochs, "best": curves.best, "analyses": curves.epsilon,
                           "delta": curves.delta, "neighboring_relation": "REPLACE_ONE"}))
-        plot_epsilon_curves(curves, args.output)
+        plot_epsilon_curves(curves, output)
         return 0
     print("Embedded default: MNIST-scale L2-regularised logistic regression trained with DP-SGD")
     print(f"  n = {d['dataset_size']}, batch {d['batch_size']} in a fixed cyclic order, noise multiplier "
@@ -260,7 +284,7 @@ def cmd_demo(args) -> int:
     print(curves.table())
     print("\nComposition (bok_thm4.4) charges every released iterate and keeps growing; the "
           "hidden-state bounds converge.")
-    print(f"plot saved to {plot_epsilon_curves(curves, args.output, 'Embedded default: MNIST-scale logistic regression')}")
+    print(f"plot saved to {plot_epsilon_curves(curves, output, 'Embedded default: MNIST-scale logistic regression')}")
     return 0
 
 

@@ -12,6 +12,7 @@ dataset size. Neighbouring datasets differ by replacing one record (REPLACE_ONE)
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from typing import Dict, Optional, Tuple, Union
 
@@ -20,7 +21,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.schedules import CYCLIC, POISSON, check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import CYCLIC, MAX_STEPS, POISSON, check_schedule, steps_per_epoch
 
 @attr.s(frozen=True, slots=True, kw_only=True)
 class LossGeometry:
@@ -84,6 +85,21 @@ class LossGeometry:
             diameter=diameter,
         )
 
+    def rescaled(self, scale: float) -> "LossGeometry":
+        """The geometry in units where lengths are divided by ``scale`` (``D -> D/scale``,
+        LSI ``c -> c scale^2``; ``m``, ``M`` unchanged). Never rounds towards a tighter claim:
+        a diameter that overflows becomes ``inf`` (the constrained bounds are then vacuous) and
+        an LSI constant that underflows becomes 0 (the LSI bound then takes its limit, which is
+        larger), values a user could not declare but the analyses handle."""
+        new = copy.copy(self)
+        if self.diameter is not None:
+            # an underflow to 0 would claim a point; the smallest positive diameter is larger
+            object.__setattr__(new, "diameter", max(self.diameter / scale, 5e-324))
+        if self.lsi_constant is not None:
+            # an overflow to inf would claim unbounded concentration; the largest float is weaker
+            object.__setattr__(new, "lsi_constant", min(self.lsi_constant * scale * scale, 1.7976931348623157e308))
+        return new
+
     def contraction_factor(self, learning_rate: float) -> float:
         """``c = max(|1 - lr*m|, |1 - lr*M|)``, the Lipschitz constant of one GD step (Bok Lemma 2.8)."""
         lr = learning_rate
@@ -140,7 +156,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
     def __attrs_post_init__(self):
         n, b = check_schedule(self.dataset_size, self.batch_size, self.sampling)
-        t = v.positive_int("steps", self.steps)
+        t = v.positive_int("steps", self.steps, maximum=MAX_STEPS, why=" (more than any training run takes)")
         object.__setattr__(self, "dataset_size", n)
         object.__setattr__(self, "batch_size", b)
         object.__setattr__(self, "steps", t)

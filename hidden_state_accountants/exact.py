@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import optimize, special
 
+from hidden_state_accountants import fdp
 from hidden_state_accountants.events import TrainingRunDpEvent
 
 
@@ -80,8 +81,7 @@ class MixturePair:
     def delta(self, epsilon: float) -> float:
         """Hockey-stick divergence ``H_{e^eps}(P || Q)`` (= delta(eps) of the pair)."""
         if self.is_gaussian:
-            mu = self.mu
-            return float(special.ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * special.ndtr(-epsilon / mu - mu / 2))
+            return float(fdp.gdp_delta(self.mu, epsilon))  # log space: finite for epsilon > 709
         if self._cache is None:
             x = self._grid()
             object.__setattr__(self, "_cache", (x, *self._log_densities(x)))
@@ -108,6 +108,8 @@ class MixturePair:
         f = lambda e: self.delta(e) - delta
         if f(0.0) <= 0:
             return 0.0
+        if self.is_gaussian:
+            return fdp.gdp_epsilon(self.mu, delta)
         hi = 1.0
         while f(hi) > 0:
             hi *= 2

@@ -44,6 +44,8 @@ def gdp_log_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
     eps = np.asarray(eps, dtype=float)
     if mu <= 0:
         return np.where(eps >= 0, -np.inf, np.log(-np.expm1(eps)))
+    if math.isinf(mu):  # perfectly distinguishable: delta(eps) = 1 for every finite eps
+        return np.where(np.isinf(eps) & (eps > 0), -np.inf, 0.0)
     a = special.log_ndtr(-eps / mu + mu / 2.0)
     b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -63,7 +65,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         return 0.0
     if delta >= 1:
         return 0.0
-    if delta <= 0:
+    if delta <= 0 or math.isinf(mu):
         return math.inf
     log_target = math.log(delta)
     f = lambda e: float(gdp_log_delta(mu, e)) - log_target
@@ -71,8 +73,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         return 0.0
     # delta(eps) <= Phi(-eps/mu + mu/2) <= delta once eps >= mu^2/2 + mu*sqrt(2 log(1/delta)).
     hi = mu * mu / 2.0 + mu * math.sqrt(2.0 * max(-log_target, 1.0)) + 1.0
-    while f(hi) > 0:
+    while math.isfinite(hi) and f(hi) > 0:
         hi *= 2.0
+    if not math.isfinite(hi):  # epsilon beyond the floating-point range: infinity bounds it
+        return math.inf
     return conservative_root(f, 0.0, hi)
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
+from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.events import TrainingRunDpEvent
 
@@ -61,6 +63,27 @@ def epsilon_curves(
             hidden[a.name] = a.hidden_state
     applicable = {n: v for n, v in eps.items() if any(not math.isnan(x) for x in v)}
     return EpsilonCurves(list(epochs), delta, best, best_name, applicable, {n: hidden[n] for n in applicable})
+
+
+IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
+def plot_path(path: str, default_name: str) -> str:
+    """Where a plot will be written: ``path`` itself, or ``default_name`` inside ``path`` when
+    it is an existing directory. Refuses (naming ``output``) a missing parent directory or a
+    file type matplotlib cannot write, before any work is done."""
+    p = os.path.expanduser(str(path))
+    if os.path.isdir(p):
+        p = os.path.join(p, default_name)
+    parent = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(parent):
+        raise v.ParameterError("output", f"directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise v.ParameterError("output", f"directory {parent} is not writable")
+    ext = os.path.splitext(p)[1].lower().lstrip(".")
+    if ext not in IMAGE_FORMATS:
+        raise v.ParameterError("output", f"must end in one of .{', .'.join(IMAGE_FORMATS)} (an image), got {path!r}")
+    return p
 
 
 def plot_epsilon_curves(curves: EpsilonCurves, path: str, title: str = "") -> str:

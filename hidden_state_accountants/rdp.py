@@ -15,15 +15,21 @@ DEFAULT_ORDERS: Tuple[float, ...] = tuple(float(a) for a in _rdp.DEFAULT_RDP_ORD
 
 def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> Tuple[float, float]:
     """(epsilon, best order) via dp_accounting's conversion (Canonne et al. 2020, Prop. 12)."""
-    rdp = np.asarray(rdp, dtype=float)
+    rdp = _nonnegative(rdp)
     if not np.any(np.isfinite(rdp)):
         return math.inf, float("nan")
     eps, order = _rdp.compute_epsilon(list(orders), list(rdp), delta)
     return max(0.0, float(eps)), float(order)
 
 
+def _nonnegative(rdp: Sequence[float]) -> np.ndarray:
+    """Renyi divergences are >= 0; a bound that rounds a vanishing value to ``-4e-15`` is
+    raised to 0 (a larger value is still a valid bound; dp_accounting refuses negatives)."""
+    return np.maximum(np.asarray(rdp, dtype=float), 0.0)
+
+
 def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) -> float:
-    rdp = np.asarray(rdp, dtype=float)
+    rdp = _nonnegative(rdp)
     if not np.any(np.isfinite(rdp)):
         return 1.0
     delta, _ = _rdp.compute_delta(list(orders), list(rdp), epsilon)
@@ -38,7 +44,8 @@ def _gaussian_fallback(values, noise_multiplier: float, orders) -> Tuple[float, 
     for a, value in zip(orders, values):
         value = float(value)
         if math.isnan(value) or value <= 0:
-            value = a / (2.0 * noise_multiplier**2)
+            # inf, not 0/0, when the noise underflows (e.g. z/2 for z = 5e-324)
+            value = a / 2.0 / noise_multiplier / noise_multiplier if noise_multiplier > 0 else math.inf
         out.append(value)
     return tuple(out)
 

@@ -61,6 +61,10 @@ PARTITIONS: Tuple[str, ...] = (CYCLIC, SHUFFLE_PARTITION)
 RANDOM: Tuple[str, ...] = (SHUFFLE_PARTITION, WITHOUT_REPLACEMENT, POISSON)
 """Schedules whose batches are random (and need a secret seed)."""
 
+MAX_STEPS = 10**18
+"""More optimiser steps than any training run takes; the hidden-state bounds' limit for
+unbounded training is what ``max_epochs_within_budget`` / ``hsa epochs`` report."""
+
 SAMPLING_DESCRIPTIONS: Dict[str, str] = {
     FULL: "every step uses all n records",
     CYCLIC: "one fixed partition into n//b batches, visited in the same order every epoch",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Optional
 
 
 class ParameterError(ValueError):
@@ -15,7 +15,7 @@ class ParameterError(ValueError):
         self.parameter = parameter
 
 
-def positive_int(name: str, value: Any) -> int:
+def positive_int(name: str, value: Any, *, maximum: Optional[int] = None, why: str = "") -> int:
     if isinstance(value, bool):
         raise ParameterError(name, f"must be a positive integer, got {value!r}")
     if not isinstance(value, numbers.Integral):
@@ -25,6 +25,9 @@ def positive_int(name: str, value: Any) -> int:
             raise ParameterError(name, f"must be a positive integer, got {value!r}")
     if value < 1:
         raise ParameterError(name, f"must be a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        shown = f"{float(value):.3g}" if value < 10**300 else f"about 1e{len(str(int(value))) - 1}"
+        raise ParameterError(name, f"must be at most {maximum:.3g}{why}, got {shown}")
     return int(value)
 
 
@@ -51,10 +54,11 @@ def real(name: str, value: Any) -> float:
     return x
 
 
-def probability(name: str, value: Any, *, allow_zero: bool = False) -> float:
+def probability(name: str, value: Any, *, allow_zero: bool = False, allow_one: bool = False) -> float:
     x = real(name, value)
     low_ok = x >= 0 if allow_zero else x > 0
-    if not (low_ok and x < 1):
-        interval = "[0, 1)" if allow_zero else "(0, 1)"
+    high_ok = x <= 1 if allow_one else x < 1
+    if not (low_ok and high_ok):
+        interval = ("[" if allow_zero else "(") + "0, 1" + ("]" if allow_one else ")")
         raise ParameterError(name, f"must lie in {interval}, got {value!r}")
     return x

@@ -34,8 +34,10 @@ MU_SKIP = 25.0
 MAX_PLD_STEPS = 10_000_000
 
 
-def _sigma(run: TrainingRunDpEvent, z: float) -> float:
-    return z * run.clip_norm / run.batch_size
+def _unit(z: float) -> float:
+    """``L / (b sigma) = 2 / z`` (``L / (n sigma)`` for full batch), computed without forming
+    ``sigma``, which underflows to 0 for tiny noise; ``inf`` when ``z`` is tiny."""
+    return 2.0 / z
 
 
 def _sensitivity(run: TrainingRunDpEvent) -> float:
@@ -74,8 +76,7 @@ def thm_4_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     With a per-step noise schedule the same composition gives ``sqrt(sum_t (L/(n sigma_t))^2)``
     (Dong, Roth & Su Cor. 3.3). Tight when every iterate is released.
     """
-    unit = _sensitivity(run) / (run.dataset_size * _sigma(run, 1.0))
-    mu = math.sqrt(sum(k * (unit / z) ** 2 for z, k in run.noise_counts().items()))
+    mu = math.sqrt(sum(k * _unit(z) * _unit(z) for z, k in run.noise_counts().items()))
     return GdpBound(mu=mu, monotone_in_steps=True)
 
 
@@ -96,7 +97,7 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         return NotApplicable(reason=reason)
     lc, t = log_contraction(run), run.steps
     ratio = _geometric_ratio(lc, t)
-    mu = _sensitivity(run) / (run.dataset_size * _sigma(run, run.noise_multiplier)) * math.sqrt(ratio)
+    mu = _unit(run.noise_multiplier) * math.sqrt(ratio)
     g = run.geometry
     exact = run.learning_rate <= 2.0 / (g.smoothness + g.strong_convexity)
     return GdpBound(
@@ -127,8 +128,9 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     burn_in = D * n / (eta * L)
     if run.steps < burn_in:
         return NotApplicable(reason=f"needs t >= D n/(eta L) = {burn_in:.6g} steps, got {run.steps}")
-    sigma = _sigma(run, run.noise_multiplier)
-    mu = math.sqrt(3 * L * D / (eta * n) + (L / n) ** 2 * math.ceil(burn_in)) / sigma
+    # (1/sigma) sqrt(3 L D/(eta n) + (L/n)^2 ceil(.)) with sigma = z C/n, written without sigma
+    C = run.clip_norm
+    mu = math.sqrt(3 * L * D * n / (eta * C * C) + (L / C) * (L / C) * math.ceil(burn_in)) / run.noise_multiplier
     return GdpBound(mu=mu)
 
 
@@ -141,14 +143,15 @@ def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     has ``E = ceil(t / l)`` visits. With a noise schedule, ``mu^2`` is the largest over batch
     positions of the sum of ``(L/(b sigma_t))^2`` over that position's steps.
     """
-    l, unit = run.steps_per_epoch, _sensitivity(run) / (run.batch_size * _sigma(run, 1.0))
+    l = run.steps_per_epoch
     if isinstance(run.noise_multiplier, tuple):
-        per_step = (unit / np.asarray(run.noise_multiplier)) ** 2
+        with np.errstate(divide="ignore", over="ignore"):
+            per_step = np.square(2.0 / np.asarray(run.noise_multiplier))
         padded = np.zeros(l * cm.epochs_visited(run))
         padded[: per_step.size] = per_step
         mu = math.sqrt(float(np.max(padded.reshape(-1, l).sum(axis=0))))
     else:
-        mu = unit / run.noise_multiplier * math.sqrt(cm.epochs_visited(run))
+        mu = _unit(run.noise_multiplier) * math.sqrt(cm.epochs_visited(run))
     return GdpBound(mu=mu, monotone_in_steps=True)
 
 
@@ -168,7 +171,7 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     l, E, lc = run.steps_per_epoch, cm.epochs_visited(run), log_contraction(run)
-    unit = _sensitivity(run) / (run.batch_size * _sigma(run, run.noise_multiplier))
+    unit = _unit(run.noise_multiplier)
     if lc == -math.inf or E == 1:
         extra = 0.0
     else:  # in log space: each factor under- or overflows when c is within 1e-300 of 1
@@ -195,8 +198,10 @@ def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     complete = run.steps // l
     if complete < burn_in:
         return NotApplicable(reason=f"needs E >= D b/(eta L) = {burn_in:.6g} complete epochs, got {complete}")
-    sigma = _sigma(run, run.noise_multiplier)
-    mu = math.sqrt((L / b) ** 2 + 3 * L * D / (eta * b * l) + L**2 / (b**2 * l) * math.ceil(burn_in)) / sigma
+    # (1/sigma) sqrt((L/b)^2 + 3 L D/(eta b l) + L^2/(b^2 l) ceil(.)) with sigma = z C/b, without sigma
+    C = run.clip_norm
+    r = L / C
+    mu = math.sqrt(r * r + 3 * r * D * b / (eta * l * C) + r * r / l * math.ceil(burn_in)) / run.noise_multiplier
     return GdpBound(mu=mu)
 
 
@@ -212,7 +217,7 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if run.steps > MAX_PLD_STEPS:
         return NotApplicable(reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD; the RDP baseline covers this run")
     p = run.sampling_rate
-    unit = _sensitivity(run) / (run.batch_size * _sigma(run, 1.0))
+    unit = _unit(1.0)
     counts = run.noise_counts()
     d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)), ctx.discretization)
     if d_min is None:
@@ -288,7 +293,7 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     t, p = run.steps, run.sampling_rate
-    unit = _sensitivity(run) / (run.batch_size * _sigma(run, run.noise_multiplier))
+    unit = _unit(run.noise_multiplier)
     lc = log_contraction(run)
     one_minus_c = -math.expm1(lc) if lc > -math.inf else 1.0
 
@@ -322,11 +327,13 @@ def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     t, p, eta, D = run.steps, run.sampling_rate, run.learning_rate, run.geometry.diameter
-    sigma = _sigma(run, run.noise_multiplier)
-    unit = _sensitivity(run) / (run.batch_size * sigma)
+    unit = _unit(run.noise_multiplier)
+    # sqrt2 D / (eta sigma sqrt(k)) with sigma = z C / b, formed so that tiny z gives inf, not 0/0
+    scale = math.sqrt(2) * D * run.batch_size / (eta * run.clip_norm)
 
     def shift_mu(k):
-        return math.sqrt(2) * D / (eta * sigma * np.sqrt(np.asarray(k, dtype=float)))
+        with np.errstate(divide="ignore", over="ignore"):
+            return scale / run.noise_multiplier / np.sqrt(np.asarray(k, dtype=float))
 
     def approx(k):
         return np.sqrt(shift_mu(k) ** 2 + fdp.subsampled_gaussian_clt_mu(2 * math.sqrt(2) * unit, p, k) ** 2)

@@ -49,6 +49,10 @@ def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     (declared as ``LossGeometry(lsi_constant=c)``; not checkable here), then
 
         eps(alpha) = alpha S_g^2 / (2 c sigma^4 n^2) * (1 - exp(-sigma^2 c eta K)).
+
+    Evaluated as ``alpha S_g^2 eta K / (2 sigma^2 n^2) * h(sigma^2 c eta K)`` with
+    ``h(x) = (1 - e^-x)/x`` (``h(0) = 1``), so a vanishing ``c`` (e.g. one that underflows when
+    the run is rescaled to clip norm 1) gives the ``c -> 0`` limit, which is larger.
     """
     reason = cm.hidden_state_preconditions(run)
     if not reason and run.geometry.lsi_constant is None:
@@ -57,7 +61,11 @@ def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         return NotApplicable(reason=reason)
     c, s2, n, sg = run.geometry.lsi_constant, _sigma2(run), run.dataset_size, 2.0 * run.clip_norm
     orders = np.asarray(ctx.orders, dtype=float)
-    vals = orders * sg * sg / (2 * c * s2 * s2 * n * n) * (-math.expm1(-s2 * c * run.learning_rate * run.steps))
+    eta_k = run.learning_rate * float(run.steps)
+    x = s2 * c * eta_k
+    h = 1.0 if x == 0 else -math.expm1(-x) / x
+    with np.errstate(divide="ignore", over="ignore"):
+        vals = orders * (sg * sg * eta_k / (2.0 * n * n)) / s2 * h if s2 > 0 else np.full(len(orders), np.inf)
     return RdpBound(orders=ctx.orders, values=vals,
                     note=f"LSI constant {c:g} as declared", monotone_in_steps=True)
 

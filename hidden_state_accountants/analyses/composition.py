@@ -14,6 +14,7 @@ of norm ``<= C`` (dp_event's docstring); replacing one record changes the sum by
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from typing import List
 
@@ -21,6 +22,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from hidden_state_accountants import fdp
+from hidden_state_accountants import validation as v
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses.registry import analysis
@@ -117,18 +119,46 @@ class UnsupportedEvent(Exception):
     pass
 
 
+def is_no_op(event: dp_event.DpEvent) -> bool:
+    """Events that touch no record: sampling with probability 0, or a sample of size 0."""
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return _rate(event) == 0
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        _wor_sizes(event)
+        return event.sample_size == 0
+    return False
+
+
+def _rate(event: dp_event.PoissonSampledDpEvent) -> float:
+    q = event.sampling_probability
+    if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 <= q <= 1:
+        raise v.ParameterError("sampling_probability", f"of a PoissonSampledDpEvent must lie in [0, 1], got {q!r}")
+    return float(q)
+
+
+def _wor_sizes(event: dp_event.SampledWithoutReplacementDpEvent):
+    n, k = event.source_dataset_size, event.sample_size
+    for name, x in (("source_dataset_size", n), ("sample_size", k)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
+            raise v.ParameterError(name, f"of a SampledWithoutReplacementDpEvent must be an integer >= 0, got {x!r}")
+    if k > n or n == 0:
+        raise v.ParameterError("sample_size", f"must be <= source_dataset_size ({n}) and the source non-empty, got {k}")
+    return int(n), int(k)
+
+
 def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int = 1) -> List[Bound]:
-    """Bounds for one standard dp_accounting event under REPLACE_ONE (raises UnsupportedEvent).
+    """Bounds for one standard dp_accounting event under REPLACE_ONE (raises UnsupportedEvent,
+    or ParameterError for an event whose parameters are out of range).
 
     ``count`` (how often the event is composed) only sizes PLD grids."""
     if isinstance(event, dp_event.GaussianDpEvent):
-        z = event.noise_multiplier
+        z = _noise(event)
         if z <= 0:
             return [non_private_bound("GaussianDpEvent with noise_multiplier 0")]
         return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C (REPLACE_ONE)",
                          hidden_state=False, mu=2.0 / z)]
     if isinstance(event, dp_event.LaplaceDpEvent):
-        b = event.noise_multiplier
+        b = _noise(event)
         if b <= 0:
             return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
         eps = 2.0 / b  # L1 sensitivity 2C under REPLACE_ONE
@@ -137,7 +167,7 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
                          hidden_state=False, orders=ctx.orders, values=np.minimum(eps, orders * eps * eps / 2))]
     if isinstance(event, dp_event.PoissonSampledDpEvent):
         z = _gaussian_noise(event.event)
-        q = float(event.sampling_probability)
+        q = _rate(event)
         if q == 0:
             return []
         if z == 0:
@@ -149,9 +179,12 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
                 _poisson_rdp_bound("poisson_gaussian_rdp", q, counts, ctx.orders)]
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         z = _gaussian_noise(event.event)
+        n, k = _wor_sizes(event)
+        if k == 0:
+            return []
         if z == 0:
             return [non_private_bound("sampled Gaussian with noise_multiplier 0")]
-        q = event.sample_size / event.source_dataset_size
+        q = k / n
         mu = 2.0 / z
         rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27",
                        hidden_state=False, orders=ctx.orders,
@@ -168,9 +201,16 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
     raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
 
 
+def _noise(event) -> float:
+    z = event.noise_multiplier
+    if isinstance(z, bool) or not isinstance(z, numbers.Real) or math.isnan(z) or z < 0:
+        raise v.ParameterError("noise_multiplier", f"of a {type(event).__name__} must be a number >= 0, got {z!r}")
+    return float(z)
+
+
 def _gaussian_noise(event: dp_event.DpEvent) -> float:
     if isinstance(event, dp_event.GaussianDpEvent):
-        return float(event.noise_multiplier)
+        return _noise(event)
     raise UnsupportedEvent(f"sampled events must wrap a GaussianDpEvent, got {type(event).__name__}")
 
 

@@ -181,7 +181,7 @@ def test_custom_orders_and_bad_orders():
     with pytest.raises(ValueError, match="orders"):
         HiddenStateAccountant(orders=[1.0, 2.0])
     with pytest.raises(ValueError, match="target_delta"):
-        acc.get_epsilon(0.0)
+        acc.get_epsilon(1.5)
     with pytest.raises(ValueError, match="target_epsilon"):
         acc.get_delta(-1.0)
 

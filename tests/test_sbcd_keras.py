@@ -261,3 +261,12 @@ def test_example_runs():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1].split()[0]) > 60
     assert float(cells[2]) < float(cells[3])
+
+
+def test_module_doctest():
+    import doctest
+
+    from hidden_state_accountants.tf_privacy import sbcd as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

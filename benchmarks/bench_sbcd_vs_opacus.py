@@ -56,7 +56,7 @@ def worker(args) -> dict:
     base_rss = _rss_mb()
 
     if args.method == "dp-sbcd":
-        from hidden_state_accountants.opacus.sbcd import DPSBCD
+        from hidden_state_accountants.pytorch.sbcd import DPSBCD
 
         opt = DPSBCD(model, x.to(dev), y.to(dev), batch_size=args.batch, step_size=0.5, noise=1e-4,
                      rho=1.0, regularizer="l2", regularization=0.01, seed=0, device=dev)

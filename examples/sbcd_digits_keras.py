@@ -58,6 +58,8 @@ def network(seed: int):
 
 
 def run_sbcd(Xtr, ytr, Xte, yte, b, o, lam, epochs, seed, progress=True):
+    # seed=seed makes the table reproducible; a real run leaves seed=None (a secret draw) or
+    # keeps its seed as secret as the data (it fixes the partition and the noise)
     opt = DPSBCD(network(seed), Xtr, ytr, batch_size=b, step_size=2.0, noise=o, rho=1.0,
                  regularizer="l2", regularization=lam, seed=seed)
     opt.fit(epochs, progress=progress, desc=f"DP-SBCD (Keras) b={b} o={o:g} seed={seed}")

@@ -1,8 +1,8 @@
 """Hidden-state (last-iterate) privacy accounting for DP-SGD.
 
 Top-level exports: :class:`HiddenStateAccountant`, a ``dp_accounting.PrivacyAccountant``;
-:class:`TrainingRunDpEvent`, the training-run event it accounts; :class:`LossGeometry`, the
-declared assumptions; :class:`BatchSchedule`, the batch schedules; the calibration helpers;
+:class:`TrainingRunDpEvent`, the training-run event it accounts (and :class:`DpSbcdRunDpEvent`
+for DP-SBCD runs); :class:`LossGeometry`, the declared assumptions; :class:`BatchSchedule`, the batch schedules; the calibration helpers;
 and the warning emitted when a run is accounted by composition only. The core never imports
 torch or tensorflow; the framework adapters hand their facts to
 :mod:`hidden_state_accountants.recording`.
@@ -14,6 +14,7 @@ from hidden_state_accountants.accountant import (
     PrivacyReport,
     analyze_training_run,
 )
+from hidden_state_accountants.analyses.sbcd import DpSbcdRunDpEvent  # accounted by HiddenStateAccountant
 from hidden_state_accountants.calibration import (
     EpochBudget,
     NoiseCalibration,
@@ -24,10 +25,6 @@ from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.recording import CompositionFallbackWarning, HiddenStateWarning
 from hidden_state_accountants.schedules import SAMPLINGS, BatchSchedule
 from hidden_state_accountants.validation import ParameterError
-
-# DP-SBCD's analysis registers its event with the accountant on import.
-from hidden_state_accountants.analyses import sbcd as _sbcd  # noqa: E402,F401  (registration)
-from hidden_state_accountants.analyses.sbcd import DpSbcdRunDpEvent  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,7 @@ from dp_accounting import dp_event, privacy_accountant
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import composition, registry
+from hidden_state_accountants.analyses import composition, registry, sbcd
 from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
 from hidden_state_accountants.bounds import Bound, NotApplicable
 from hidden_state_accountants.events import TrainingRunDpEvent
@@ -425,6 +425,11 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         """Type II error ``beta(alpha)`` of the best valid f-DP guarantee (for plotting)."""
         eps = np.concatenate([[0.0], np.geomspace(1e-3, 50.0, 400)])
         return fdp.profile_tradeoff(self.privacy_profile(eps, delta_hint), eps, alphas)
+
+
+# DP-SBCD runs carry their own event. The registration lives here, on the accountant's side,
+# so that no analysis module imports the accountant.
+register_event_analyzer(sbcd.DpSbcdRunDpEvent, sbcd.analyze)
 
 
 __all__ = [

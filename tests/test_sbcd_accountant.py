@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hidden_state_accountants import HiddenStateAccountant, ParameterError
+from hidden_state_accountants import DpSbcdRunDpEvent, HiddenStateAccountant, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants.analyses import sbcd
+from hidden_state_accountants.schedules import CYCLIC, PARTITIONS, SHUFFLE_PARTITION
 
 pytestmark = pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning")
 
@@ -98,10 +99,10 @@ def test_matches_stepwise_cor_4_4(kw):
     o=st.floats(1e-4, 1.0), cyclic=st.booleans(),
 )
 def test_matches_stepwise_random(n, b, steps, eta, rho, lam, o, cyclic):
-    b = min(b, n)
+    b = min(b, n // 2)  # at least two batches (the core's schedule rule)
     ev = sbcd.DpSbcdRunDpEvent(dataset_size=n, batch_size=b, steps=steps, num_layers=1, step_size=eta,
                                rho=rho, noise=o, regularizer="l2", regularization=lam,
-                               sampling="cyclic" if cyclic else "shuffle_partition")
+                               sampling=CYCLIC if cyclic else SHUFFLE_PARTITION)
     ref = _reference_rdp(ev, ORDERS)
     got = sbcd.thm_4_5_rdp(ev, ORDERS)
     np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-300)
@@ -339,6 +340,44 @@ def test_bad_parameters(kw, param):
     with pytest.raises(ParameterError) as err:
         _event(**kw)
     assert err.value.parameter == param
+
+
+# ------------------------------------------------- one schedule definition (issue 9)
+def test_event_refuses_a_schedule_of_one_batch():
+    """DpSbcdRunDpEvent accepted cyclic with n = 10, b = 6 (one batch), which TrainingRunDpEvent
+    rejects; both now follow the core's check_schedule."""
+    with pytest.raises(ParameterError) as err:
+        _event(dataset_size=10, batch_size=6, steps=3, sampling=CYCLIC)
+    assert err.value.parameter == "batch_size" and "two batches" in str(err.value)
+
+
+def _accepts(make) -> bool:
+    try:
+        make()
+    except ParameterError as err:
+        assert err.parameter == "batch_size"
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sampling", PARTITIONS)
+def test_event_accepts_exactly_the_schedules_a_training_run_accepts(sampling):
+    for n in range(1, 14):
+        for b in range(1, 15):
+            sbcd_ok = _accepts(lambda: _event(dataset_size=n, batch_size=b, steps=2, sampling=sampling))
+            run_ok = _accepts(lambda: TrainingRunDpEvent(
+                dataset_size=n, batch_size=b, steps=2, noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.1,
+                sampling=sampling))
+            assert sbcd_ok == run_ok, (n, b, sampling)
+            if sbcd_ok:
+                assert _event(dataset_size=n, batch_size=b, steps=2, sampling=sampling).steps_per_epoch == n // b
+
+
+def test_event_defaults_and_top_level_export():
+    assert sbcd.SBCD_SAMPLINGS == (SHUFFLE_PARTITION, CYCLIC) and set(sbcd.SBCD_SAMPLINGS) == set(PARTITIONS)
+    ev = DpSbcdRunDpEvent(dataset_size=60, batch_size=10, steps=6, num_layers=1, step_size=0.1, rho=1.0, noise=0.01)
+    assert ev.sampling == SHUFFLE_PARTITION and DpSbcdRunDpEvent is sbcd.DpSbcdRunDpEvent
+    assert math.isfinite(HiddenStateAccountant().compose(ev).get_epsilon(1e-5))  # registered by the accountant
 
 
 def test_schedules():

@@ -1,4 +1,5 @@
-"""DP-SBCD for Keras: closed-form updates, clipping, errors, training and its epsilon."""
+"""DP-SBCD for Keras: closed-form updates, clipping, errors, the core's schedule and seed rule,
+training and its epsilon."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ pytestmark = [pytest.mark.tf,
 
 from scipy import optimize  # noqa: E402
 
-from hidden_state_accountants import HiddenStateAccountant, ParameterError  # noqa: E402
+from hidden_state_accountants import BatchSchedule, HiddenStateAccountant, ParameterError  # noqa: E402
 from hidden_state_accountants.analyses import sbcd as core  # noqa: E402
+from hidden_state_accountants.sbcd_training import CALLER_SEED_NOTE  # noqa: E402
+from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION  # noqa: E402
 from hidden_state_accountants.tf_privacy.sbcd import DPSBCD, UnsupportedLayerError, u_update  # noqa: E402
 
 L = tf.keras.layers
@@ -134,7 +137,8 @@ def test_auxiliary_inputs_stay_clipped():
     (dict(noise=-1.0), "noise"),
     (dict(batch_size=100), "batch_size"),
     (dict(variant="appendix_c"), "radius"),
-    (dict(sampling="poisson"), "sampling"),
+    (dict(sampling=POISSON), "sampling"),
+    (dict(seed=-1), "seed"),
 ])
 def test_bad_hyperparameters(kw, param):
     with pytest.raises(ParameterError) as err:
@@ -200,6 +204,42 @@ def test_epsilon_is_the_core_accountants():
     assert opt.get_rdp([2.0, 8.0]).shape == (2,)
 
 
+# --------------------------------------------------------- schedule and seeds (issue 9)
+@pytest.mark.parametrize("sampling,seed", [(SHUFFLE_PARTITION, 5), (CYCLIC, 5), (CYCLIC, None)])
+def test_partition_comes_from_the_cores_batch_schedule(sampling, seed):
+    opt = _opt(n=27, b=6, sampling=sampling, seed=seed)
+    expected = BatchSchedule(27, 6, sampling, seed if sampling == SHUFFLE_PARTITION else None)
+    np.testing.assert_array_equal(opt.partition.numpy(), expected.partition())
+    assert opt.batch_schedule == expected
+
+
+def test_schedule_is_checked_by_the_cores_rule():
+    """n = 10, b = 6 is one batch: TrainingRunDpEvent refuses it, and so does DP-SBCD now."""
+    with pytest.raises(ParameterError) as err:
+        _opt(n=10, b=6, sampling=CYCLIC)
+    assert err.value.parameter == "batch_size" and "two batches" in str(err.value)
+
+
+def test_default_seed_is_secret_not_tensorflows_global_seed():
+    runs = []
+    for sampling in (SHUFFLE_PARTITION, SHUFFLE_PARTITION, CYCLIC, CYCLIC):
+        opt = _opt(model=_model(seed=0), noise=1e-2, sampling=sampling, seed=None)  # same global seed each time
+        assert opt.seed_is_secret and opt.batch_schedule.seed_is_secret == (sampling == SHUFFLE_PARTITION)
+        opt.step()
+        runs.append(opt)
+    shuffled_a, shuffled_b, cyclic_a, cyclic_b = runs
+    assert not np.array_equal(shuffled_a.partition.numpy(), shuffled_b.partition.numpy())
+    assert not np.array_equal(cyclic_a._theta(0).numpy(), cyclic_b._theta(0).numpy())  # only the noise differs
+    assert CALLER_SEED_NOTE not in cyclic_a.explain(1e-5).notes
+
+
+def test_given_seed_is_the_callers_choice_and_noted():
+    opt = _opt(seed=3, noise=1e-3)
+    assert not opt.seed_is_secret and opt.batch_schedule.seed == 3
+    opt.step()
+    assert CALLER_SEED_NOTE in opt.explain(1e-5).notes
+
+
 def test_discard_auxiliary_state():
     opt = _opt(noise=1e-3)
     opt.fit(1, progress=False)
@@ -221,3 +261,12 @@ def test_example_runs():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1].split()[0]) > 60
     assert float(cells[2]) < float(cells[3])
+
+
+def test_module_doctest():
+    import doctest
+
+    from hidden_state_accountants.tf_privacy import sbcd as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

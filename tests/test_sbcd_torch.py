@@ -1,5 +1,6 @@
 """DP-SBCD for PyTorch: the closed-form updates solve their sub-problems, clipping holds,
-bad inputs fail clearly, training works, and the optimizer's epsilon is the core's."""
+bad inputs fail clearly, training works, the schedule and seeds follow the core's rule, it
+works without Opacus, and the optimizer's epsilon is the core's."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ pytestmark = [pytest.mark.torch,
 from scipy import optimize  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hidden_state_accountants import HiddenStateAccountant, ParameterError  # noqa: E402
+from hidden_state_accountants import BatchSchedule, HiddenStateAccountant, ParameterError  # noqa: E402
 from hidden_state_accountants.analyses import sbcd as core  # noqa: E402
-from hidden_state_accountants.opacus.sbcd import DPSBCD, UnsupportedLayerError, u_update  # noqa: E402
+from hidden_state_accountants.pytorch.sbcd import DPSBCD, UnsupportedLayerError, u_update  # noqa: E402
+from hidden_state_accountants.sbcd_training import CALLER_SEED_NOTE  # noqa: E402
+from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -269,10 +272,12 @@ def test_appendix_c_projects_onto_the_ball():
     (dict(noise=-1e-3), "noise"),
     (dict(batch_size=1000), "batch_size"),
     (dict(regularizer="dropout"), "regularizer"),
-    (dict(sampling="poisson"), "sampling"),
+    (dict(sampling=POISSON), "sampling"),
     (dict(variant="appendix_c"), "radius"),
     (dict(step_size=[0.1, 0.2]), "step_size"),
     (dict(regularization=-1.0), "regularization"),
+    (dict(seed=-1), "seed"),
+    (dict(seed=1.5), "seed"),
 ])
 def test_bad_hyperparameters(kw, param):
     with pytest.raises(ParameterError) as err:
@@ -407,6 +412,81 @@ def test_seed_makes_runs_reproducible():
         assert torch.equal(pa, pb)
 
 
+# --------------------------------------------------------- schedule and seeds (issue 9)
+@pytest.mark.parametrize("sampling,seed", [(SHUFFLE_PARTITION, 5), (CYCLIC, 5), (CYCLIC, None)])
+def test_partition_comes_from_the_cores_batch_schedule(sampling, seed):
+    opt = _opt(n=27, b=6, sampling=sampling, seed=seed)
+    expected = BatchSchedule(27, 6, sampling, seed if sampling == SHUFFLE_PARTITION else None)
+    np.testing.assert_array_equal(opt.partition.numpy(), expected.partition())
+    assert opt.batch_schedule == expected
+    assert opt.partition.shape == (4, 6) and opt.steps_per_epoch == 4
+
+
+def test_schedule_is_checked_by_the_cores_rule():
+    """n = 10, b = 6 is one batch: TrainingRunDpEvent refuses it, and so does DP-SBCD now."""
+    for sampling in (CYCLIC, SHUFFLE_PARTITION):
+        with pytest.raises(ParameterError) as err:
+            _opt(n=10, b=6, sampling=sampling)
+        assert err.value.parameter == "batch_size" and "two batches" in str(err.value)
+
+
+def test_default_seed_is_secret_not_torchs_global_generator():
+    """seed=None used to take torch's global generator: the same partition and noise after
+    torch.manual_seed(0). Now both come from secret draws, and the global generator is untouched."""
+    runs = []
+    for sampling in (SHUFFLE_PARTITION, SHUFFLE_PARTITION, CYCLIC, CYCLIC):
+        model = _mlp(seed=0)  # calls torch.manual_seed(0): the same global state every time
+        x, y = torch.randn(24, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)), torch.arange(24) % 3
+        state = torch.get_rng_state()
+        opt = DPSBCD(model, x, y, batch_size=6, step_size=0.2, noise=1e-2, sampling=sampling)
+        assert torch.equal(torch.get_rng_state(), state)  # nothing drawn from torch's global generator
+        assert opt.seed_is_secret and opt.batch_schedule.seed_is_secret == (sampling == SHUFFLE_PARTITION)
+        opt.step()
+        runs.append(opt)
+    shuffled_a, shuffled_b, cyclic_a, cyclic_b = runs
+    assert not torch.equal(shuffled_a.partition, shuffled_b.partition)
+    # the same fixed partition and the same start: only the noise can differ
+    assert torch.equal(cyclic_a.partition, cyclic_b.partition)
+    assert not torch.equal(cyclic_a._theta(cyclic_a.blocks[0]), cyclic_b._theta(cyclic_b.blocks[0]))
+    assert CALLER_SEED_NOTE not in cyclic_a.explain(1e-5).notes
+
+
+def test_given_seed_is_the_callers_choice_and_noted():
+    opt = _opt(seed=3, noise=1e-3)
+    assert not opt.seed_is_secret and opt.batch_schedule.seed == 3
+    assert opt.noise_seed != 3  # an independent stream of the caller's seed
+    opt.step()
+    assert CALLER_SEED_NOTE in opt.explain(1e-5).notes
+
+
+def test_works_without_opacus():
+    """The PyTorch trainer lives in hidden_state_accountants.pytorch: importing and training
+    with `import opacus` blocked (as if Opacus were not installed)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['opacus'] = None  # any `import opacus` now raises ImportError\n"
+        "warnings.simplefilter('ignore')\n"
+        "import torch\n"
+        "from hidden_state_accountants.pytorch import DPSBCD\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))\n"
+        "opt = DPSBCD(model, torch.randn(20, 5), torch.arange(20) % 3, batch_size=5, step_size=0.3,\n"
+        "             noise=1e-3, regularizer='l2', regularization=0.1)\n"
+        "before = [p.clone() for p in model.parameters()]\n"
+        "opt.fit(2, progress=False)\n"
+        "assert opt.steps_done == 8\n"
+        "assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))\n"
+        "assert sys.modules['opacus'] is None\n"
+        "print(opt.get_epsilon(1e-5))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert 0 < float(out.stdout.strip().splitlines()[-1]) < math.inf
+
+
 def test_noise_has_the_stated_variance():
     """Same data and start, two noise seeds: after one step the weights differ only by the noise,
     so their difference has variance 2 * (2 eta o) per coordinate (eq. 8)."""
@@ -462,3 +542,12 @@ def test_example_runs():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1].split()[0]) > 60  # DP-SBCD test accuracy (%)
     assert float(cells[2]) < float(cells[3])  # hidden-state eps below composition
+
+
+def test_module_doctest():
+    import doctest
+
+    from hidden_state_accountants.pytorch import sbcd as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

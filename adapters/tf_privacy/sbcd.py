@@ -7,21 +7,30 @@ Import as ``hidden_state_accountants.tf_privacy.sbcd``.
 >>> model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
 >>> X = np.random.randn(600, 64).astype("float32"); y = np.random.randint(0, 10, 600)
 >>> opt = DPSBCD(model, X, y, batch_size=200, step_size=0.5, noise=1e-3, regularizer="l2",
-...              regularization=0.05, seed=0)
+...              regularization=0.05)
+>>> opt.seed_is_secret  # no seed given: the partition and the noise come from a secret draw
+True
 >>> _ = opt.fit(epochs=2, progress=False)
 >>> eps = opt.get_epsilon(1e-5)
 
-The same algorithm as the PyTorch optimizer (``hidden_state_accountants.opacus.sbcd``; read its
-docstring for the update rules and what is enforced): Algorithm 2 of paper 001 with the
-closed-form ``x_d`` (eq. 4), clipping (eq. 5), ``u_d`` (eq. 6) and the noisy proximal ``theta_d``
-step (eq. 8) or the Appendix C variant, on the squared loss. It is a trainer rather than a
-``tf.keras.optimizers.Optimizer``: DP-SBCD does not consume gradients, and it must own the
+The same algorithm as the PyTorch optimizer (``hidden_state_accountants.pytorch.sbcd``; read its
+docstring for the update rules and what is enforced): Algorithm 2 of *Differentially Private
+Network Training under Hidden State Assumption* (ICLR 2025 submission, arXiv:2407.08233) with
+the closed-form ``x_d`` (eq. 4), clipping (eq. 5), ``u_d`` (eq. 6) and the noisy proximal
+``theta_d`` step (eq. 8) or the Appendix C variant, on the squared loss. It is a trainer rather
+than a ``tf.keras.optimizers.Optimizer``: DP-SBCD does not consume gradients, and it must own the
 per-example auxiliary variables and the fixed batch partition.
 
 Supported models: ``tf.keras.Sequential`` of ``Dense`` layers (``activation`` ``"relu"`` or
 ``None``/``"linear"``, or followed by a ``ReLU`` / ``Activation("relu")`` layer), optionally
 ``Flatten`` first; the last ``Dense`` is linear. Convolutions are supported by the PyTorch
 optimizer only. Runs on CPU or GPU (wherever TensorFlow places the variables).
+
+The checks, the batch partition (the core's
+:class:`~hidden_state_accountants.schedules.BatchSchedule`) and the seed rule are those of every
+DP-SBCD trainer (:mod:`hidden_state_accountants.sbcd_training`): ``seed=None`` draws secret
+seeds for the partition and the noise (never TensorFlow's global seed); a given seed is your
+explicit choice and must be kept as secret as the data.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import numpy as np
 import tensorflow as tf
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import sbcd as core
+from hidden_state_accountants.schedules import SHUFFLE_PARTITION
+from hidden_state_accountants.sbcd_training import SbcdTrainerBase
 
 __all__ = ["DPSBCD", "UnsupportedLayerError", "parse_model"]
 
@@ -122,14 +132,16 @@ def u_update(a: tf.Tensor, x_next: tf.Tensor) -> tf.Tensor:
     return tf.where(c_neg <= c_pos, u_neg, u_pos)
 
 
-class DPSBCD(core.SbcdTrainerBase):
-    _progress_label = "DP-SBCD (Keras)"
+class DPSBCD(SbcdTrainerBase):
     """DP-SBCD (Algorithm 2) on a Keras ``Sequential`` ReLU MLP, with its accountant.
 
-    Arguments as for the PyTorch ``DPSBCD`` (``hidden_state_accountants.opacus.sbcd``):
+    Arguments as for the PyTorch ``DPSBCD`` (``hidden_state_accountants.pytorch.sbcd``):
     ``model, data, targets, batch_size, step_size, noise, rho, gamma, regularizer,
-    regularization, sampling, variant, radius, seed, paper_assumptions``.
+    regularization, sampling, variant, radius, seed, paper_assumptions``. ``seed=None`` (the
+    default) draws secret seeds; an integer is your explicit choice, to be kept secret.
     """
+
+    _progress_label = "DP-SBCD (Keras)"
 
     def __init__(
         self,
@@ -144,7 +156,7 @@ class DPSBCD(core.SbcdTrainerBase):
         gamma: float = 1.0,
         regularizer: str = "none",
         regularization=0.0,
-        sampling: str = "shuffle_partition",
+        sampling: str = SHUFFLE_PARTITION,
         variant: str = "proximal_gradient",
         radius=None,
         seed: Optional[int] = None,
@@ -155,7 +167,7 @@ class DPSBCD(core.SbcdTrainerBase):
             raise v.ParameterError("data", "must be an array of shape (n, ...)")
         n = int(data.shape[0])
         data = data.reshape(n, -1).astype(np.float32)
-        b = self._check_options(n, batch_size, sampling, regularizer, variant, gamma)
+        self._check_options(n, batch_size, sampling, regularizer, variant, gamma, seed)
         self.model = model
         self.layers = parse_model(model, data.shape[1])
         if self.layers[0].kernel.shape[0] != data.shape[1]:
@@ -165,14 +177,9 @@ class DPSBCD(core.SbcdTrainerBase):
         self.has_bias = [layer.use_bias for layer in self.layers]
         self.rho_eff = [math.sqrt(r * r + (1.0 if hb else 0.0)) for r, hb in zip(self.rho_x, self.has_bias)]
         self._warn_expansive_steps()
-        seed = int(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
-        self._gen = tf.random.Generator.from_seed(seed)
-        l = self.steps_per_epoch
-        if sampling == "shuffle_partition":
-            order = tf.argsort(self._gen.uniform([n])).numpy()
-        else:
-            order = np.arange(n)
-        self.partition = tf.constant(order[: l * b].reshape(l, b), dtype=tf.int32)
+        self._gen = tf.random.Generator.from_seed(self.noise_seed)
+        # drawn once by the core's schedule, visited in order every epoch
+        self.partition = tf.constant(self.batch_schedule.partition(), dtype=tf.int32)
 
         out_features = int(self.layers[-1].kernel.shape[1])
         targets = np.asarray(targets)

@@ -1,7 +1,7 @@
 """DP-SBCD: differentially private stochastic block coordinate descent for ReLU networks.
 
-Paper: *Differentially Private Network Training under Hidden State Assumption* (anonymous
-submission, ``papers/001``). A ReLU network ``theta_D s(theta_{D-1} ... s(theta_0 x_0))`` is
+Paper: *Differentially Private Network Training under Hidden State Assumption* (ICLR 2025
+submission, arXiv:2407.08233). A ReLU network ``theta_D s(theta_{D-1} ... s(theta_0 x_0))`` is
 trained on the Lagrangian (eq. 3)::
 
     F(theta, x, u) = R(theta_D x_D; y) + gamma/2 sum_{d<D} (||x_{d+1} - s(u_d)||^2 + ||u_d - theta_d x_d||^2)
@@ -12,12 +12,23 @@ proximal step (eq. 8)::
 
     theta_d <- Prox_{eta, r_d}( theta_d - eta grad F(theta_d) + N(0, 2 eta o(eta, k, j) I) )
 
-This module is the framework-free accountant: the event :class:`DpSbcdRunDpEvent`, the
-bounds (Thm 4.5 under its assumptions, and a composition baseline that needs none), the
-noise schedules ``o(eta, k, j)``, and the registration with
-:class:`hidden_state_accountants.HiddenStateAccountant`. The optimizers live in
-``hidden_state_accountants.opacus.sbcd`` (PyTorch) and ``hidden_state_accountants.tf_privacy.sbcd``
-(Keras).
+This module is the framework-free analysis: the event :class:`DpSbcdRunDpEvent`, the bounds
+(Thm 4.5 under its assumptions, and a composition baseline that needs none) and the noise
+schedules ``o(eta, k, j)``. It imports nothing above it: the accountant
+(:class:`hidden_state_accountants.HiddenStateAccountant`) registers :func:`analyze` for the
+event, and the trainers' shared part is :class:`hidden_state_accountants.sbcd_training.SbcdTrainerBase`.
+The trainers live in ``hidden_state_accountants.pytorch.sbcd`` (PyTorch, no Opacus needed) and
+``hidden_state_accountants.tf_privacy.sbcd`` (Keras).
+
+>>> ev = DpSbcdRunDpEvent.from_epochs(dataset_size=600, batch_size=200, epochs=5, num_layers=2,
+...                                   step_size=0.5, rho=1.0, noise=1e-3, regularizer="l2",
+...                                   regularization=0.05)
+>>> ev.steps, ev.steps_per_epoch
+(15, 3)
+>>> DpSbcdRunDpEvent(dataset_size=10, batch_size=6, steps=3, num_layers=1, step_size=0.1,
+...                  rho=1.0, noise=1e-3, sampling=CYCLIC)  # doctest: +IGNORE_EXCEPTION_DETAIL
+Traceback (most recent call last):
+ParameterError: batch_size: cyclic needs at least two batches ...
 
 What is computed
 ----------------
@@ -119,15 +130,17 @@ import numpy as np
 from dp_accounting import dp_event
 from scipy import special
 
+from hidden_state_accountants import schedules as sch
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant, register_event_analyzer
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
+from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION
 
-CITE = "DP-SBCD (papers/001)"
+CITE = "DP-SBCD (arXiv:2407.08233)"
 REGULARIZERS: Tuple[str, ...] = ("none", "l2", "l1")
 VARIANTS: Tuple[str, ...] = ("proximal_gradient", "appendix_c")
-SBCD_SAMPLINGS: Tuple[str, ...] = ("shuffle_partition", "cyclic")
+SBCD_SAMPLINGS: Tuple[str, ...] = (SHUFFLE_PARTITION, CYCLIC)
+"""The schedules Thm 4.5 covers: one partition into ``n // b`` batches, visited in order every epoch."""
 
 THM_4_5_NAME = "dp_sbcd_thm4.5"
 COMPOSITION_NAME = "dp_sbcd_composition"
@@ -164,11 +177,12 @@ class NoiseSchedule:
         out = []
         for t in range(steps):
             k, j = divmod(t, l)
-            out.append(_check_noise_value(self(eta, k, j), k, j))
+            out.append(check_noise_value(self(eta, k, j), k, j))
         return tuple(out)
 
 
-def _check_noise_value(o, k, j) -> float:
+def check_noise_value(o, k: int, j: int) -> float:
+    """``o(eta, k, j)`` as a float, or a ParameterError naming ``noise``, ``k`` and ``j``."""
     if isinstance(o, bool) or not isinstance(o, numbers.Real) or not math.isfinite(float(o)) or not float(o) > 0:
         raise v.ParameterError(
             "noise", f"o(eta, k={k}, j={j}) must be a finite number > 0, got {o!r}"
@@ -275,6 +289,17 @@ def compress_noise(per_step: Sequence[float], steps_per_epoch: int) -> Tuple[flo
 
 
 # ----------------------------------------------------------------------------------- event
+def check_sbcd_schedule(dataset_size, batch_size, sampling) -> Tuple[int, int]:
+    """``(n, b)`` for a DP-SBCD schedule: one of :data:`SBCD_SAMPLINGS`, then the core's
+    :func:`~hidden_state_accountants.schedules.check_schedule` (the rule every training run
+    follows). Raises :class:`~hidden_state_accountants.ParameterError` naming the parameter."""
+    if sampling not in SBCD_SAMPLINGS:
+        raise v.ParameterError(
+            "sampling", f"must be one of {', '.join(SBCD_SAMPLINGS)} for DP-SBCD; got {sampling!r}"
+        )
+    return sch.check_schedule(dataset_size, batch_size, sampling)
+
+
 def _float_tuple(name: str):
     """An attrs converter to a tuple of floats that fails with a ParameterError naming ``name``."""
 
@@ -326,8 +351,11 @@ class DpSbcdRunDpEvent(dp_event.DpEvent):
       regularizer: ``"none"``, ``"l2"`` (``r = lambda/2 ||theta||^2``) or ``"l1"``
         (``r = lambda ||theta||_1``), applied by the proximal map to the whole block.
       regularization: ``lambda``, one value or one per layer (``>= 0``).
-      sampling: ``"shuffle_partition"`` (a random partition drawn once: eq. 30) or
-        ``"cyclic"`` (a fixed partition: the worst batch position).
+      sampling: ``SHUFFLE_PARTITION`` (a random partition drawn once: eq. 30) or ``CYCLIC``
+        (a fixed partition: the worst batch position), from
+        :mod:`hidden_state_accountants.schedules`. ``(dataset_size, batch_size, sampling)`` are
+        checked by the same rule as every training run
+        (:func:`~hidden_state_accountants.schedules.check_schedule`: at least two batches).
       variant: ``"proximal_gradient"`` (eq. 8) or ``"appendix_c"`` (the closed-form variant,
         made analysable as described in the module docstring).
       radius: Frobenius radius ``R_d`` onto which each block is projected; required for
@@ -347,25 +375,18 @@ class DpSbcdRunDpEvent(dp_event.DpEvent):
     gamma: float = attr.ib(default=1.0)
     regularizer: str = attr.ib(default="none")
     regularization: Tuple[float, ...] = attr.ib(default=0.0, converter=_float_tuple("regularization"))
-    sampling: str = attr.ib(default="shuffle_partition")
+    sampling: str = attr.ib(default=SHUFFLE_PARTITION)
     variant: str = attr.ib(default="proximal_gradient")
     radius: Optional[Tuple[float, ...]] = attr.ib(default=None, converter=_float_tuple("radius"))
     paper_assumptions: bool = attr.ib(default=True)
 
     def __attrs_post_init__(self):
-        n = v.positive_int("dataset_size", self.dataset_size)
-        b = v.positive_int("batch_size", self.batch_size)
+        n, b = check_sbcd_schedule(self.dataset_size, self.batch_size, self.sampling)
         t = v.positive_int("steps", self.steps)
         layers = v.positive_int("num_layers", self.num_layers)
-        if b > n:
-            raise v.ParameterError("batch_size", f"must be <= dataset_size ({n}), got {b}")
         for name, value in (("dataset_size", n), ("batch_size", b), ("steps", t), ("num_layers", layers)):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "gamma", v.positive_float("gamma", self.gamma))
-        if self.sampling not in SBCD_SAMPLINGS:
-            raise v.ParameterError(
-                "sampling", f"must be one of {', '.join(SBCD_SAMPLINGS)} for DP-SBCD; got {self.sampling!r}"
-            )
         if self.regularizer not in REGULARIZERS:
             raise v.ParameterError("regularizer", f"must be one of {', '.join(REGULARIZERS)}; got {self.regularizer!r}")
         if self.variant not in VARIANTS:
@@ -415,7 +436,7 @@ class DpSbcdRunDpEvent(dp_event.DpEvent):
     @property
     def steps_per_epoch(self) -> int:
         """``l = n // b``."""
-        return max(1, self.dataset_size // self.batch_size)
+        return sch.steps_per_epoch(self.dataset_size, self.batch_size, self.sampling)
 
     @property
     def epochs(self) -> float:
@@ -561,7 +582,7 @@ def rdp_from_positions(event: DpSbcdRunDpEvent, log_a: np.ndarray, orders: Seque
         raise v.ParameterError("orders", "every RDP order must be > 1")
     with np.errstate(over="ignore"):
         a = np.exp(log_a)  # A(j0) itself: eps(alpha, j0) = alpha A(j0)
-    if event.sampling == "cyclic":
+    if event.sampling == CYCLIC:
         return orders * float(np.max(a))
     n, b, l = event.dataset_size, event.batch_size, event.steps_per_epoch
     log_w = math.log(b / n)
@@ -642,128 +663,7 @@ def analyze(event: DpSbcdRunDpEvent, ctx: cm.Context = cm.Context()) -> List[Bou
     return [composition(event, ctx), thm_4_5(event, ctx)]
 
 
-register_event_analyzer(DpSbcdRunDpEvent, analyze)
-
-
-class SbcdTrainerBase:
-    """What the PyTorch and Keras DP-SBCD trainers share: the training loop and the privacy methods.
-
-    The trainer supplies ``step()``, ``dataset_size``, ``batch_size``, ``steps_per_epoch``,
-    ``num_layers``, ``step_sizes``, ``rho_eff``, ``gamma``, ``regularizer``, ``lambdas``,
-    ``sampling``, ``variant``, ``radius``, ``paper_assumptions``, the step counter ``_t``, the
-    noise actually used ``_noise_history`` and the planned noise ``_noise_at(step)``.
-    """
-
-    _progress_label = "DP-SBCD"
-
-    def _check_options(self, n: int, batch_size, sampling: str, regularizer: str, variant: str, gamma) -> int:
-        """Validates the choices that do not depend on the model; returns the batch size."""
-        b = v.positive_int("batch_size", batch_size)
-        if b > n:
-            raise v.ParameterError("batch_size", f"must be <= the number of records ({n}), got {b}")
-        for name, value, allowed in (("sampling", sampling, SBCD_SAMPLINGS), ("regularizer", regularizer, REGULARIZERS),
-                                     ("variant", variant, VARIANTS)):
-            if value not in allowed:
-                raise v.ParameterError(name, f"must be one of {', '.join(allowed)}; got {value!r}")
-        self.gamma = v.positive_float("gamma", gamma)
-        self.regularizer, self.sampling, self.variant = regularizer, sampling, variant
-        self.batch_size, self.dataset_size = b, n
-        self.steps_per_epoch = max(1, n // b)
-        return b
-
-    def _set_layer_hyperparameters(self, num_layers: int, step_size, rho, regularization, radius, noise,
-                                   paper_assumptions) -> None:
-        """Per-layer values (one for all, or one per layer) and the noise schedule."""
-        self.num_layers = num_layers
-        self.step_sizes = self._per_layer("step_size", step_size, v.positive_float)
-        self.rho_x = self._per_layer("rho", rho, v.positive_float)
-        self.lambdas = self._per_layer("regularization", regularization, v.nonnegative_float)
-        self.radius = None if radius is None else self._per_layer("radius", radius, v.positive_float)
-        if self.variant == "appendix_c" and self.radius is None:
-            raise v.ParameterError("radius", "variant='appendix_c' needs a projection radius per block")
-        self.schedule = as_schedule(noise)
-        self.paper_assumptions = bool(paper_assumptions)
-
-    def _per_layer(self, name, value, check) -> List[float]:
-        if isinstance(value, (list, tuple)):
-            vals = [check(name, x) for x in value]
-            if len(vals) == 1:
-                vals = vals * self.num_layers
-            if len(vals) != self.num_layers:
-                raise v.ParameterError(name, f"needs 1 or {self.num_layers} values (one per layer), got {len(vals)}")
-            return vals
-        return [check(name, value)] * self.num_layers
-
-    def _warn_expansive_steps(self) -> None:
-        """Warns for layers whose gradient step is expansive (needs ``rho_eff`` set)."""
-        for d, (eta, r) in enumerate(zip(self.step_sizes, self.rho_eff)):
-            beta = self.gamma * r * r
-            if self.variant == "proximal_gradient" and eta * beta > 2.0 * (1.0 + 1e-9):
-                warnings.warn(
-                    f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
-                    "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
-                    UserWarning, stacklevel=3,
-                )
-
-    def _noise_at(self, t: int) -> float:
-        k, j = divmod(t, self.steps_per_epoch)
-        return _check_noise_value(self.schedule(self.step_sizes[0], k, j), k, j)
-
-    def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable] = None,
-            desc: Optional[str] = None):
-        """Runs ``epochs`` epochs with a progress bar (``callback(epoch, self)`` after each)."""
-        epochs = v.positive_int("epochs", epochs)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=epochs * self.steps_per_epoch, desc=desc or self._progress_label, unit="step")
-        for e in range(epochs):
-            for _ in range(self.steps_per_epoch):
-                self.step()
-                if bar is not None:
-                    bar.update(1)
-            if callback is not None:
-                callback(e, self)
-        if bar is not None:
-            bar.close()
-        return self
-
-    def privacy_event(self, steps: Optional[int] = None) -> "DpSbcdRunDpEvent":
-        """The run so far (``steps=None``) or a planned run of ``steps`` steps from the start."""
-        if steps is None:
-            if self._t == 0:
-                raise ValueError("steps: no step has run yet; pass the planned number of steps")
-            t, noise = self._t, list(self._noise_history)
-        else:
-            t = v.positive_int("steps", steps)
-            noise = [self._noise_at(s) for s in range(t)]
-        return DpSbcdRunDpEvent(
-            dataset_size=self.dataset_size, batch_size=self.batch_size, steps=t,
-            num_layers=self.num_layers, step_size=tuple(self.step_sizes), rho=tuple(self.rho_eff),
-            noise=compress_noise(noise, self.steps_per_epoch), gamma=self.gamma,
-            regularizer=self.regularizer, regularization=tuple(self.lambdas), sampling=self.sampling,
-            variant=self.variant, radius=None if self.radius is None else tuple(self.radius),
-            paper_assumptions=self.paper_assumptions,
-        )
-
-    def accountant(self, steps: Optional[int] = None):
-        return HiddenStateAccountant().compose(self.privacy_event(steps))
-
-    def get_epsilon(self, delta: float, steps: Optional[int] = None) -> float:
-        """Best valid epsilon (min of Thm 4.5 and composition) for the run so far / planned."""
-        return self.accountant(steps).get_epsilon(delta)
-
-    def get_rdp(self, orders: Sequence[float], steps: Optional[int] = None):
-        """RDP curve at ``orders`` (pointwise minimum of the two analyses)."""
-        return HiddenStateAccountant(orders=orders).compose(self.privacy_event(steps)).get_rdp(orders)
-
-    def explain(self, delta: float, steps: Optional[int] = None):
-        return self.accountant(steps).explain(delta)
-
-
 __all__ = [
-    "SbcdTrainerBase",
     "DpSbcdRunDpEvent",
     "NoiseSchedule",
     "ConstantNoise",
@@ -794,4 +694,8 @@ __all__ = [
     "REGULARIZERS",
     "VARIANTS",
     "SBCD_SAMPLINGS",
+    "check_sbcd_schedule",
+    "check_noise_value",
+    "THM_4_5_NAME",
+    "COMPOSITION_NAME",
 ]

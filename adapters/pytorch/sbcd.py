@@ -1,19 +1,22 @@
 """DP-SBCD for PyTorch: differentially private block coordinate descent for ReLU networks.
 
-Import as ``hidden_state_accountants.opacus.sbcd``.
+Import as ``hidden_state_accountants.pytorch.sbcd`` (plain PyTorch: Opacus is not needed).
 
 >>> import torch
->>> from hidden_state_accountants.opacus.sbcd import DPSBCD
+>>> from hidden_state_accountants.pytorch.sbcd import DPSBCD
 >>> model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 >>> X, y = torch.randn(600, 64), torch.randint(0, 10, (600,))
 >>> opt = DPSBCD(model, X, y, batch_size=200, step_size=0.5, noise=1e-3, rho=1.0,
-...              regularizer="l2", regularization=0.05, seed=0)
+...              regularizer="l2", regularization=0.05)
+>>> opt.seed_is_secret  # no seed given: the partition and the noise come from a secret draw
+True
 >>> _ = opt.fit(epochs=2, progress=False)
 >>> eps = opt.get_epsilon(1e-5)
 
-DP-SBCD (paper 001, Algorithm 2) is not a gradient method: it keeps per-example auxiliary
-variables ``x_d`` (layer inputs) and ``u_d`` (pre-activations) for every training record and
-updates, for each mini-batch and each layer ``d = 0..D`` in turn,
+DP-SBCD (Algorithm 2 of *Differentially Private Network Training under Hidden State
+Assumption*, ICLR 2025 submission, arXiv:2407.08233) is not a gradient method: it keeps
+per-example auxiliary variables ``x_d`` (layer inputs) and ``u_d`` (pre-activations) for every
+training record and updates, for each mini-batch and each layer ``d = 0..D`` in turn,
 
 * ``x_d`` in closed form (eq. 4), then clips it to norm ``rho_d`` (eq. 5),
 * ``u_d`` in closed form (eq. 6, re-derived: the element-wise minimiser of
@@ -22,9 +25,10 @@ updates, for each mini-batch and each layer ``d = 0..D`` in turn,
 * ``theta_d`` by the noisy proximal gradient step (eq. 8) or the Appendix C closed-form variant.
 
 It therefore owns the training data and the batch schedule: the records are split into
-``n // b`` batches once (at random for ``sampling="shuffle_partition"``, in order for
-``"cyclic"``) and visited in the same order every epoch, as Thm 4.5 requires. ``step()`` runs
-one mini-batch; :meth:`DPSBCD.fit` runs epochs with a progress bar.
+``n // b`` batches once (at random for ``sampling=SHUFFLE_PARTITION``, in order for ``CYCLIC``)
+by the core's :class:`~hidden_state_accountants.schedules.BatchSchedule` and visited in the same
+order every epoch, as Thm 4.5 requires. ``step()`` runs one mini-batch; :meth:`DPSBCD.fit` runs
+epochs with a progress bar.
 
 The loss is the squared loss ``R(z; y) = gamma/2 ||z - y||^2`` on one-hot labels (the paper's
 experiments; it keeps eq. 4 in closed form for the output layer). Supported models: an
@@ -33,8 +37,9 @@ one followed by ``ReLU``, optionally ``Flatten`` at the start or between the con
 the dense part; the last layer is a ``Linear``. Convolutions are handled through im2col
 (Appendix C.1): ``unfold`` for the weight update and the layer's Toeplitz matrix for eq. (4).
 
-Privacy: see :mod:`hidden_state_accountants.analyses.sbcd` and ``docs/dp_sbcd.md``. What this
-class makes true by construction:
+Privacy: see :mod:`hidden_state_accountants.analyses.sbcd`,
+:mod:`hidden_state_accountants.sbcd_training` (the checks, the schedule and the seed rule every
+DP-SBCD trainer shares) and ``docs/dp_sbcd.md``. What this class makes true by construction:
 
 * each example's contribution to the ``theta_d`` update has Frobenius norm ``<= gamma rho_d / 2``
   (its residual is scaled down), so replacing one record moves the batch mean by at most
@@ -44,6 +49,8 @@ class makes true by construction:
   of the im2col matrix with its bias column); the event records these values;
 * the batch partition is fixed, the noise schedule is evaluated without looking at the data,
   every batch has exactly ``b`` records;
+* with ``seed=None`` the partition and the noise come from secret seeds drawn from the
+  operating system (never from torch's global generator);
 * for ``variant="appendix_c"``: the noise is added after the preconditioner, each example's data
   term is clipped and the block is projected onto a Frobenius ball (the sensitivity is then
   :func:`~hidden_state_accountants.analyses.sbcd.appendix_c_sensitivity`).
@@ -62,7 +69,8 @@ import torch
 from torch import nn
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import sbcd as core
+from hidden_state_accountants.schedules import SHUFFLE_PARTITION
+from hidden_state_accountants.sbcd_training import SbcdTrainerBase
 
 __all__ = ["DPSBCD", "UnsupportedLayerError", "parse_model", "MAX_TOEPLITZ_INPUTS"]
 
@@ -213,7 +221,7 @@ def u_update(a: torch.Tensor, x_next: torch.Tensor) -> torch.Tensor:
     return torch.where(c_neg <= c_pos, u_neg, u_pos)
 
 
-class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
+class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
     """DP-SBCD (Algorithm 2) on an ``nn.Sequential`` ReLU network, with its accountant.
 
     Args:
@@ -233,10 +241,15 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
       regularizer: ``"none"``, ``"l2"`` or ``"l1"`` (proximal map on the whole block, bias
         included). Only ``"l2"`` (``regularization > 0``) makes the hidden-state bound converge.
       regularization: ``lambda`` (one value or one per layer).
-      sampling: ``"shuffle_partition"`` or ``"cyclic"``.
+      sampling: ``"shuffle_partition"`` or ``"cyclic"`` (``SHUFFLE_PARTITION`` / ``CYCLIC`` in
+        :mod:`hidden_state_accountants.schedules`); at least two batches.
       variant: ``"proximal_gradient"`` (eq. 8) or ``"appendix_c"``.
       radius: Frobenius radius of each block (required for ``appendix_c``; optional otherwise).
-      seed: seeds the partition and the noise (``None``: from torch's global generator).
+      seed: ``None`` (the default) draws secret seeds for the partition and the noise from the
+        operating system (:mod:`hidden_state_accountants.sbcd_training`); an integer in
+        ``[0, 2**63)`` is your explicit choice for reproducible runs. It fixes the partition
+        and the noise, so keep it as secret as the data (anyone who knows it can subtract the
+        noise); :meth:`explain` notes it.
       device: where the auxiliary variables and the computation live (default: the model's).
       paper_assumptions: report the Thm 4.5 bound (``False``: composition only).
     """
@@ -254,7 +267,7 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
         gamma: float = 1.0,
         regularizer: str = "none",
         regularization=0.0,
-        sampling: str = "shuffle_partition",
+        sampling: str = SHUFFLE_PARTITION,
         variant: str = "proximal_gradient",
         radius=None,
         seed: Optional[int] = None,
@@ -264,7 +277,7 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
         if not isinstance(data, torch.Tensor) or data.dim() < 2:
             raise v.ParameterError("data", "must be a tensor of shape (n, ...)")
         n = int(data.shape[0])
-        b = self._check_options(n, batch_size, sampling, regularizer, variant, gamma)
+        self._check_options(n, batch_size, sampling, regularizer, variant, gamma, seed)
         blocks = parse_model(model, data.shape[1:])
         self.blocks = blocks
         self.model = model
@@ -279,13 +292,9 @@ class DPSBCD(torch.optim.Optimizer, core.SbcdTrainerBase):
 
         gen_device = self.device if self.device.type == "cuda" else torch.device("cpu")
         self._gen = torch.Generator(device=gen_device)
-        self._gen.manual_seed(int(seed) if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
-        l = self.steps_per_epoch
-        if sampling == "shuffle_partition":
-            order = torch.randperm(n, generator=self._gen, device=gen_device).to(self.device)
-        else:
-            order = torch.arange(n, device=self.device)
-        self.partition = order[: l * b].view(l, b)  # drawn once, visited in order every epoch
+        self._gen.manual_seed(self.noise_seed)
+        # drawn once by the core's schedule, visited in order every epoch
+        self.partition = torch.as_tensor(self.batch_schedule.partition(), dtype=torch.long, device=self.device)
 
         # targets
         out_features = blocks[-1].module.out_features

@@ -5,7 +5,7 @@ produced the final parameters, and turns the test's error rates into a lower bou
 that holds with the stated confidence. A reported (upper) bound below an audited lower bound
 would prove the accountant wrong.
 
-Two constructions, both in the framework parametrisation of DESIGN.md section 2 (everything
+Two constructions, both in the framework parametrisation of docs/design.md, section 1 (everything
 happens along one coordinate; the others have identical laws on both datasets):
 
 * ``"strongly_convex"`` (Chourasia et al. Thm 3, quadratic loss, in clipped form): every record

@@ -1,6 +1,6 @@
 """The training-run ``DpEvent`` and the loss geometry a user declares for it.
 
-The update rule (DESIGN.md section 2) is framework DP-SGD with flat clipping and mean
+The update rule (docs/design.md, section 1) is framework DP-SGD with flat clipping and mean
 reduction::
 
     theta <- Proj_K(theta - lr * [(1/b) sum_{i in B} clip_C(grad l_i(theta))

@@ -8,7 +8,7 @@ python3 -m venv .venv
 # the long tests (examples end to end) too: the whole run stays well under CI's 30 minutes
 .venv/bin/python -m pytest -q -m "slow or not slow" "$@"
 if [ -z "${HSA_SKIP_NEWEST:-}" ]; then
-  # DESIGN section 5: the core works with dp-accounting 0.4.3 (TF-Privacy's pin) and the newest.
+  # the core works with dp-accounting 0.4.3 (TF-Privacy's pin) and the newest release
   python3 -m venv .venv-newest
   .venv-newest/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
   .venv-newest/bin/python -m pip install -q --disable-pip-version-check -U dp-accounting

@@ -52,7 +52,7 @@ def test_cp_profile_single_step_equals_remove_direction_for_positive_eps():
 
 
 def test_cp_composition_is_larger_than_add_remove_composition():
-    # DESIGN section 4: composing add and remove separately is smaller and not valid here.
+    # docs/design.md, section 3: composing add and remove separately is smaller and not valid here.
     mu, p, t = 1.0, 0.01, 2000
     symmetrised = fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, p), 1e-3).self_compose(t)
     add_remove = pld_lib.from_gaussian_mechanism(1 / mu, sampling_prob=p,

@@ -1,4 +1,4 @@
-"""The ``hsa`` command line: DESIGN section 5 contract."""
+"""The ``hsa`` command line: the contract of docs/design.md, section 5."""
 
 import json
 import os

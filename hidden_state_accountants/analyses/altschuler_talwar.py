@@ -9,7 +9,7 @@ serve the asymptotic Lemma 2.6)::
     eps(alpha) <= min_tau  (T - tau) S_alpha(b/n, b sigma_2 / (2L))
                           + alpha D^2 / (2 eta^2 sigma_1^2 (T - tau)),   sigma_1^2 + sigma_2^2 = sigma^2
 
-From framework DP-SGD (DESIGN.md section 2): ``sigma = z C / b``, Lipschitz ``L = C``
+From framework DP-SGD (docs/design.md, section 1): ``sigma = z C / b``, Lipschitz ``L = C``
 (per-example updates differ by at most ``2C``), so the sampled-Gaussian noise multiplier is
 ``b sigma_2 / (2C) = z sqrt(s) / 2`` with ``s = sigma_2^2 / sigma^2``. ``S_alpha`` is taken
 from dp_accounting's sampled-Gaussian RDP, which bounds both directions of the mixture

@@ -3,7 +3,7 @@
 f-DP / GDP of noisy GD, cyclic GD and SGD (Theorems 4.1-4.10). The paper's update is
 eq. (2.1), ``X <- Proj_K(X - eta * ((1/b) sum_{i in B} grad f_i(X) + Z))`` with
 ``Z ~ N(0, sigma^2 I)``, and ``L`` is the *gradient sensitivity* (Def. 2.10,
-``sup ||grad f - grad g||``). From framework DP-SGD (DESIGN.md section 2)::
+``sup ||grad f - grad g||``). From framework DP-SGD (docs/design.md, section 1)::
 
     sigma = z * C / b,    L = 2 * C    (so L / (b * sigma) = 2 / z),    eta = lr
 
@@ -211,7 +211,7 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.8 (composition): NoisySGD is ``C_{b/n}(G(L/(b sigma)))^{(x) t}``-DP.
 
     Composed exactly as f-DP: a pessimistic PLD of the symmetrised ``C_p(G(mu))`` itself
-    (DESIGN section 4), self-composed by dp_accounting. With a noise schedule, steps with
+    (docs/design.md, section 3), self-composed by dp_accounting. With a noise schedule, steps with
     equal noise are composed together.
     """
     if run.steps > MAX_PLD_STEPS:

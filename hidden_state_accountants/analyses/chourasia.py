@@ -2,7 +2,7 @@
 
 Full-batch noisy GD (their Algorithm 1): ``theta <- Proj_C(theta - (eta/n) sum_i grad l_i
 + sqrt(2 eta) N(0, sigma^2 I))`` with total gradient sensitivity ``S_g``. From framework
-DP-SGD with ``b = n`` (DESIGN.md section 2)::
+DP-SGD with ``b = n`` (docs/design.md, section 1)::
 
     sigma^2 = lr z^2 C^2 / (2 n^2),    S_g = 2 C,    K = number of steps.
 """

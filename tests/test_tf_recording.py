@@ -417,3 +417,17 @@ def test_a_loose_strong_convexity_is_advised_once(data):
         model.fit(batched_dataset(*data, B, "shuffle_partition"), epochs=2, callbacks=[cb], verbose=0)
     advice = [w for w in record if w.category is HiddenStateWarning]
     assert len(advice) == 1 and "valid but loose" in str(advice[0].message)
+
+
+def test_a_change_between_fit_calls_is_known_before_the_next_fit(data):
+    model = logistic()
+    cb = callback()
+    ds = batched_dataset(*data, B, "shuffle_partition")
+    model.fit(ds, epochs=1, callbacks=[cb], verbose=0)
+    tf.keras.backend.set_value(model.optimizer.lr, LR / 2)
+    with pytest.raises(ParameterError, match="^learning_rate: the planned run the learning rate changed"):
+        model.fit(ds, epochs=1, callbacks=[cb], verbose=0)
+    assert cb.steps == int(model.optimizer.iterations.numpy()) == SPE
+    tf.keras.backend.set_value(model.optimizer.lr, LR)  # back to the run's rate: it goes on
+    model.fit(ds, epochs=1, callbacks=[cb], verbose=0)
+    assert cb.epsilon == pytest.approx(epsilon(2 * SPE), rel=1e-12)

@@ -4,8 +4,9 @@
 TF-Privacy's statement reports composition (every checkpoint released) with each example
 once per epoch, and a number "assuming Poisson sampling" that does not hold for a shuffled
 ``fit``. This one states what was actually run: the batch schedule, the declared geometry,
-the best valid epsilon when only the final model is released, and the composition epsilon
-that covers every checkpoint. All numbers come from the core accountant.
+the best valid epsilon when only the final model is released, the composition epsilon that
+covers every checkpoint, why no hidden-state claim is made when none is, and what the claim
+rests on (the core recorder's notes). All numbers come from the core accountant.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ import attr
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.analyses._common import NO_GEOMETRY
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.schedules import POISSON, BatchSchedule, poisson_sizes
+from hidden_state_accountants.schedules import POISSON, WITHOUT_REPLACEMENT, BatchSchedule, poisson_sizes
 
 
 ASSUMED_CONVEX_NOTE = (
@@ -161,6 +161,9 @@ class BatchSourceFacts:
     schedule: Optional[BatchSchedule] = attr.ib()
     description: str = attr.ib()
     steps_per_epoch: Optional[int] = attr.ib(default=None)
+    next_step: Optional[int] = attr.ib(default=None)
+    """The step of ``schedule`` whose batch the source hands out next (``None``: unknown,
+    taken to be the run's position)."""
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -238,8 +241,15 @@ def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False
     return None
 
 
-def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts) -> None:
-    """Raises unless the batches come from ``schedule`` (the one the claim is about)."""
+def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps: int = 0) -> None:
+    """Raises unless the batches of the steps after the first ``steps`` come from ``schedule``
+    (the one the claim is about).
+
+    A source that restarts a fixed-order schedule at another batch of the epoch than the run
+    is at (training stopped mid-epoch) would visit some records twice in one epoch. A
+    source of fresh per-step draws may be ahead of the run (draws nobody used are skipped,
+    never reused), never behind it (it would hand out batches already used).
+    """
     if source.schedule is None:
         raise v.ParameterError(
             "data", f"the batches do not come from a schedule of this package ({source.description}); "
@@ -251,6 +261,16 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts) -> Non
         raise v.ParameterError(
             "steps_per_epoch", f"training runs {source.steps_per_epoch} steps per epoch but {schedule.sampling} "
             f"with n={schedule.dataset_size}, b={schedule.batch_size} has {schedule.steps_per_epoch}")
+    if source.next_step is None:
+        return
+    if schedule.sampling in (WITHOUT_REPLACEMENT, POISSON):
+        check_position(source.next_step, steps, source.description)
+    elif (source.next_step - steps) % schedule.steps_per_epoch:
+        spe = schedule.steps_per_epoch
+        raise v.ParameterError(
+            "data", f"the run is at batch {steps % spe} of its {spe}-batch epoch but {source.description} starts at "
+            f"batch {source.next_step % spe} (training stopped mid-epoch): records would be visited twice in one "
+            "epoch; train whole epochs")
 
 
 def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_diameter: Optional[float]) -> LossGeometry:

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.tf
 from sklearn.datasets import make_classification  # noqa: E402
 
 from hidden_state_accountants import (  # noqa: E402
+    CompositionFallbackWarning,
     HiddenStateAccountant,
     LossGeometry,
     ParameterError,
@@ -69,7 +70,7 @@ def callback(sampling="cyclic", geometry=GEOMETRY, batch_size=B, **kwargs):
 
 
 def fit(model, data, cb, epochs, sampling="cyclic", batch_size=B, extra=()):
-    ds = batched_dataset(*data, batch_size, sampling, seed=1)
+    ds = batched_dataset(*data, batch_size, sampling)
     return model.fit(ds, epochs=epochs, callbacks=[cb, *extra], verbose=0)
 
 
@@ -85,11 +86,9 @@ def composition(report):
     return min(a.epsilon for a in report.analyses if not a.hidden_state and a.epsilon is not None)
 
 
-def begin(model, cb, steps=SPE, epochs=3):
-    """Runs only the callback's checks (what fit does before its first step)."""
-    cb.set_model(model)
-    cb.set_params({"epochs": epochs, "steps": steps, "verbose": 0})
-    cb.on_train_begin()
+def begin(model, cb, data, epochs=1):
+    """fit with the callback's schedule: its checks run before the first step."""
+    return fit(model, data, cb, epochs, sampling=cb.sampling, batch_size=cb.batch_size)
 
 
 # ------------------------------------------------------------------ epsilon = core
@@ -123,23 +122,26 @@ def test_without_geometry_reports_composition_and_says_so(data):
     opt = tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR)
     model = make_model(opt)
     cb = callback("shuffle_partition", geometry=None)
-    with pytest.warns(UserWarning, match="no loss geometry"):
+    with pytest.warns(CompositionFallbackWarning, match="no loss geometry") as record:
         hist = fit(model, data, cb, epochs=2, sampling="shuffle_partition").history
+    assert len([w for w in record if w.category is CompositionFallbackWarning]) == 1  # once per run
     report = core_report(2 * SPE, "shuffle_partition", geometry=None)
     assert hist["epsilon"][-1] == pytest.approx(report.epsilon, rel=1e-12)
     assert hist["epsilon"] == hist["epsilon_composition"]
 
 
 def test_learning_rate_schedule_is_read_per_step(data):
+    # no geometry: a decaying schedule is accounted by composition (with a geometry it is
+    # refused before training, test_tf_recording.py)
     schedule = tf.keras.optimizers.schedules.ExponentialDecay(LR, decay_steps=4, decay_rate=0.8)
     model = make_model(dp_sgd(learning_rate=schedule))
-    cb = callback()
-    hist = fit(model, data, cb, epochs=2).history
+    cb = callback(geometry=None)
+    with pytest.warns(CompositionFallbackWarning):
+        hist = fit(model, data, cb, epochs=2).history
     expected = [float(np.float32(schedule(float(i)).numpy())) for i in range(2 * SPE)]
     assert cb.learning_rates == expected
-    report = core_report(2 * SPE, lr=tuple(expected))
+    report = core_report(2 * SPE, lr=tuple(expected), geometry=None)
     assert hist["epsilon"][-1] == pytest.approx(report.epsilon, rel=1e-12)
-    # a decaying rate: the core refuses the hidden-state analyses and reports composition
     assert hist["epsilon"][-1] == pytest.approx(hist["epsilon_composition"][-1], rel=1e-12)
     # the callback's step size agrees with the one TF's optimizer computes itself
     assert cb._lr(cb.steps) == float(model.optimizer._decayed_lr(tf.float32).numpy())
@@ -147,8 +149,9 @@ def test_learning_rate_schedule_is_read_per_step(data):
 
 def test_legacy_decay_argument_is_accounted(data):
     model = make_model(dp_sgd(decay=0.1))
-    cb = callback()
-    fit(model, data, cb, epochs=1)
+    cb = callback(geometry=None)
+    with pytest.warns(CompositionFallbackWarning):
+        fit(model, data, cb, epochs=1)
     expected = [float(np.float32(LR) / (np.float32(1) + np.float32(0.1) * np.float32(i))) for i in range(SPE)]
     assert cb.learning_rates == expected
     assert cb._lr(cb.steps) == float(model.optimizer._decayed_lr(tf.float32).numpy())
@@ -158,7 +161,8 @@ def test_learning_rate_changed_by_another_callback_is_accounted(data):
     model = make_model(dp_sgd())
     cb = callback()
     scheduler = tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr: LR if epoch == 0 else LR / 2)
-    fit(model, data, cb, epochs=2, extra=[scheduler])
+    with pytest.warns(CompositionFallbackWarning, match="learning rate changed during training"):
+        fit(model, data, cb, epochs=2, extra=[scheduler])
     assert cb.learning_rates == [LR] * SPE + [LR / 2] * SPE
     assert cb.epsilon == pytest.approx(core_report(2 * SPE, lr=tuple(cb.learning_rates)).epsilon, rel=1e-12)
 
@@ -171,7 +175,7 @@ def test_accounting_continues_across_fit_calls_and_refuses_unseen_steps(data):
     assert cb.steps == 2 * SPE
     assert hist["epsilon"][-1] == pytest.approx(core_report(2 * SPE).epsilon, rel=1e-12)
     with pytest.raises(ParameterError, match=r"^optimizer: has taken 12 steps but this callback accounted 0"):
-        begin(model, callback())
+        begin(model, callback(), data)
 
 
 # ------------------------------------------------------------------ budget
@@ -222,34 +226,40 @@ def test_budget_spent_before_the_first_step_raises(data):
 
 def _refusal_cases():
     legacy = tf.keras.optimizers.legacy
+    decaying = tf.keras.optimizers.schedules.ExponentialDecay(LR, decay_steps=4, decay_rate=0.8)
     return [
         ("plain Keras optimizer", lambda: make_model(legacy.SGD(LR)), {}, "optimizer", "not a TF-Privacy DP"),
         ("microbatches",
          lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, num_microbatches=1,
                                                     learning_rate=LR)),
-         dict(geometry=None), "num_microbatches", "must be None or batch_size"),
+         dict(geometry=None), "batch_size", "divides the clipped sum by 1"),
         ("accumulation", lambda: make_model(dp_sgd(gradient_accumulation_steps=2)), {},
-         "gradient_accumulation_steps", "must be 1"),
-        ("momentum", lambda: make_model(dp_sgd(momentum=0.9)), {}, "momentum", "must be 0"),
+         "accumulation", "2 batches per update"),
+        ("momentum", lambda: make_model(dp_sgd(momentum=0.9)), {}, "momentum", "momentum=0.9"),
+        ("nesterov", lambda: make_model(dp_sgd(momentum=0.5, nesterov=True)), {}, "momentum", "nesterov=True"),
         ("adam",
          lambda: make_model(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01)),
-         {}, "optimizer", "plain gradient steps"),
+         {}, "optimizer", "adam applies its own update"),
+        ("clipnorm", lambda: make_model(dp_sgd(clipnorm=1.0)), {}, "optimizer", "clipnorm=1.0 post-processes"),
         ("tree aggregation",
          lambda: make_model_ftrl(), dict(geometry=None), "optimizer", "DP query"),
         ("no L2 outside clipping",
          lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR)),
-         {}, "geometry", "strong_convexity=0.05 but the optimizer adds L2 regularisation 0"),
+         {}, "geometry", "strong_convexity 0.05 exceeds the L2 regularisation applied outside clipping (0)"),
         ("reduced loss", lambda: make_model(dp_sgd(), loss=per_example_loss(tf.keras.losses.Reduction.AUTO)),
          {}, "loss", "reduction"),
         ("string loss", lambda: make_model(dp_sgd(), loss="sparse_categorical_crossentropy"), {}, "loss",
          "reduced to the batch mean"),
         ("step size", lambda: make_model(dp_sgd(learning_rate=2.0)), {}, "learning_rate", "2/smoothness"),
+        ("decaying schedule", lambda: make_model(dp_sgd(learning_rate=decaying)), {}, "learning_rate",
+         "learning rate changed"),
+        ("legacy decay", lambda: make_model(dp_sgd(decay=0.1)), {}, "learning_rate", "learning rate changed"),
         ("diameter without projection", lambda: make_model(dp_sgd()),
          dict(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=4.0)), "geometry", "not projected"),
         ("DPSequential", lambda: make_dp_sequential(), dict(geometry=None), "model", "DPModel/DPSequential"),
-        ("hidden layer", lambda: make_deep_model(), {}, "geometry", "2 trainable layers"),
+        ("hidden layer", lambda: make_deep_model(), {}, "model", "2 trainable layers"),
         ("other constraint", lambda: make_model(dp_sgd(), kernel_constraint=tf.keras.constraints.MaxNorm(1.0)),
-         {}, "constraint", "MaxNorm"),
+         {}, "optimizer", "MaxNorm"),
     ]
 
 
@@ -277,23 +287,15 @@ def make_model_ftrl():
 
 
 @pytest.mark.parametrize("case", _refusal_cases(), ids=lambda c: c[0])
-def test_settings_it_cannot_account_for_are_refused_with_the_reason(case):
+def test_settings_it_cannot_account_for_are_refused_with_the_reason(case, data):
     _, build, cb_kwargs, parameter, text = case
     model = build()
     with pytest.raises(ParameterError) as err:
-        begin(model, callback(**cb_kwargs))
+        begin(model, callback(**cb_kwargs), data, epochs=3)
     assert err.value.parameter == parameter
     assert text in str(err.value)
     assert "\n" not in str(err.value)
-
-
-def test_steps_per_epoch_of_plain_fit_is_refused(data):
-    # fit(x, y, batch_size=16) runs ceil(120/16) = 8 steps with a short last batch;
-    # the accounted schedule has 120 // 16 = 7
-    model = make_model(dp_sgd())
-    with pytest.raises(ParameterError, match=r"^steps_per_epoch: fit runs 8 steps per epoch .* has 7"):
-        model.fit(*data, batch_size=16, epochs=1, verbose=0, callbacks=[callback(batch_size=16)])
-    assert int(model.optimizer.iterations.numpy()) == 0
+    assert int(model.optimizer.iterations.numpy()) == 0  # before any step
 
 
 @pytest.mark.parametrize(
@@ -314,18 +316,16 @@ def test_bad_callback_arguments(kwargs, parameter):
     assert err.value.parameter == parameter
 
 
-def test_adam_is_accounted_by_composition_without_geometry():
-    model = make_model(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01))
-    cb = callback(geometry=None)
-    with pytest.warns(UserWarning, match="no loss geometry"):
-        begin(model, cb)
-    assert cb.settings.base == "adam" and cb.settings.noise_multiplier == pytest.approx(Z)
-
-
-def test_keras_regularizer_inside_clipping_is_detected():
-    model = make_model(dp_sgd(), kernel_regularizer=tf.keras.regularizers.L2(0.01))
-    with pytest.warns(UserWarning, match=r"kernel_regularizer.*clips them"):
-        begin(model, callback())
+def test_adam_momentum_and_clipnorm_are_accounted_by_composition_without_geometry(data):
+    for opt in (tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01),
+                dp_sgd(momentum=0.9, clipnorm=1.0)):
+        model = make_model(opt)
+        cb = callback(geometry=None)
+        with pytest.warns(CompositionFallbackWarning, match="no loss geometry"):
+            begin(model, cb, data)
+        assert cb.settings.noise_multiplier == pytest.approx(Z)
+        assert cb.epsilon == pytest.approx(core_report(SPE, geometry=None).epsilon, rel=1e-12)
+    assert read_dp_optimizer_settings(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z)).base == "adam"
 
 
 def test_settings_are_read_from_each_optimizer_kind():
@@ -378,12 +378,12 @@ def test_projection_bounds_the_weights_and_reports_the_diameter(data):
     assert np.linalg.norm(kernel) <= rk * (1 + 1e-6) and np.linalg.norm(bias) <= rb * (1 + 1e-6)
     assert np.linalg.norm(kernel) > 0.9 * rk  # the projection was active, not vacuous
     geometry = LossGeometry.logistic_regression(1.0, L2, diameter=diameter)
-    assert cb.geometry == geometry
+    assert cb.geometry == geometry == cb.run_event().geometry
     assert hist["epsilon"][-1] == pytest.approx(core_report(2 * SPE, geometry=geometry).epsilon, rel=1e-12)
     # a declared diameter must cover the projection set
-    with pytest.raises(ParameterError, match="^geometry: diameter=0.5 is smaller"):
+    with pytest.raises(ParameterError, match="^geometry: declared diameter 0.5 is smaller"):
         begin(make_model(dp_sgd(), kernel_constraint=L2BallProjection(rk), bias_constraint=L2BallProjection(rb)),
-              callback(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=0.5)))
+              callback(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=0.5)), data)
 
 
 def test_privacy_statement_of_the_callback_matches_the_function(data):
@@ -391,6 +391,11 @@ def test_privacy_statement_of_the_callback_matches_the_function(data):
     cb = callback("shuffle_partition")
     fit(model, data, cb, epochs=2, sampling="shuffle_partition")
     text = cb.privacy_statement()
-    assert text == compute_hidden_state_privacy_statement(
+    assert cb.notes() == []  # a secret seed, a model the core checked: nothing to qualify
+    calculated = compute_hidden_state_privacy_statement(
         N, B, 2, Z, DELTA, l2_norm_clip=C, learning_rate=LR, sampling="shuffle_partition", geometry=GEOMETRY)
+    # the same text, except that the function cannot see the model and says so
+    notes = [p for p in calculated.split("\n\n") if p.startswith("Note:")]
+    assert len(notes) == 1 and notes[0].startswith("Note: the model structure was not verified")
+    assert text == "\n\n".join(p for p in calculated.split("\n\n") if not p.startswith("Note:"))
     assert f"{cb.epsilon:.3f}" in text

@@ -139,3 +139,13 @@ def test_clip_feature_norms_bounds_rows_and_keeps_short_ones():
     np.testing.assert_allclose(out[short], x[short], rtol=1e-6)
     with pytest.raises(ParameterError, match="max_norm"):
         clip_feature_norms(x, 0.0)
+
+
+def test_module_doctests():
+    import doctest
+
+    from hidden_state_accountants.tf_privacy import data, model
+
+    for mod in (data, model):
+        result = doctest.testmod(mod)
+        assert result.attempted > 0 and result.failed == 0, mod.__name__

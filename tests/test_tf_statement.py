@@ -67,7 +67,20 @@ def test_statement_says_when_no_hidden_state_analysis_applies():
     text = compute_hidden_state_privacy_statement(
         **ARGS, l2_norm_clip=1.0, learning_rate=lrs, sampling="cyclic", geometry=GEOMETRY)
     assert "learning-rate schedule from 0.5" in _flat(text)
-    assert "No hidden-state analysis improves on composition" in _flat(text)
+    # the core's reason, as the callback's statement states it for the same run
+    assert ("No hidden-state claim is made for this run: the learning rate changed during training; the "
+            "hidden-state theorems assume it constant.") in _flat(text)
+    assert "only the final model" not in _flat(text) and "all model checkpoints" in _flat(text)
+
+
+def test_statement_says_what_it_could_not_check():
+    # the function sees no model: its statement says the convexity is the user's assertion
+    text = compute_hidden_state_privacy_statement(
+        **ARGS, l2_norm_clip=1.0, learning_rate=0.5, sampling="cyclic", geometry=GEOMETRY)
+    assert "Note: the model structure was not verified" in _flat(text)
+    text = compute_hidden_state_privacy_statement(
+        **ARGS, l2_norm_clip=1.0, learning_rate=0.5, sampling="cyclic", geometry=None)
+    assert "Note:" not in text  # no claim rests on the model
 
 
 def test_statement_can_include_every_analysis():
@@ -85,6 +98,7 @@ def test_statement_can_include_every_analysis():
         (dict(learning_rate=2.5), "learning_rate"),  # >= 2/M
         (dict(sampling="reshuffle"), "sampling"),
         (dict(batch_size=2000), "batch_size"),
+        (dict(learning_rate=[0.5] * 3), "learning_rate"),  # 3 values for 660 steps
     ],
 )
 def test_bad_statement_arguments(changes, parameter):

@@ -10,26 +10,30 @@ Add one callback to ``model.fit`` and Keras reports the hidden-state epsilon eac
                                          l2_regularization=0.01, learning_rate=0.5)
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
-    ds = batched_dataset(x, y, batch_size=64, sampling="shuffle_partition", seed=0)
+    ds = batched_dataset(x, y, batch_size=64, sampling="shuffle_partition")  # a secret seed
     cb = HiddenStatePrivacyCallback(
         geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
         sampling="shuffle_partition", dataset_size=len(x), batch_size=64, delta=1e-5)
     model.fit(ds, epochs=20, callbacks=[cb])   # logs: epsilon, epsilon_composition
 
-Pieces: :class:`HiddenStatePrivacyCallback` (accounting, budget stop, refusals);
-:func:`batched_dataset` (the batch schedules); :class:`DecoupledL2DPKerasSGDOptimizer` (L2
-outside clipping) and :class:`L2BallProjection` (projection, diameter reported to the
-callback); :func:`compute_hidden_state_privacy_statement` (model-card text).
+Pieces: :class:`HiddenStatePrivacyCallback` (reads the optimizer, the model and what ``fit``
+trains on, and hands the facts to the core's recording layer, which decides; budget stop);
+:func:`batched_dataset` (the core's batch schedules as ``tf.data``);
+:class:`DecoupledL2DPKerasSGDOptimizer` (L2 outside clipping) and :class:`L2BallProjection`
+(projection, diameter reported to the callback); :func:`model_facts` (the model's structure
+as the core sees it); :func:`compute_hidden_state_privacy_statement` (model-card text).
 """
 
 from .callback import EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
-from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, partition_indices
+from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, dataset_schedule, partition_indices
+from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
 from .regularization import (
     DecoupledL2DPKerasSGDOptimizer,
     L2BallProjection,
     inside_clipping_regularizers,
     projection_diameter,
+    projection_facts,
 )
 from .statement import compute_hidden_state_privacy_statement
 
@@ -39,11 +43,14 @@ __all__ = [
     "EpochPrivacy",
     "batched_dataset",
     "partition_indices",
+    "dataset_schedule",
+    "model_facts",
     "clip_feature_norms",
     "DATASET_SAMPLINGS",
     "DecoupledL2DPKerasSGDOptimizer",
     "L2BallProjection",
     "projection_diameter",
+    "projection_facts",
     "inside_clipping_regularizers",
     "read_dp_optimizer_settings",
     "DPOptimizerSettings",

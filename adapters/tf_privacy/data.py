@@ -1,48 +1,78 @@
-"""``tf.data`` batch schedules whose accounting the core knows (DESIGN.md section 3).
+"""``tf.data`` pipelines of the core's batch schedules, and what ``model.fit`` actually feeds.
 
-``model.fit`` on arrays reshuffles into a new partition every epoch and keeps a short last
-batch: that schedule is none of the analysed ones. :func:`batched_dataset` produces exactly
-the schedule the callback is told, with exactly ``batch_size`` records per step and
-``n // b`` steps per epoch (one step for ``full``); the ``n % b`` records left over are
-dropped each epoch (Ye & Shokri 2022, footnote 3), as
-:attr:`hidden_state_accountants.TrainingRunDpEvent.steps_per_epoch` assumes.
+``model.fit(x, y, batch_size=b)`` draws a new permutation every epoch and keeps a short last
+batch: none of the analysed schedules. :func:`batched_dataset` yields exactly the batches of
+a core :class:`~hidden_state_accountants.BatchSchedule` (``schedule.batch(step)``), and
+remembers which schedule each dataset it returned follows, so that
+:class:`HiddenStatePrivacyCallback` can verify that ``fit`` trains on such a dataset
+(:func:`fit_batch_source`).
 """
 
 from __future__ import annotations
 
-import secrets
+import sys
+import weakref
 from typing import Optional, Union
 
+import attr
 import numpy as np
 import tensorflow as tf
 
+from hidden_state_accountants import BatchSchedule, ParameterError
+from hidden_state_accountants.recording import BatchSourceFacts
+from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
+
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
-from hidden_state_accountants import ParameterError
-from hidden_state_accountants.schedules import steps_per_epoch as _steps_per_epoch
-
-DATASET_SAMPLINGS = ("full", "cyclic", "shuffle_partition", "without_replacement")
+DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT)
 """Schedules :func:`batched_dataset` produces. ``poisson`` batches have a random size, which
 Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
 
 
-def partition_indices(dataset_size: int, batch_size: int, sampling: str, seed: Optional[int] = 0) -> np.ndarray:
-    """The fixed partition of a fixed-order schedule, shape ``(steps_per_epoch, batch_size)``.
+def check_dataset_sampling(sampling) -> str:
+    if sampling not in DATASET_SAMPLINGS:
+        extra = (" (Poisson batches have a random size that Keras batching does not produce, and TF-Privacy "
+                 "divides by the realised size)" if sampling == POISSON else "")
+        raise ParameterError("sampling", f"must be one of {', '.join(DATASET_SAMPLINGS)}, got {sampling!r}{extra}")
+    return sampling
 
-    ``full``: one row holding every index. ``cyclic``: ``[0..b), [b..2b), ...`` in data order.
-    ``shuffle_partition``: one permutation drawn from ``seed`` once, cut into rows.
-    The last ``n % b`` indices of the (permuted) order are dropped.
+
+class _Source:
+    """A dataset's schedule and how many epochs of it the dataset has started."""
+
+    def __init__(self, schedule: BatchSchedule):
+        self.schedule = schedule
+        self.epochs_started = 0
+
+    @property
+    def next_step(self) -> int:
+        """The step whose batch the dataset hands out next (a fixed partition restarts each epoch)."""
+        fresh = self.schedule.sampling == WITHOUT_REPLACEMENT
+        return self.epochs_started * self.schedule.steps_per_epoch if fresh else 0
+
+    def next_epoch(self) -> np.ndarray:
+        """The ``(steps_per_epoch, b)`` indices of the next epoch: ``schedule.batch(step)`` row by row."""
+        spe, e = self.schedule.steps_per_epoch, self.epochs_started
+        self.epochs_started += 1
+        return np.stack([self.schedule.batch(t) for t in range(e * spe, (e + 1) * spe)]).astype(np.int64)
+
+
+_SOURCES: "weakref.WeakKeyDictionary[tf.data.Dataset, _Source]" = weakref.WeakKeyDictionary()
+
+
+def partition_indices(dataset_size: int, batch_size: int, sampling: str, seed: Optional[int] = None) -> np.ndarray:
+    """The fixed partition of a fixed-order schedule, shape ``(steps_per_epoch, batch_size)``:
+    ``BatchSchedule(dataset_size, batch_size, sampling, seed).partition()`` (one row of every
+    index for ``full``). ``seed=None`` draws a secret partition.
+
+    >>> partition_indices(7, 3, "cyclic").tolist()
+    [[0, 1, 2], [3, 4, 5]]
     """
-    n, b = _check_sizes(dataset_size, batch_size, sampling)
-    if sampling == "without_replacement":
+    check_dataset_sampling(sampling)
+    if sampling == WITHOUT_REPLACEMENT:
         raise ParameterError("sampling", "'without_replacement' has no fixed partition")
-    if sampling == "full":
-        return np.arange(n, dtype=np.int64)[None, :]
-    order = np.arange(n, dtype=np.int64)
-    if sampling == "shuffle_partition":
-        order = np.random.default_rng(_check_seed(seed)).permutation(n)
-    spe = n // b
-    return order[: spe * b].reshape(spe, b)
+    schedule = BatchSchedule(dataset_size, batch_size, sampling, seed)
+    return schedule.batch(0)[None, :] if sampling == FULL else schedule.partition()
 
 
 def batched_dataset(
@@ -50,63 +80,70 @@ def batched_dataset(
     labels: ArrayLike,
     batch_size: int,
     sampling: str,
-    seed: Optional[int] = 0,
+    seed: Optional[int] = None,
 ) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(features, labels)`` batches following ``sampling``.
+    """A ``tf.data.Dataset`` of ``(features, labels)`` batches of a core batch schedule.
 
     Args:
       features: array-like with the records along axis 0 (numpy array or tensor).
       labels: array-like with the same first dimension.
       batch_size: ``b``; every batch has exactly ``b`` records (``full`` needs ``b == n``).
       sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"`` or ``"without_replacement"``.
-      seed: fixes the partition of ``shuffle_partition`` and the draws of
-        ``without_replacement``; the same seed gives the same batches in every process.
-        ``None`` draws a secret seed from the operating system (not reproducible).
-        The guarantees of these two schedules rest on the batches being random *and
-        unknown* to an adversary: a seed that is published (e.g. the default 0 in released
-        code) makes the partition known, so account such a ``shuffle_partition`` run as
-        ``cyclic`` (the fixed-order bounds hold for any known order), and it voids the
-        subsampling amplification of ``without_replacement``.
+      seed: for ``shuffle_partition`` and ``without_replacement``, ``None`` (the default)
+        draws a secret seed; an integer is your explicit choice, reproducible, and must be kept
+        as secret as the data (a published seed makes the batches known; the privacy
+        statement then says the seed was chosen by the user). Deterministic schedules take no
+        seed.
 
     Returns:
-      A finite dataset of ``steps_per_epoch`` batches that Keras re-iterates each epoch:
-      ``full`` yields all records once; ``cyclic`` and ``shuffle_partition`` yield the same
-      ``n // b`` batches in the same order every epoch (``n % b`` records never used);
-      ``without_replacement`` yields ``n // b`` batches, each ``b`` distinct records drawn
-      uniformly and independently of every other step, fresh draws in every epoch.
+      A finite dataset of ``steps_per_epoch`` batches that Keras iterates once per epoch: the
+      ``k``-th iteration yields ``schedule.batch(k * steps_per_epoch + j)`` for every ``j``,
+      where ``schedule`` is :func:`dataset_schedule` of the result. ``full``, ``cyclic`` and
+      ``shuffle_partition`` yield the same ``n // b`` batches in the same order every epoch
+      (the ``n % b`` records left over are never used); ``without_replacement`` yields fresh
+      draws of ``b`` distinct records every step.
 
-    Pass it to ``model.fit`` without ``batch_size``, ``shuffle`` or ``steps_per_epoch``.
+    Pass it to ``model.fit`` as it is (no ``batch_size``, ``shuffle``, ``steps_per_epoch``,
+    ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object.
+
+    >>> import numpy as np
+    >>> ds = batched_dataset(np.zeros((7, 2)), np.arange(7), 3, "cyclic")
+    >>> [y.numpy().tolist() for _, y in ds]
+    [[0, 1, 2], [3, 4, 5]]
     """
+    check_dataset_sampling(sampling)
     x = tf.convert_to_tensor(features)
     y = tf.convert_to_tensor(labels)
     if x.shape.rank is None or x.shape.rank < 1 or x.shape[0] is None:
         raise ParameterError("features", "must have a known first dimension (the records)")
     if y.shape.rank is None or y.shape.rank < 1 or y.shape[0] != x.shape[0]:
         raise ParameterError(
-            "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}"
-        )
-    n, b = _check_sizes(int(x.shape[0]), batch_size, sampling)
-    seed = _check_seed(seed)
+            "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}")
+    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed))
+    schedule = source.schedule
+    spe, b = schedule.steps_per_epoch, schedule.batch_size
 
-    def gather(idx):
-        return tf.gather(x, idx), tf.gather(y, idx)
+    if sampling == WITHOUT_REPLACEMENT:
+        # one epoch of index rows computed when Keras starts iterating (not when it creates
+        # the iterator), so the k-th epoch trained is the k-th epoch of the schedule
+        def rows():
+            yield from source.next_epoch()
 
-    if sampling == "without_replacement":
-        spe = _steps_per_epoch(n, b, sampling)
+        idx = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec((b,), tf.int64))
+        idx = idx.apply(tf.data.experimental.assert_cardinality(spe))
+    else:  # the same batches every epoch: the partition, once
+        idx = tf.data.Dataset.from_tensor_slices(schedule.batch(0)[None, :] if sampling == FULL
+                                                 else schedule.partition())
+    ds = idx.map(lambda i: (tf.gather(x, i), tf.gather(y, i))).prefetch(2)
+    _SOURCES[ds] = source
+    return ds
 
-        def draw(step_seed):
-            # b distinct indices, uniform over all b-subsets: the top b of n iid uniforms.
-            u = tf.random.stateless_uniform([n], seed=tf.stack([step_seed, tf.constant(seed, tf.int64)]))
-            return tf.math.top_k(u, k=b, sorted=False).indices
 
-        # One random seed per step; rerandomised (reproducibly) every time Keras re-iterates.
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(spe)
-        ds = seeds.map(draw).map(gather)
-        return ds.apply(tf.data.experimental.assert_cardinality(spe)).prefetch(2)
-
-    idx = partition_indices(n, b, sampling, seed)
-    ds = tf.data.Dataset.from_tensor_slices(tf.constant(idx)).map(gather)
-    return ds.prefetch(2)
+def dataset_schedule(dataset) -> Optional[BatchSchedule]:
+    """The :class:`~hidden_state_accountants.BatchSchedule` of a dataset that
+    :func:`batched_dataset` returned, else ``None`` (keep it as private as the seed)."""
+    source = _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
+    return None if source is None else source.schedule
 
 
 def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
@@ -123,36 +160,77 @@ def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
     norms = np.linalg.norm(flat, axis=1)
     # a hair inside the ball, so float32 rounding cannot push a row past r
     scale = np.minimum(1.0, r * (1.0 - 1e-6) / np.maximum(norms, 1e-300))
-    out = (flat * scale[:, None]).reshape(x.shape)
-    return out.astype(np.float32)
+    return (flat * scale[:, None]).reshape(x.shape).astype(np.float32)
 
 
-def _check_sizes(dataset_size: int, batch_size: int, sampling: str) -> "tuple[int, int]":
-    if sampling not in DATASET_SAMPLINGS:
+# ----------------------------------------------------------------- what fit consumes
+def _fit_data_handler(model):
+    """The ``data_handler`` local of the running ``model.fit`` call (Keras 2), or ``None``."""
+    frame = sys._getframe(1)
+    try:
+        while frame is not None:
+            local = frame.f_locals
+            if frame.f_code.co_name == "fit" and local.get("self") is model and "data_handler" in local:
+                return local["data_handler"]
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
+def _array_source(adapter) -> BatchSourceFacts:
+    """The schedule of ``fit`` on arrays (Keras' TensorLikeDataAdapter)."""
+    b, partial, shuffle = adapter._batch_size, adapter._partial_batch_size, adapter._shuffle
+    n = (adapter._size - (1 if partial else 0)) * b + partial
+    what = f"model.fit on {n} array records with batch_size={b}, shuffle={shuffle!r}"
+    if b == n:  # every step uses every record, in whatever order
+        return BatchSourceFacts(schedule=BatchSchedule(n, n, FULL), description=what)
+    if shuffle is False and not partial and n // b >= 2:  # data order, whole batches: cyclic
+        return BatchSourceFacts(schedule=BatchSchedule(n, b, CYCLIC), description=what, next_step=0)
+    # none of the core's schedules: say what Keras does (a core schedule for a fresh
+    # permutation every epoch, once there is one, is returned from the first branch below)
+    if shuffle is True:
+        what += ": a new random permutation of the records every epoch"
+    elif shuffle == "batch":
+        what += ": a shuffle in chunks of the batch size every epoch"
+    else:
+        what += ": data order"
+    if partial:
+        what += f", with a short last batch of {partial} records"
+    return BatchSourceFacts(schedule=None, description=what)
+
+
+def fit_batch_source(model) -> BatchSourceFacts:
+    """What the running ``model.fit`` trains on, read from its data handler.
+
+    Raises :class:`ParameterError` when it cannot be read (a custom training loop, or a
+    Keras version whose ``fit`` differs from Keras 2.15's).
+    """
+    handler = _fit_data_handler(model)
+    adapter = getattr(handler, "_adapter", None)
+    if adapter is None:
         raise ParameterError(
-            "sampling",
-            f"must be one of {', '.join(DATASET_SAMPLINGS)}, got {sampling!r}"
-            + (" (Poisson batches have a random size; TF-Privacy divides by the realised one)"
-               if sampling == "poisson" else ""),
-        )
-    n = int(dataset_size)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ParameterError("batch_size", f"must be a positive integer, got {batch_size!r}")
-    b = int(batch_size)
-    if b > n:
-        raise ParameterError("batch_size", f"must be <= the number of records ({n}), got {b}")
-    if sampling == "full" and b != n:
-        raise ParameterError("batch_size", f"must equal the number of records ({n}) for sampling='full', got {b}")
-    if sampling in ("cyclic", "shuffle_partition") and n // b < 2:
-        raise ParameterError(
-            "batch_size", f"{sampling} needs at least two batches (n // b >= 2), got {n} // {b} = {n // b}"
-        )
-    return n, b
+            "data", "cannot find what model.fit trains on (the callback reads Keras 2's fit; custom training "
+            "loops and other Keras versions are not supported), so the batch schedule cannot be verified")
+    adapter = getattr(adapter, "_internal_adapter", adapter)  # lists of scalars wrap array data
+    user_steps = getattr(handler, "_steps_per_epoch", None)
+    name = type(adapter).__name__
+    if name == "TensorLikeDataAdapter":
+        facts = _array_source(adapter)
+    elif name == "DatasetAdapter":
+        dataset = adapter._dataset
+        source = _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
+        if source is None:
+            size = int(dataset.cardinality()) if isinstance(dataset, tf.data.Dataset) else -2
+            kind = {-1: "an infinite ", -2: "a "}.get(size, f"a {size}-batch ")
+            facts = BatchSourceFacts(
+                schedule=None, description=f"{kind}tf.data.Dataset not returned by batched_dataset, whose batches "
+                "are unknown (e.g. shuffle() draws a new order every epoch)")
+        else:
+            facts = BatchSourceFacts(schedule=source.schedule, description="the batched_dataset",
+                                     next_step=source.next_step)
+    else:
+        facts = BatchSourceFacts(schedule=None, description=f"data of Keras' {name}")
+    steps = user_steps if user_steps is not None else getattr(handler, "_inferred_steps", None)
+    return attr.evolve(facts, steps_per_epoch=None if steps in (None, -1) else int(steps))
 
-
-def _check_seed(seed: Optional[int]) -> int:
-    if seed is None:
-        return secrets.randbits(62)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ParameterError("seed", f"must be a non-negative integer or None for a secret one, got {seed!r}")
-    return int(seed)

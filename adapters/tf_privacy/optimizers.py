@@ -1,23 +1,24 @@
-"""Reading the DP-SGD settings out of a TF-Privacy Keras optimizer, and refusing the rest.
+"""Reading the DP-SGD settings out of a TF-Privacy Keras optimizer into core step facts.
 
 TF-Privacy's ``DPKeras*Optimizer`` adds ``N(0, (zC)^2)`` to the sum of the clipped microbatch
-gradients and divides by the number of microbatches (DESIGN.md section 2). With one example
-per microbatch this is the update the core accounts. Everything else (other DP queries,
-microbatches of several examples, gradient accumulation, ...) is refused here with the
-reason, never guessed at.
+gradients and divides by the number of microbatches. An optimizer whose noise cannot be read
+(a non-DP optimizer, DP-FTRL, sparse DP optimizers, other DP queries) is refused here; what
+the readable settings allow is decided by the core
+(:mod:`hidden_state_accountants.recording`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 from tensorflow_privacy.privacy.dp_query import gaussian_query
 
 from hidden_state_accountants import ParameterError
+from hidden_state_accountants.recording import StepFacts
 
 _GENERIC_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras"
 _VECTORIZED_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized"
@@ -155,43 +156,19 @@ def read_dp_optimizer_settings(optimizer) -> DPOptimizerSettings:
     )
 
 
-def check_accountable(settings: DPOptimizerSettings, batch_size: int) -> None:
-    """Refuses settings that change the sensitivity or the noise the accountant assumes."""
-    if settings.num_microbatches not in (None, batch_size):
-        raise ParameterError(
-            "num_microbatches",
-            f"must be None or batch_size ({batch_size}), got {settings.num_microbatches}: microbatches of "
-            "several examples clip their mean gradient, so the per-step noise on the mean is zC/"
-            f"{settings.num_microbatches}, not zC/{batch_size} as accounted",
-        )
-    if settings.gradient_accumulation_steps != 1:
-        raise ParameterError(
-            "gradient_accumulation_steps",
-            f"must be 1, got {settings.gradient_accumulation_steps}: accumulation sums several noisy "
-            "gradients per update (noise sqrt(k) z C), which is not the accounted step",
-        )
+def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_size: int,
+               projection_diameter: Optional[float] = None, other_constraints: Sequence[str] = ()) -> StepFacts:
+    """One step of this optimizer as core :class:`StepFacts` (the core judges them).
 
-
-def hidden_state_refusal(settings: DPOptimizerSettings) -> Optional[Tuple[str, str]]:
-    """``(parameter, reason)`` why the optimizer's update is not the gradient step the
-    hidden-state analyses assume, or ``None``. Composition accounting still holds (any update of the noisy gradient is
-    post-processing)."""
-    if settings.base != "sgd":
-        return (
-            "optimizer",
-            f"{settings.name} applies {settings.base} to the noisy gradient; the hidden-state "
-            "analyses assume plain gradient steps (use DPKerasSGDOptimizer, or geometry=None for composition)"
-        )
-    if settings.momentum != 0.0 or settings.nesterov:
-        return (
-            "momentum",
-            f"must be 0 for the hidden-state analyses (a momentum step is not a contraction "
-            f"of one gradient step), got momentum={settings.momentum:g}, nesterov={settings.nesterov}"
-        )
-    if settings.gradient_postprocessing:
-        return (
-            "optimizer",
-            f"{settings.gradient_postprocessing} post-processes the noisy gradient; the "
-            "hidden-state analyses assume it is applied as is"
-        )
-    return None
+    TF-Privacy divides the noisy sum by the number of microbatches (the batch size when
+    ``num_microbatches`` is ``None``); Keras applies ``clipnorm``-style options and weight
+    constraints to the update after the noise.
+    """
+    post = [settings.gradient_postprocessing] if settings.gradient_postprocessing else []
+    post += [f"the constraint {c}" for c in other_constraints]
+    return StepFacts(
+        noise_multiplier=settings.noise_multiplier, clip_norm=settings.l2_norm_clip, learning_rate=learning_rate,
+        divisor=settings.num_microbatches or batch_size, weight_decay=settings.l2_regularization,
+        projection_diameter=projection_diameter, optimizer=settings.base, momentum=settings.momentum,
+        nesterov=settings.nesterov, accumulation=settings.gradient_accumulation_steps,
+        postprocessing="; ".join(post) or None)

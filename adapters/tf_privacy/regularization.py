@@ -1,4 +1,4 @@
-"""L2 regularisation outside clipping and projection onto an L2 ball (DESIGN.md section 2).
+"""L2 regularisation outside clipping and projection onto an L2 ball.
 
 The analysed update is ``theta <- Proj_K(theta - lr*[(1/b) sum clip_C(grad l_i) + m_reg*theta + noise])``:
 
@@ -16,7 +16,7 @@ The analysed update is ``theta <- Proj_K(theta - lr*[(1/b) sum clip_C(grad l_i) 
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 from tensorflow_privacy.privacy.dp_query import gaussian_query
@@ -35,7 +35,8 @@ class DecoupledL2DPKerasSGDOptimizer(GenericDPSGDOptimizer):
     The gradient it applies is TF-Privacy's (per-example clipped, summed, noised, divided by
     the number of microbatches) plus ``l2_regularization * theta`` for *every* trainable
     variable, biases included: strong convexity ``m = l2_regularization`` of the update map
-    needs the term on all parameters (Ye & Shokri 2022, Prop. 5.1/5.2).
+    needs the term on all parameters (Ye & Shokri, "Differentially Private Learning Needs Hidden
+    State (Or Much Faster Convergence)", NeurIPS 2022, arXiv:2203.05363, Prop. 5.1/5.2).
 
     Args:
       l2_norm_clip: ``C``.
@@ -126,6 +127,24 @@ def _var_name(v) -> str:
     return getattr(v, "path", None) or v.name
 
 
+def projection_facts(model: tf.keras.Model) -> Tuple[Optional[float], List[str]]:
+    """``(diameter, other_constraints)``: the diameter of the set the trainable parameters are
+    projected onto (``None`` unless *every* trainable variable carries an
+    :class:`L2BallProjection`), and the other Keras constraints, described."""
+    total, missing, others = 0.0, False, []
+    for v in model.trainable_variables:
+        c = getattr(v, "constraint", None)
+        if isinstance(c, L2BallProjection):
+            total += c.radius**2
+        elif c is None:
+            missing = True
+        else:
+            others.append(f"{type(c).__name__} on {_var_name(v)!r}")
+    if missing or not model.trainable_variables:
+        return None, others
+    return 2.0 * math.sqrt(total) * _DIAMETER_SLACK, others
+
+
 def projection_diameter(model: tf.keras.Model) -> Optional[float]:
     """Diameter of the set the trainable parameters are projected onto, or ``None``.
 
@@ -134,38 +153,12 @@ def projection_diameter(model: tf.keras.Model) -> Optional[float]:
     any is unconstrained. Raises :class:`ParameterError` for any other Keras constraint: it
     is not a projection the analyses cover.
     """
-    variables = model.trainable_variables
-    if not variables:
-        return None
-    total, missing = 0.0, False
-    for v in variables:
-        c = getattr(v, "constraint", None)
-        if c is None:
-            missing = True
-        elif isinstance(c, L2BallProjection):
-            total += c.radius**2
-        else:
-            raise ParameterError(
-                "constraint",
-                f"variable {_var_name(v)!r} has {type(c).__name__}; only L2BallProjection (projection "
-                "onto a ball, convex and non-expansive) is covered by the hidden-state analyses",
-            )
-    if missing:
-        return None
-    return 2.0 * math.sqrt(total) * _DIAMETER_SLACK
-
-
-def unprojected_variables(model: tf.keras.Model) -> List[str]:
-    """Names of trainable variables without an :class:`L2BallProjection`."""
-    return [_var_name(v) for v in model.trainable_variables if not isinstance(getattr(v, "constraint", None), L2BallProjection)]
-
-
-def trainable_layers(model: tf.keras.Model) -> List[str]:
-    """Names of the layers that own trainable weights (nested models looked into)."""
-    return [
-        layer.name for layer in model.submodules
-        if isinstance(layer, tf.keras.layers.Layer) and getattr(layer, "_trainable_weights", None)
-    ]
+    diameter, others = projection_facts(model)
+    if others:
+        raise ParameterError(
+            "constraint", f"{others[0]}: only L2BallProjection (projection onto a ball, convex and non-expansive) "
+            "is covered by the hidden-state analyses")
+    return diameter
 
 
 def inside_clipping_regularizers(model: tf.keras.Model) -> List[str]:

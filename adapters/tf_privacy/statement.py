@@ -4,20 +4,28 @@
 TF-Privacy's statement reports composition (every checkpoint released) with each example
 once per epoch, and a number "assuming Poisson sampling" that does not hold for a shuffled
 ``fit``. This one states what was actually run: the batch schedule, the declared geometry,
-the best valid epsilon when only the final model is released, and the composition epsilon
-that covers every checkpoint. All numbers come from the core accountant.
+the best valid epsilon when only the final model is released, the composition epsilon that
+covers every checkpoint, why no hidden-state claim is made when none is, and what the claim
+rests on (the core recorder's notes). All numbers come from the core accountant.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
-import warnings
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
-from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent
+from hidden_state_accountants import (
+    BatchSchedule,
+    HiddenStateAccountant,
+    LossGeometry,
+    ParameterError,
+    TrainingRunDpEvent,
+)
 from hidden_state_accountants.accountant import PrivacyReport
-from hidden_state_accountants.schedules import SAMPLING_DESCRIPTIONS, steps_per_epoch
+from hidden_state_accountants.recording import NO_GEOMETRY, RunRecorder, StepFacts
+from hidden_state_accountants.schedules import FULL, POISSON, SAMPLING_DESCRIPTIONS
 
 _WIDTH = 80
 
@@ -37,6 +45,12 @@ def compute_hidden_state_privacy_statement(
 ) -> str:
     """Produces a privacy report summarising the DP guarantee of a finished training run.
 
+    The run is recorded by the core's :class:`RunRecorder` as the callback records it, so
+    the text says what the callback's statement would: the declared geometry is taken as
+    the user's claim (the model is not seen here, so the text says its convexity was
+    asserted, and the L2 term and projection as declared), and a learning rate that changes
+    ends the hidden-state claim, with the reason in the text.
+
     Args:
       number_of_examples: ``n``, the number of training examples.
       batch_size: ``b``, examples per step (one example per microbatch).
@@ -54,29 +68,34 @@ def compute_hidden_state_privacy_statement(
     Returns:
       Text precisely articulating the guarantee, with the numbers.
     """
-    n = int(number_of_examples)
-    spe = steps_per_epoch(n, int(batch_size), sampling) if n >= 1 and int(batch_size) >= 1 else 1
-    steps = float(num_epochs) * spe
-    if not (math.isfinite(steps) and steps >= 1 and float(steps).is_integer()):
+    schedule = BatchSchedule(number_of_examples, batch_size, sampling)  # its seed plays no part in the numbers
+    steps = float(num_epochs) * schedule.steps_per_epoch
+    if not (math.isfinite(steps) and steps >= 1 and steps.is_integer()):
         raise ParameterError(
-            "num_epochs", f"{num_epochs!r} epochs of {spe} steps is not a positive whole number of steps"
-        )
-    if not isinstance(learning_rate, (int, float)):
-        learning_rate = tuple(float(x) for x in learning_rate)
-    run = TrainingRunDpEvent(
-        dataset_size=n, batch_size=batch_size, steps=int(steps), noise_multiplier=noise_multiplier,
-        clip_norm=l2_norm_clip, learning_rate=learning_rate, sampling=sampling, geometry=geometry,
-    )
-    return statement_for_run(run, delta, include_analyses=include_analyses)
+            "num_epochs", f"{num_epochs!r} epochs of {schedule.steps_per_epoch} steps is not a positive whole "
+            "number of steps")
+    if isinstance(learning_rate, (int, float)):
+        runs = [(learning_rate, int(steps))]
+    else:
+        runs = [(lr, len(list(group))) for lr, group in itertools.groupby(learning_rate)]
+        if sum(count for _, count in runs) != steps:
+            raise ParameterError("learning_rate", f"needs one value per step ({int(steps)} steps)")
+    recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=geometry is not None)
+    declared = dict(weight_decay=geometry.strong_convexity, projection_diameter=geometry.diameter) if geometry else {}
+    for lr, count in runs:
+        recorder.record(StepFacts(noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr,
+                                  divisor=schedule.batch_size, **declared), count)
+    # the text states why no hidden-state claim is made, so no warning is added
+    return statement_for_run(recorder.run(warn=False), delta, notes=recorder.notes(),
+                             include_analyses=include_analyses)
 
 
-def statement_for_run(run: TrainingRunDpEvent, delta: float, *, include_analyses: bool = False) -> str:
-    """The statement for a :class:`TrainingRunDpEvent` (what the callback has recorded)."""
-    with warnings.catch_warnings():
-        if run.geometry is None:  # said in the text below
-            warnings.simplefilter("ignore", UserWarning)
-        report = HiddenStateAccountant().compose(run).explain(delta)
-    return _render(run, report, include_analyses)
+def statement_for_run(run: TrainingRunDpEvent, delta: float, *, notes: Sequence[str] = (),
+                      include_analyses: bool = False) -> str:
+    """The statement for a :class:`TrainingRunDpEvent` (what the callback has recorded),
+    with ``notes`` (e.g. :meth:`RunRecorder.notes`) stated as qualifications."""
+    report = HiddenStateAccountant().compose(run).explain(delta)
+    return _render(run, report, list(notes), include_analyses)
 
 
 def _fill(text: str) -> str:
@@ -87,7 +106,7 @@ def _num(x: float) -> str:
     return f"{x:12.3f}" if math.isfinite(x) else f"{'inf':>12}"
 
 
-def _render(run: TrainingRunDpEvent, report: PrivacyReport, include_analyses: bool) -> str:
+def _render(run: TrainingRunDpEvent, report: PrivacyReport, notes: List[str], include_analyses: bool) -> str:
     n, b, spe = run.dataset_size, run.batch_size, run.steps_per_epoch
     if isinstance(run.learning_rate, tuple):
         lr = f"a learning-rate schedule from {run.learning_rate[0]:g} to {run.learning_rate[-1]:g}"
@@ -95,23 +114,28 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, include_analyses: bo
         lr = f"constant learning rate {run.learning_rate:g}"
     z = run.noise_multiplier
     z_text = f"noise multiplier {z:g}" if not isinstance(z, tuple) else "a noise-multiplier schedule"
-    epochs = run.steps / spe
     paragraphs = [_fill(
         f"DP-SGD performed over {n} examples with {b} examples per iteration (one example per "
-        f"microbatch), {z_text}, l2_norm_clip {run.clip_norm:g} and {lr}, for {epochs:g} epochs "
+        f"microbatch), {z_text}, l2_norm_clip {run.clip_norm:g} and {lr}, for {run.steps / spe:g} epochs "
         f"({run.steps} steps)."
     )]
     schedule = f"Batch schedule '{run.sampling}': {SAMPLING_DESCRIPTIONS[run.sampling]}"
-    if run.sampling != "full" and n % b:
+    if run.sampling != FULL and n % b:
         schedule += f"; the {n % b} examples left over ({n} mod {b}) are dropped each epoch"
     paragraphs.append(_fill(schedule + "."))
 
     geom = run.geometry
-    if geom is None:
+    refusal = run.hidden_state_refusal
+    if geom is None and refusal in (None, NO_GEOMETRY):
         paragraphs.append(_fill(
             "No loss geometry was declared, so no hidden-state claim is made: the guarantee below is "
             "the composition bound and protects the release of all model checkpoints in addition to "
             "the final model."
+        ))
+    elif refusal:
+        paragraphs.append(_fill(
+            f"No hidden-state claim is made for this run: {refusal}. The guarantee below is the composition "
+            "bound and protects the release of all model checkpoints in addition to the final model."
         ))
     else:
         domain = (f"projected after every step onto a convex set of diameter {geom.diameter:g}"
@@ -123,8 +147,7 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, include_analyses: bo
             f"clipping; the parameters are {domain}."
         ))
 
-    hidden = next((a for a in report.analyses if a.name == report.analysis), None)
-    hidden_won = hidden is not None and hidden.hidden_state
+    best = next((a for a in report.analyses if a.name == report.analysis), None)
     comp = report.composition_epsilon
     lines = [_fill(
         f"Example-level DP with replace-one adjacency ({report.neighboring_relation}) at delta = "
@@ -135,7 +158,7 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, include_analyses: bo
     lines.append(f"    Epsilon if every checkpoint is released:         {_num(comp)}  (composition)")
     paragraphs.append("\n".join(lines))
 
-    if geom is not None and hidden_won:
+    if geom is not None and best is not None and best.hidden_state:
         paragraphs.append(_fill(
             "The first number holds only if intermediate models are never published (no checkpoints "
             "and nothing computed from them); otherwise the composition number applies."
@@ -147,11 +170,12 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, include_analyses: bo
             "No hidden-state analysis improves on composition for this run" + why
             + "; the reported epsilon also protects every checkpoint."
         ))
+    paragraphs += [_fill(f"Note: {note}.") for note in notes]
     paragraphs.append(_fill(
         "Metrics computed on the training data during training (e.g. Keras' per-epoch loss and "
         "accuracy) are not covered by either number."
     ))
-    if run.sampling != "poisson":
+    if run.sampling != POISSON:
         paragraphs.append(_fill(
             "TF-Privacy's 'assuming Poisson sampling' epsilon does not apply: batches were not "
             "Poisson sampled."

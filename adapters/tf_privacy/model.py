@@ -1,0 +1,65 @@
+"""A Keras model's structure as core :class:`~hidden_state_accountants.recording.ModelFacts`.
+
+Sequential and functional models are read layer by layer in the order the forward pass
+applies them (nested models looked into, a layer called twice listed twice); a subclassed
+model's ``call`` is custom code, so its structure is marked incomplete. Whether the structure
+backs a declared geometry is the core's decision
+(:func:`hidden_state_accountants.recording.model_refusal`).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import tensorflow as tf
+
+from hidden_state_accountants.recording import LayerFacts, ModelFacts
+
+_RANDOM_LAYERS = (tf.keras.__internal__.layers.BaseRandomLayer, tf.keras.layers.Dropout,
+                  tf.keras.layers.GaussianNoise)
+
+
+def _kind(layer) -> str:
+    if type(layer) is tf.keras.layers.Dense and layer.activation is tf.keras.activations.linear:
+        return "affine"
+    return "random" if isinstance(layer, _RANDOM_LAYERS) else "other"
+
+
+def _calls(model, layer) -> int:
+    """How often ``model``'s graph calls ``layer`` (a shared layer is applied several times)."""
+    nodes = getattr(model, "_network_nodes", None)
+    if not nodes:
+        return 1
+    return max(1, sum(f"{layer.name}_ib-{i}" in nodes for i in range(len(layer._inbound_nodes))))
+
+
+def _read(model, out: List[LayerFacts]) -> bool:
+    """Appends ``model``'s layers to ``out``; False when some forward pass is custom code."""
+    if not isinstance(model, tf.keras.Sequential) and not getattr(model, "_is_graph_network", False):
+        return False
+    complete = True
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.InputLayer):
+            continue
+        for _ in range(_calls(model, layer)):
+            if isinstance(layer, tf.keras.Model):
+                complete = _read(layer, out) and complete
+            else:
+                out.append(LayerFacts(name=layer.name, kind=_kind(layer), trainable=bool(layer.trainable_weights)))
+    return complete
+
+
+def model_facts(model: tf.keras.Model) -> ModelFacts:
+    """The layers of ``model`` in forward order: ``affine`` for a ``Dense`` without activation,
+    ``random`` for layers that draw randomness in training (dropout, noise, augmentation),
+    ``other`` for the rest; ``trainable`` for layers that own trainable weights.
+
+    >>> import tensorflow as tf
+    >>> m = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))], name="lr")
+    >>> [(x.kind, x.trainable) for x in model_facts(m).layers]
+    [('affine', True)]
+    """
+    layers: List[LayerFacts] = []
+    complete = _read(model, layers)
+    what = f"the Keras model {model.name!r}" + ("" if complete else f" ({type(model).__name__}, subclassed)")
+    return ModelFacts(layers=layers, complete=complete, description=what)

@@ -50,8 +50,15 @@ def _gaussian_fallback(values, noise_multiplier: float, orders) -> Tuple[float, 
     return tuple(out)
 
 
+# Below this noise multiplier 1/(2 sigma^2) overflows inside dp_accounting, whose series for
+# fractional orders then never terminates; the unsampled Gaussian's value (inf) is used instead.
+MIN_SUBSAMPLED_NOISE = 1e-140
+
+
 @lru_cache(maxsize=4096)
 def _sgm_rdp_cached(q: float, noise_multiplier: float, orders: Tuple[float, ...]) -> Tuple[float, ...]:
+    if noise_multiplier < MIN_SUBSAMPLED_NOISE:
+        return _gaussian_fallback([math.nan] * len(orders), noise_multiplier, orders)
     fn = getattr(_rdp, "_compute_rdp_poisson_subsampled_gaussian", None)
     try:
         if fn is not None:
@@ -92,6 +99,8 @@ def sampled_gaussian_rdp(q: float, noise_multiplier: float, orders: Sequence[flo
 
 @lru_cache(maxsize=1024)
 def _wor_rdp_cached(q: float, noise_multiplier: float, orders: Tuple[float, ...]) -> Tuple[float, ...]:
+    if noise_multiplier < MIN_SUBSAMPLED_NOISE:
+        return _gaussian_fallback([math.nan] * len(orders), noise_multiplier, orders)
     values = []
     for a in orders:
         try:

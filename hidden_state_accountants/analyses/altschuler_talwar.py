@@ -52,7 +52,8 @@ def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     orders = np.asarray(ctx.orders, dtype=float)
     q = run.sampling_rate
     z, eta, D, T = run.noise_multiplier, run.learning_rate, run.geometry.diameter, run.steps
-    sigma2 = (z * run.clip_norm / run.batch_size) ** 2
+    sigma = z * run.clip_norm / run.batch_size
+    sigma2 = sigma * sigma  # inf for huge noise (** would raise)
     best = np.full(len(orders), math.inf)
     best_k = np.zeros(len(orders))
     for s in SPLITS:

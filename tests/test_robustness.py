@@ -170,3 +170,15 @@ def test_exact_pair_epsilon_beyond_709():
     eps = pair.epsilon(1e-5)
     assert 3000 < eps < 4000 and math.isfinite(eps)
     assert pair.delta(eps) <= 1e-5
+
+
+@pytest.mark.parametrize("z,finite", [(1e-154, False), (1e300, True), (1.7e308, True)])
+def test_projected_sgd_bound_at_extreme_noise_is_quick_and_valid(z, finite):
+    """Altschuler & Talwar's bound used to hang at z = 1e-154 (dp_accounting's fractional-order
+    series never terminates once 1/(2 sigma^2) overflows) and to overflow at z = 1e300."""
+    import time
+
+    start = time.monotonic()
+    eps = epsilon(dataset_size=600, batch_size=60, steps=50, noise_multiplier=z, clip_norm=1.0, learning_rate=0.1,
+                  sampling="without_replacement", geometry=LossGeometry(smoothness=1.0, diameter=1e9))
+    assert math.isfinite(eps) == finite and time.monotonic() - start < 30

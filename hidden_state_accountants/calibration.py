@@ -73,8 +73,7 @@ def _context(accountant_kwargs) -> Context:
     return acc._ctx  # noqa: SLF001 (the same context the accountant analyses with)
 
 
-# Bracketing factor in the noise multiplier, and the noise range searched.
-_STEP = 4.0
+# The noise range searched.
 _Z_MIN, _Z_MAX = 1e-8, 1e150
 RDP_MIN = "rdp_pointwise_min"
 # An analysis evaluated faster than this counts as cheap (closed forms).
@@ -216,70 +215,85 @@ def calibrate_noise_multiplier(
     cands = _Candidates(run, target_delta, _context(accountant_kwargs))
     z0 = noise_estimate(run, target_epsilon, target_delta)
     log_target = math.log(target_epsilon)
-    best_z = None
+    min_step, max_step = math.log1p(rel_tol), math.log(64.0)
 
-    def search(name: str, start: float, downward_only: bool) -> Optional[float]:
-        """Smallest evaluated noise at which ``name`` meets the target, searching from ``start``."""
+    def gap(name: str, log_z: float) -> float:
+        e = cands.epsilon(name, math.exp(log_z))
+        if e == 0:
+            return -700.0
+        return (math.log(e) if math.isfinite(e) else 700.0) - log_target
+
+    def search(name: str, x: float, g: float) -> Optional[float]:
+        """Smallest evaluated noise at which ``name`` meets the target, from ``(log z, gap)``.
+
+        Secant steps in ``(log z, log eps)`` (slope -1, i.e. ``eps ~ 1/z``, until two points
+        give one) find a point on the other side of the target, then Brent's method closes
+        the bracket to ``rel_tol``."""
+        feasible = [math.exp(x)] if g <= 0 else []
         used = [0]
-        feasible: List[float] = []
 
-        def gap(log_z: float) -> float:
-            z = math.exp(log_z)
-            if used[0] >= max_evaluations and (name, z) not in cands.bounds:
+        def f(log_z: float) -> float:
+            if used[0] >= max_evaluations and (name, math.exp(log_z)) not in cands.bounds:
                 raise _Budget()
             used[0] += 1
-            e = cands.epsilon(name, z)
-            if e <= target_epsilon:
-                feasible.append(z)
-            if e == 0:
-                return -700.0
-            return (math.log(e) if math.isfinite(e) else 700.0) - log_target
+            value = gap(name, log_z)
+            if value <= 0:
+                feasible.append(math.exp(log_z))
+            return value
 
+        slope = -1.0
         try:
-            x = math.log(start)
-            g = gap(x)
-            if g > 0:
-                if downward_only:
-                    return None
-                lo, hi = x, x
-                while g > 0 and hi < math.log(_Z_MAX):
-                    lo, hi = hi, hi + math.log(_STEP)
-                    g = gap(hi)
-                if g > 0:
-                    return None
-            else:
-                lo, hi, g_lo = x, x, g
-                while g_lo <= 0 and lo > math.log(_Z_MIN):
-                    hi, lo = lo, lo - math.log(_STEP)
-                    g_lo = gap(lo)
-                if g_lo <= 0:
-                    return min(feasible)
-            optimize.brentq(gap, lo, hi, xtol=math.log1p(rel_tol) / 2, maxiter=max_evaluations)
+            while True:
+                step = -g / slope
+                step = math.copysign(min(max_step, max(min_step, abs(step) * 1.1 + min_step)), step if step else -g)
+                x_new = x + step
+                if not math.log(_Z_MIN) <= x_new <= math.log(_Z_MAX):
+                    return min(feasible) if feasible else None
+                g_new = f(x_new)
+                if (g_new > 0) != (g > 0):
+                    lo, hi = (x_new, x) if g_new > 0 else (x, x_new)
+                    optimize.brentq(f, lo, hi, xtol=min_step / 2, maxiter=max_evaluations)
+                    break
+                if x_new != x and abs(g_new - g) < 1400 and (g_new - g) / (x_new - x) < 0:
+                    slope = (g_new - g) / (x_new - x)
+                x, g = x_new, g_new
         except (_Budget, RuntimeError):
             pass
         return min(feasible) if feasible else None
 
-    # order: one evaluation of each analysis at the estimate; the cheap ones (closed forms) first,
-    # within a cost class the smaller epsilon first (it likely needs the least noise);
-    # rdp_pointwise_min last
+    # every analysis once at the estimate; rdp_pointwise_min comes free there
     for info in cands.infos:
         cands.bound(info.name, z0)
-    names = sorted((i.name for i in cands.infos),
-                   key=lambda n: (cands.seconds.get(n, 0.0) > CHEAP_SECONDS, cands.epsilon(n, z0)))
-    rdp_capable = [n for n in names if cands.bounds[(n, z0)].kind in ("rdp", "gdp")]
-    if len(rdp_capable) >= 2:
+    x0 = math.log(z0)
+    names = [i.name for i in cands.infos]
+    if sum(cands.bounds[(n, z0)].kind in ("rdp", "gdp") for n in names) >= 2:
         names.append(RDP_MIN)
-    for name in names:
-        found = search(name, z0 if best_z is None else best_z, downward_only=best_z is not None)
-        if found is not None and (best_z is None or found < best_z):
-            best_z = found
-    if best_z is None:
-        tried = max(cands.noises) if cands.noises else z0
-        raise v.ParameterError(
-            "target_epsilon",
-            f"not reached with noise multipliers up to {tried:.4g} "
-            f"({max_evaluations} evaluations per analysis)",
-        )
+    g0 = {n: gap(n, x0) for n in names}
+    # cheap analyses (closed forms) first; within a cost class the smaller epsilon first
+    order = sorted(names, key=lambda n: (n == RDP_MIN, cands.seconds.get(n, 0.0) > CHEAP_SECONDS, g0[n]))
+    best_z = None
+    if not any(g0[n] <= 0 for n in order):
+        # nothing meets the target at the estimate: search up with the most promising analysis
+        best_z = search(order[0], x0, g0[order[0]])
+        if best_z is None:
+            raise v.ParameterError(
+                "target_epsilon",
+                f"not reached with noise multipliers up to {max(cands.noises):.4g} "
+                f"({max_evaluations} evaluations per analysis)")
+        candidates = order[1:]
+    else:
+        # an analysis that misses the target at z0 misses it at every smaller noise: skipped
+        candidates = [n for n in order if g0[n] <= 0]
+    for name in candidates:
+        if best_z is None:
+            best_z = search(name, x0, g0[name])
+            continue
+        x = math.log(best_z)
+        g = gap(name, x)  # one evaluation tells whether it can do better
+        if g <= 0:
+            found = search(name, x, g)
+            if found is not None and found < best_z:
+                best_z = found
     eps, name = cands.best(best_z)
     if name == RDP_MIN:
         eps -= 1e-12

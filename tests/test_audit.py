@@ -136,11 +136,16 @@ def test_audit_work_is_bounded_up_front():
 
 
 def test_hsa_audit_refuses_too_much_work_with_one_line(capsys):
-    code = main(["audit", "--dataset-size", "60", "--batch-size", "6", "--steps", str(10**12), "--noise-multiplier", "0.6",
-                 "--clip-norm", "1", "--learning-rate", "0.5", "--sampling", "cyclic", "--smoothness", "0.5",
-                 "--diameter", "0.3", "--construction", "constrained", "--delta", "1e-5", "--repetitions", "1000"])
+    with _TimeLimit(20):
+        code = _main_audit_too_long()
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "steps" in err
+
+
+def _main_audit_too_long():
+    return main(["audit", "--dataset-size", "60", "--batch-size", "6", "--steps", str(10**12), "--noise-multiplier", "0.6",
+                 "--clip-norm", "1", "--learning-rate", "0.5", "--sampling", "cyclic", "--smoothness", "0.5",
+                 "--diameter", "0.3", "--construction", "constrained", "--delta", "1e-5", "--repetitions", "1000"])
 
 
 def _loop_reference(run, sign, reps, construction, rng):

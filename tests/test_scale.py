@@ -220,3 +220,40 @@ def test_poisson_at_sampling_rate_one():
     np.testing.assert_allclose(values, ORDERS * 2 / 4.0)
     # ten Gaussian steps with sensitivity 2C: G(sqrt(10)), up to the PLD grid
     assert math.isfinite(eps(run)) and eps(run) <= fdp.gdp_epsilon(math.sqrt(10), 1e-5) * (1 + 1e-4)
+
+
+def _antipodal_poisson_epsilon(q, z, steps, delta):
+    """Epsilon of ``steps`` compositions of (1-q)N(0,1)+qN(1/z,1) vs (1-q)N(0,1)+qN(-1/z,1), the
+    replaced record at +C vs -C: privacy losses on a fine x grid, rounded *down* (a lower
+    estimate of the truth), convolved by FFT."""
+    x = np.linspace(-40, 40, 800_001)
+    log_phi = lambda u: -0.5 * u * u - 0.5 * math.log(2 * math.pi)
+    lp = np.logaddexp(math.log1p(-q) + log_phi(x), math.log(q) + log_phi(x - 1 / z))
+    lq = np.logaddexp(math.log1p(-q) + log_phi(x), math.log(q) + log_phi(x + 1 / z))
+    d = 1e-3
+    idx = np.floor((lp - lq) / d).astype(np.int64)
+    pmf = np.bincount(idx - idx.min(), weights=np.exp(lp) * (x[1] - x[0]))
+    n = len(pmf) * steps
+    out = np.maximum(np.fft.irfft(np.fft.rfft(pmf, n) ** steps, n), 0)
+    losses = (np.arange(n) + idx.min() * steps) * d
+    lo, hi = 0.0, 200.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        above = losses > mid
+        if np.sum(out[above] * -np.expm1(mid - losses[above])) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@pytest.mark.parametrize("z,steps", [(2.0, 10), pytest.param(1.0, 100, marks=pytest.mark.slow)])
+def test_poisson_bounds_are_above_the_exact_antipodal_composition(z, steps):
+    run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=steps, noise_multiplier=z, clip_norm=1.0,
+                             learning_rate=0.5, sampling="poisson")
+    truth = _antipodal_poisson_epsilon(0.1, z, steps, 1e-5)
+    report = HiddenStateAccountant().compose(run).explain(1e-5)
+    for a in report.analyses:
+        if a.epsilon is not None:
+            assert a.epsilon >= truth, (a.name, a.epsilon, truth)
+    assert report.epsilon <= 2.0 * truth  # and not far above it

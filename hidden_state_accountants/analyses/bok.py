@@ -3,7 +3,7 @@
 f-DP / GDP of noisy GD, cyclic GD and SGD (Theorems 4.1-4.10). The paper's update is
 eq. (2.1), ``X <- Proj_K(X - eta * ((1/b) sum_{i in B} grad f_i(X) + Z))`` with
 ``Z ~ N(0, sigma^2 I)``, and ``L`` is the *gradient sensitivity* (Def. 2.10,
-``sup ||grad f - grad g||``). From framework DP-SGD (DESIGN.md section 2)::
+``sup ||grad f - grad g||``). From framework DP-SGD (the update rule of :mod:`hidden_state_accountants.events`)::
 
     sigma = z * C / b,    L = 2 * C    (so L / (b * sigma) = 2 / z),    eta = lr
 

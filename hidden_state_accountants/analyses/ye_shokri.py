@@ -3,7 +3,7 @@
 RDP of noisy mini-batch gradient descent (their Algorithm 1): the step is
 ``theta <- theta - eta * g(theta; B) + sqrt(2 eta sigma^2) N(0, I)``, the loss is
 ``lambda``-strongly convex and ``beta``-smooth, ``S_g`` is the gradient sensitivity and
-``eta < 2/(lambda + beta)``. From framework DP-SGD (DESIGN.md section 2)::
+``eta < 2/(lambda + beta)``. From framework DP-SGD (the update rule of :mod:`hidden_state_accountants.events`)::
 
     sigma^2 = lr z^2 C^2 / (2 b^2),   S_g = 2 C,   so  alpha eta S_g^2 / (4 sigma^2 b^2) = 2 alpha / z^2
 

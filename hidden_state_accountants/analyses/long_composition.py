@@ -35,7 +35,6 @@ from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
-from hidden_state_accountants import fdp
 
 PLD = pld_lib.PrivacyLossDistribution
 

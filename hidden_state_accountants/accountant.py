@@ -25,7 +25,7 @@ from dp_accounting import dp_event, privacy_accountant
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import composition, registry, sbcd
+from hidden_state_accountants.analyses import composition, long_composition, registry, sbcd
 from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
 from hidden_state_accountants.bounds import Bound, NotApplicable
 from hidden_state_accountants.events import TrainingRunDpEvent
@@ -394,7 +394,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             if part is None:
                 return None
             if c.count > 1:
-                part = part.self_compose(c.count)
+                part = long_composition.self_compose(part, c.count)  # repeated squaring for huge counts
             total = part if total is None else total.compose(part)
         return total
 

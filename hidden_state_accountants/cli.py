@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from typing import List, Optional
 
 import numpy as np
@@ -28,6 +29,7 @@ from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.calibration import calibrate_noise_multiplier, max_epochs_within_budget
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.schedules import SAMPLINGS, steps_per_epoch
+from hidden_state_accountants.recording import HiddenStateWarning
 from hidden_state_accountants.plotting import epsilon_curves, plot_epsilon_curves, plot_path
 
 FLAG_FOR_PARAMETER = {
@@ -292,11 +294,24 @@ COMMANDS = {"epsilon": cmd_epsilon, "noise": cmd_noise, "epochs": cmd_epochs, "p
             "audit": cmd_audit, "demo": cmd_demo}
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """The package's warnings as one line on stderr (a command line has no source lines to show)."""
+    if issubclass(category, HiddenStateWarning):
+        print(f"hsa: warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return COMMANDS[args.command](args)
     except v.ParameterError as err:
         flag = FLAG_FOR_PARAMETER.get(err.parameter, err.parameter)
         message = str(err).split(": ", 1)[1] if ": " in str(err) else str(err)

@@ -1,6 +1,7 @@
 """Issue 6: empirical audits never exceed the reported epsilon, on every schedule and geometry."""
 
 import json
+import math
 
 import pytest
 
@@ -78,3 +79,148 @@ def test_hsa_audit_command(capsys):
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["consistent"] is True
     assert {"epsilon_lower", "epsilon_reported", "construction", "repetitions"} <= set(data)
+
+
+# ------------------------------------------------------------------ issue 10: bad input, work, speed
+import signal  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from hidden_state_accountants import audit as audit_module  # noqa: E402
+
+
+class _TimeLimit:
+    """Fails the test instead of hanging when the old code would run for minutes."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __enter__(self):
+        def fail(*_):
+            raise AssertionError(f"took more than {self.seconds} s")
+        self.old = signal.signal(signal.SIGALRM, fail)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.old)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "x", True])
+def test_bad_seed_is_a_parameter_error(seed):
+    # was: a traceback from numpy
+    with pytest.raises(ParameterError) as err:
+        audit(make("full", "strongly_convex"), repetitions=100, seed=seed)
+    assert err.value.parameter == "seed"
+
+
+def test_audit_work_is_bounded_up_front():
+    with _TimeLimit(20):
+        # was: MemoryError
+        with pytest.raises(ParameterError) as err:
+            audit(make("cyclic", "strongly_convex"), repetitions=10**12)
+        assert err.value.parameter == "repetitions"
+        # was: silent for minutes (one Python iteration per step)
+        with pytest.raises(ParameterError) as err:
+            audit(make("cyclic", "constrained", steps=10**12), construction="constrained", repetitions=100)
+        assert err.value.parameter == "steps" and "limit" in str(err.value)
+        # closed forms cost what matters: with a = 1 - lr m within 1e-9 of 1, every inclusion does
+        with pytest.raises(ParameterError) as err:
+            audit(make("poisson", "strongly_convex", m=1e-9, steps=10**12), repetitions=10**6)
+        assert err.value.parameter == "steps"
+        # ... with a = 1 the inclusion count alone does: 10^12 steps in closed form
+        result = audit(make("poisson", "strongly_convex", m=0.0, steps=10**12), repetitions=1000, seed=0)
+        assert result.consistent
+
+
+def test_hsa_audit_refuses_too_much_work_with_one_line(capsys):
+    with _TimeLimit(20):
+        code = _main_audit_too_long()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "steps" in err
+
+
+def _main_audit_too_long():
+    return main(["audit", "--dataset-size", "60", "--batch-size", "6", "--steps", str(10**12), "--noise-multiplier", "0.6",
+                 "--clip-norm", "1", "--learning-rate", "0.5", "--sampling", "cyclic", "--smoothness", "0.5",
+                 "--diameter", "0.3", "--construction", "constrained", "--delta", "1e-5", "--repetitions", "1000"])
+
+
+def _loop_reference(run, sign, reps, construction, rng):
+    """The step-by-step simulation (the construction's definition)."""
+    lr, C, b = run.learning_rate, run.clip_norm, run.batch_size
+    noise = run.noise_multiplier * C / b
+    m = run.geometry.strong_convexity if construction == "strongly_convex" else 0.0
+    half = None if construction == "strongly_convex" else run.geometry.diameter / 2
+    l = run.steps_per_epoch
+    position = (np.full(reps, l - 1) if run.sampling == "cyclic"
+                else rng.integers(0, l, reps) if run.sampling == "shuffle_partition" else None)
+    theta = np.zeros(reps)
+    for t in range(run.steps):
+        if run.sampling == "full":
+            inc = np.ones(reps)
+        elif position is not None:
+            inc = position == t % l
+        else:
+            inc = rng.random(reps) < run.sampling_rate
+        theta = theta - lr * (m * theta + (sign * C / b) * inc + noise * rng.standard_normal(reps))
+        if half is not None:
+            np.clip(theta, -half, half, out=theta)
+    return theta
+
+
+@pytest.mark.parametrize("construction", ["strongly_convex", "constrained"])
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_vectorised_simulation_has_the_law_of_the_step_loop(sampling, construction):
+    for lr, m in ((0.5, 0.5), (3.0, 0.5)) if construction == "strongly_convex" else ((0.5, 0.5),):
+        run = make(sampling, construction, steps=37, lr=lr, m=m)
+        if lr * run.geometry.smoothness >= 2:
+            run = run.replace(geometry=LossGeometry(strong_convexity=m, smoothness=m))  # contraction a = -0.5
+        fast = audit_module.simulate(run, 1.0, 20000, construction, np.random.default_rng(1))
+        slow = _loop_reference(run, 1.0, 20000, construction, np.random.default_rng(2))
+        assert stats.ks_2samp(fast, slow).pvalue > 1e-3, (sampling, lr)
+        assert abs(fast.mean() - slow.mean()) < 5 * slow.std() / math.sqrt(20000) + 1e-12
+
+
+def test_clip_map_composition_equals_the_step_loop():
+    rng = np.random.default_rng(0)
+    u = rng.normal(size=(9, 64)) * 0.3
+    lo, hi = np.full(u.shape, -0.5), np.full(u.shape, 0.5)
+    lo[:, 50:], hi[:, 50:], u[:, 50:] = -np.inf, np.inf, 0.0  # identity padding
+    c, low, high = audit_module.compose_clip_maps(u, lo, hi)
+    x0 = rng.normal(size=9)
+    x = x0.copy()
+    for t in range(50):
+        x = np.clip(x + u[:, t], -0.5, 0.5)
+    np.testing.assert_allclose(np.clip(x0 + c, low, high), x, atol=1e-14)
+
+
+def test_long_audit_is_vectorised_over_steps():
+    # 10^6 steps x 100 repetitions took 37 s with one Python iteration per step
+    run = TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=10**6, noise_multiplier=1.0, clip_norm=1.0,
+                             learning_rate=0.05, sampling="cyclic",
+                             geometry=LossGeometry(strong_convexity=0.01, smoothness=1.0))
+    start = time.perf_counter()
+    result = audit(run, repetitions=100, seed=0)
+    assert time.perf_counter() - start < 10
+    assert result.consistent
+
+
+@pytest.mark.slow
+def test_long_projected_audit_is_vectorised_over_steps():
+    run = TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=10**6, noise_multiplier=1.0, clip_norm=1.0,
+                             learning_rate=0.05, sampling="poisson",
+                             geometry=LossGeometry(strong_convexity=0.0, smoothness=1.0, diameter=1.0))
+    start = time.perf_counter()
+    result = audit(run, construction="constrained", repetitions=100, seed=0, progress=False)
+    assert time.perf_counter() - start < 60
+    assert result.consistent
+
+
+def test_progress_bar_only_for_long_audits(capsys):
+    audit(make("cyclic", "strongly_convex"), repetitions=1000, seed=0)
+    assert capsys.readouterr().err == ""
+    audit(make("cyclic", "constrained"), construction="constrained", repetitions=1000, seed=0, progress=True)
+    assert "audit" in capsys.readouterr().err

@@ -21,6 +21,7 @@ import numpy as np
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses import long_composition
 from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound
 from hidden_state_accountants.events import TrainingRunDpEvent
@@ -30,8 +31,6 @@ CITE = "Bok, Su & Altschuler (2024)"
 # A tau-family whose CLT estimate exceeds this GDP parameter (epsilon in the hundreds) cannot
 # compete with the other bounds; its exact composition is skipped with that reason.
 MU_SKIP = 25.0
-# Composing more steps than this in a PLD takes minutes; such bounds say so instead.
-MAX_PLD_STEPS = 10_000_000
 
 
 def _unit(z: float) -> float:
@@ -147,9 +146,10 @@ def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if isinstance(run.noise_multiplier, tuple):
         with np.errstate(divide="ignore", over="ignore"):
             per_step = np.square(2.0 / np.asarray(run.noise_multiplier))
-        padded = np.zeros(l * cm.epochs_visited(run))
-        padded[: per_step.size] = per_step
-        mu = math.sqrt(float(np.max(padded.reshape(-1, l).sum(axis=0))))
+        if l >= per_step.size:  # every position used at most once; no array of size l
+            mu = math.sqrt(float(np.max(per_step)))
+        else:
+            mu = math.sqrt(float(np.max(np.bincount(np.arange(per_step.size) % l, weights=per_step))))
     else:
         mu = _unit(run.noise_multiplier) * math.sqrt(cm.epochs_visited(run))
     return GdpBound(mu=mu, monotone_in_steps=True)
@@ -211,22 +211,25 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.8 (composition): NoisySGD is ``C_{b/n}(G(L/(b sigma)))^{(x) t}``-DP.
 
     Composed exactly as f-DP: a pessimistic PLD of the symmetrised ``C_p(G(mu))`` itself
-    (docs/design.md, section 3), self-composed by dp_accounting. With a noise schedule, steps with
-    equal noise are composed together.
+    (Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022, Def. 6 and Thm 9),
+    self-composed by dp_accounting; any number of steps, long runs in blocks on a bounded
+    grid (:mod:`.long_composition`), so the bound grows smoothly with the number of steps.
+    With a noise schedule, steps with equal noise are composed together.
     """
-    if run.steps > MAX_PLD_STEPS:
-        return NotApplicable(reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD; the RDP baseline covers this run")
     p = run.sampling_rate
     unit = _unit(1.0)
     counts = run.noise_counts()
-    d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)), ctx.discretization)
-    if d_min is None:
-        return NotApplicable(reason=fdp.TOO_LARGE)
+    d_min = long_composition.grid_for(float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)),
+                                      ctx.discretization)
+    if not d_min <= long_composition.MAX_DISCRETIZATION:
+        return NotApplicable(reason=long_composition.TOO_COARSE)
 
     def build(delta: float, d: float):
         total = None
         for z, k in counts.items():
-            part = fdp.pld_from_profile(fdp.subsampled_gaussian_profile(unit / z, p), d).self_compose(k)
+            single = lambda grid, z=z: fdp.pld_from_profile(fdp.subsampled_gaussian_profile(unit / z, p), grid)
+            mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(unit / z, p, j))
+            part = long_composition.compose_steps(single, k, mu_z, d, ctx.discretization)
             total = part if total is None else total.compose(part)
         return total, f"p = b/n = {p:.6g}"
 
@@ -236,7 +239,6 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 def _candidate_ks(approx_mu, k_max: int) -> Tuple[List[int], float]:
     """A few window lengths ``k = t - tau`` around the minimiser of an approximation, and
     the approximate GDP parameter there."""
-    k_max = min(k_max, MAX_PLD_STEPS)
     grid = np.unique(np.round(np.geomspace(1, k_max, 400)).astype(np.int64))
     values = np.asarray(approx_mu(grid.astype(float)), dtype=float)
     values = np.where(np.isfinite(values), values, np.inf)
@@ -310,7 +312,8 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     def fixed_terms(k, d):
         out = fdp.gaussian_pld(float(shift_mu(k)), d)
         out = out.compose(fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * math.sqrt(2) * unit, p), d))
-        return out.compose(fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * unit, p), d).self_compose(k))
+        return out.compose(long_composition.dense(
+            fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * unit, p), d)).self_compose(k))
 
     return _tau_family(run, ctx, fixed_terms, t - 1, approx)
 
@@ -340,6 +343,6 @@ def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
     def fixed_terms(k, d):
         sub = fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * math.sqrt(2) * unit, p), d)
-        return fdp.gaussian_pld(float(shift_mu(k)), d).compose(sub.self_compose(k))
+        return fdp.gaussian_pld(float(shift_mu(k)), d).compose(long_composition.dense(sub).self_compose(k))
 
     return _tau_family(run, ctx, fixed_terms, t, approx)

@@ -30,7 +30,12 @@ from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldB
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import POISSON, WITHOUT_REPLACEMENT
 
-MAX_PLD_STEPS = 10_000_000
+from hidden_state_accountants.analyses import long_composition as lc
+
+POISSON_PLD_CITATION = "Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD"
+POISSON_RDP_CITATION = ("Mironov (2017) Prop. 11 (weak triangle inequality) over the add/remove "
+                        "sampled-Gaussian RDP of Mironov, Talwar & Zhang (2019); Ye & Shokri (2022) Lemma 4.1 "
+                        "(joint convexity); Poisson, REPLACE_ONE")
 
 
 @analysis("composition_wor_rdp", "Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
@@ -55,61 +60,113 @@ def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float, repeats: int = 1) -> Bound:
     """PLD of the steps in ``counts`` (noise multiplier -> number of steps); ``repeats`` is how
-    often the caller will compose the result, used only to size the grid."""
-    steps = sum(counts.values()) * repeats
-    # the CLT only sizes the grid (run time); the PLD stays pessimistic at any size
-    d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(2.0 / min(counts), q, steps)), discretization)
-    if d_min is None:
-        return NotApplicable(name=name, citation="Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE)",
-                             hidden_state=False, reason=fdp.TOO_LARGE)
+    often the caller will compose the result, used only to size the grid.
+
+    Any number of steps: long compositions are built in blocks on a bounded grid
+    (:mod:`.long_composition`), so the bound grows smoothly with the number of steps instead
+    of giving way to a looser one at a size limit. With ``repeats > 1`` the caller composes
+    the returned PLD itself, and a composition too large for a grid is left to the RDP bound.
+    """
+    steps = sum(counts.values())
+
+    def clt_mu(k):
+        return float(fdp.subsampled_gaussian_clt_mu(2.0 / min(counts), q, k))
+
+    if repeats > 1:
+        d_min = fdp.discretization_for(clt_mu(steps * repeats), discretization)
+        if d_min is None:
+            return NotApplicable(name=name, citation=POISSON_PLD_CITATION, hidden_state=False, reason=fdp.TOO_LARGE)
+    else:
+        d_min = lc.grid_for(clt_mu(steps), discretization)
+        if not d_min <= lc.MAX_DISCRETIZATION:
+            return NotApplicable(name=name, citation=POISSON_PLD_CITATION, hidden_state=False, reason=lc.TOO_COARSE)
 
     def build(delta, d):
         total = None
         for z, k in counts.items():
-            part = fdp.pld_from_profile(fdp.poisson_replace_one_profile(z, q), d).self_compose(k)
+            single = lambda grid, z=z: fdp.pld_from_profile(fdp.poisson_replace_one_profile(z, q), grid)
+            mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(2.0 / z, q, j))
+            part = lc.compose_steps(single, k, mu_z, d, discretization)
             total = part if total is None else total.compose(part)
         return total, f"q = {q:.6g}"
 
-    return PldBound(
-        name=name,
-        citation="Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD",
-        hidden_state=False, build=build, discretization=d_min, monotone_in_steps=True,
-    )
+    return PldBound(name=name, citation=POISSON_PLD_CITATION, hidden_state=False, build=build,
+                    discretization=d_min, monotone_in_steps=True)
+
+
+# Orders at which the add/remove RDP of the sampled Gaussian is evaluated for the
+# replace-one bound (an order between two grid points is rounded up: RDP grows with the order).
+_TRIANGLE_GRID = tuple(sorted(set(rdp_tools.DEFAULT_ORDERS) | {2048.0, 4096.0}))
+
+
+def poisson_replace_one_rdp(q: float, noise_multiplier: float, orders) -> np.ndarray:
+    """RDP of one Poisson-subsampled Gaussian step under REPLACE_ONE (sensitivity ``C`` per
+    record, noise ``z C``), the pointwise smaller of two valid bounds.
+
+    1. *Weak triangle inequality.* Replacing ``x`` by ``x'`` goes through ``D - {x}``, an
+       add/remove neighbour of both. ``M(D)`` vs ``M(D - {x})`` is the sampled Gaussian mechanism
+       of Mironov, Talwar & Zhang, "Renyi Differential Privacy of the Sampled Gaussian
+       Mechanism" (arXiv:1908.10530), whose RDP ``e(a)`` dp_accounting computes as
+       ``D_a(mixture || N(0))``; their Thm 5 shows the reverse ``D_a(N(0) || mixture)`` is
+       no larger, which bounds ``M(D - {x})`` vs ``M(D')``. Mironov, "Renyi Differential
+       Privacy" (CSF 2017, arXiv:1702.07476), Prop. 11 (Hoelder's inequality), for any ``p > 1``::
+
+           D_a(P || R) <= (a - 1/p)/(a - 1) D_{p a}(P || Q) + D_{(p a - 1)/(p - 1)}(Q || R).
+
+       Every ``p = g/a`` with ``g`` a grid order above ``a`` is tried, the second order rounded
+       up to the grid. Close to ``4 e(a)`` for large orders, which is the replace-one value
+       of the unsampled-limit quadratic term.
+    2. *Joint convexity* of ``exp((a-1) D_a)`` over the inclusion event (Ye & Shokri 2022,
+       Lemma 4.1): ``(a-1) eps_a <= log(1 - q + q exp((a-1) a (2/z)^2 / 2))``.
+
+    At ``q = 1`` this is the Gaussian mechanism with sensitivity ``2C``: ``2 a / z^2``.
+    """
+    orders = np.asarray(orders, dtype=float)
+    z = float(noise_multiplier)
+    if q <= 0:
+        return np.zeros(len(orders))
+    with np.errstate(over="ignore", divide="ignore"):
+        gaussian = orders * 2.0 / (z * z)
+        if q >= 1:
+            return gaussian
+        joint = np.logaddexp(math.log1p(-q), math.log(q) + (orders - 1) * gaussian) / (orders - 1)
+    if not 1e-100 < z < 1e100:  # the joint-convexity bound says all there is to say (0 or inf)
+        return np.minimum(joint, gaussian)
+    grid = np.asarray(_TRIANGLE_GRID)
+    add_remove = rdp_tools.sampled_gaussian_rdp(q, z, grid)
+    a = orders[:, None]
+    g = grid[None, :]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        second_order = np.where(g > a, (g - 1) * a / (g - a), np.inf)
+        idx = np.searchsorted(grid, second_order - 1e-12)
+        second = np.where(idx < len(grid), add_remove[np.minimum(idx, len(grid) - 1)], np.inf)
+        first = np.where(g > a, a * (1 - 1 / g) / (a - 1) * add_remove[None, :], np.inf)
+        triangle = np.min(np.where(np.isnan(first + second), np.inf, first + second), axis=1)
+    return np.minimum(np.minimum(triangle, joint), gaussian)
 
 
 def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
-    """Joint convexity of ``exp((a-1) D_a)`` (Ye & Shokri Lemma 4.1) over the inclusion event:
-    ``(a-1) eps_a <= log(1 - q + q exp((a-1) a (2/z)^2 / 2))`` per step. Loose but valid at
-    every order and for any number of steps."""
+    """RDP composition of the steps in ``counts`` with :func:`poisson_replace_one_rdp`.
+    Valid at every order and for any number of steps."""
     orders = np.asarray(orders, dtype=float)
     total = np.zeros(len(orders))
     for z, k in counts.items():
-        log_inner = (orders - 1) * orders * 2.0 / (z * z)
-        total += k * np.logaddexp(math.log1p(-q), math.log(q) + log_inner) / (orders - 1)
-    return RdpBound(
-        name=name,
-        citation="Ye & Shokri (2022), Lemma 4.1 (joint convexity, Poisson, REPLACE_ONE)",
-        hidden_state=False, orders=tuple(orders), values=total, monotone_in_steps=True,
-    )
+        total += k * poisson_replace_one_rdp(q, z, orders)
+    return RdpBound(name=name, citation=POISSON_RDP_CITATION, hidden_state=False, orders=tuple(orders),
+                    values=total, monotone_in_steps=True)
 
 
-@analysis("composition_poisson_pld",
-          "Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD",
-          (POISSON,), hidden_state=False, needs="nothing")
+@analysis("composition_poisson_pld", POISSON_PLD_CITATION, (POISSON,), hidden_state=False, needs="nothing")
 def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Poisson sampling under REPLACE_ONE, every step composed as a PLD (see
-    :func:`hidden_state_accountants.fdp.poisson_replace_one_profile`)."""
-    name = "composition_poisson_pld"
-    if run.steps > MAX_PLD_STEPS:
-        return NotApplicable(name=name, citation="", hidden_state=False,
-                             reason=f"more than {MAX_PLD_STEPS} steps to compose as a PLD")
+    :func:`hidden_state_accountants.fdp.poisson_replace_one_profile`), for any number of steps."""
     q = run.sampling_rate
-    return _poisson_pld_bound(name, q, Counter(run.noise_counts()), ctx.discretization)
+    return _poisson_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization)
 
 
-@analysis("composition_poisson_rdp", "Ye & Shokri (2022), Lemma 4.1 (joint convexity, Poisson, REPLACE_ONE)",
-          (POISSON,), hidden_state=False, needs="nothing")
+@analysis("composition_poisson_rdp", POISSON_RDP_CITATION, (POISSON,), hidden_state=False, needs="nothing")
 def poisson_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Poisson sampling under REPLACE_ONE composed in RDP (:func:`poisson_replace_one_rdp`)."""
     q = run.sampling_rate
     return _poisson_rdp_bound("composition_poisson_rdp", q, Counter(run.noise_counts()), ctx.orders)
 

@@ -36,6 +36,8 @@ The policy, one for every framework:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -565,6 +567,53 @@ class RunRecorder:
         self._steps = sum(c for _, c in ledger)
 
 
+# ------------------------------------------------------------------- sealed states
+def _canonical(payload: Dict[str, Any], what: str) -> bytes:
+    try:
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as err:
+        raise v.ParameterError(what, f"must hold plain finite JSON values only: {err}") from None
+
+
+def seal_state(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """``payload`` (plain JSON types) plus ``"digest"``, the SHA-256 of its canonical JSON.
+
+    The digest lets :func:`unseal_state` recognise a state that was edited or corrupted
+    after it was written (a ledger shortened by hand, a changed seed). It is an integrity
+    check, not a signature: whoever can write the checkpoint can recompute it, so a
+    checkpoint must be kept as private and trusted as the data.
+
+    >>> sealed = seal_state({"steps": 3})
+    >>> unseal_state(sealed)
+    {'steps': 3}
+    >>> sealed["steps"] = 2
+    >>> unseal_state(sealed, "checkpoint")
+    Traceback (most recent call last):
+    ...
+    hidden_state_accountants.validation.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
+    """
+    if not isinstance(payload, dict) or "digest" in payload:
+        raise v.ParameterError("payload", "must be a dict without a 'digest' key")
+    return {**payload, "digest": hashlib.sha256(_canonical(payload, "payload")).hexdigest()}
+
+
+def unseal_state(state: Any, what: str = "state") -> Dict[str, Any]:
+    """The payload of a :func:`seal_state` result, after checking its digest.
+
+    Raises :class:`~hidden_state_accountants.ParameterError` naming ``what`` when ``state``
+    is not such a dict or its digest does not match its content.
+    """
+    if not isinstance(state, dict):
+        raise v.ParameterError(what, f"must be a dict written by seal_state, got {type(state).__name__}")
+    if not isinstance(state.get("digest"), str):
+        raise v.ParameterError(what, "has no digest (not written by this package, or edited); it cannot be trusted")
+    payload = {k: x for k, x in state.items() if k != "digest"}
+    if hashlib.sha256(_canonical(payload, what)).hexdigest() != state["digest"]:
+        raise v.ParameterError(what, "its digest does not match its content (edited or corrupted after it was "
+                                     "written); it cannot be trusted")
+    return payload
+
+
 __all__ = [
     "NO_GEOMETRY",
     "HiddenStateWarning",
@@ -580,4 +629,6 @@ __all__ = [
     "check_batch_source",
     "check_geometry",
     "check_position",
+    "seal_state",
+    "unseal_state",
 ]

@@ -1,5 +1,6 @@
 """The recording layer (core): facts from a framework in, a training-run event and reasons out."""
 
+import json
 import math
 import warnings
 
@@ -13,6 +14,8 @@ from hidden_state_accountants.recording import (
     RunRecorder,
     StepFacts,
     model_refusal,
+    seal_state,
+    unseal_state,
 )
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
@@ -189,6 +192,26 @@ def test_ledger_round_trip_and_validation():
                 "x", [[1, 2, 3]]):
         with pytest.raises(ParameterError, match="ledger"):
             other.load_ledger_state(bad)
+
+
+def test_a_sealed_state_refuses_any_edit():
+    rec = recorder()
+    rec.record(step(), 30)
+    sealed = seal_state({"ledger": rec.ledger_state(), "seed": 12345})
+    assert unseal_state(json.loads(json.dumps(sealed))) == {"ledger": rec.ledger_state(), "seed": 12345}
+    edits = [lambda s: s["ledger"][0].__setitem__(1, 29), lambda s: s.__setitem__("seed", 12346),
+             lambda s: s["ledger"][0][0].__setitem__("noise_multiplier", 2.5), lambda s: s.__setitem__("x", 1)]
+    for edit in edits:
+        forged = json.loads(json.dumps(sealed))
+        edit(forged)
+        with pytest.raises(ParameterError, match="^checkpoint: its digest does not match its content"):
+            unseal_state(forged, "checkpoint")
+    with pytest.raises(ParameterError, match="^checkpoint: has no digest"):
+        unseal_state({"seed": 1}, "checkpoint")
+    with pytest.raises(ParameterError, match="^checkpoint: must be a dict"):
+        unseal_state([], "checkpoint")
+    with pytest.raises(ParameterError, match="^payload: must hold plain finite JSON values"):
+        seal_state({"x": float("nan")})
 
 
 def test_a_planned_departure_is_an_error_before_training():

@@ -38,23 +38,50 @@ def check_dataset_sampling(sampling) -> str:
 
 
 class _Source:
-    """A dataset's schedule and how many epochs of it the dataset has started."""
+    """A dataset's schedule and where in it the dataset is.
+
+    ``first_step`` is the step whose batch the first epoch starts at (0, or a resumed
+    run's position); a fixed partition restarts at its first batch every epoch.
+    """
 
     def __init__(self, schedule: BatchSchedule):
         self.schedule = schedule
         self.epochs_started = 0
+        self.first_step = 0
 
     @property
     def next_step(self) -> int:
-        """The step whose batch the dataset hands out next (a fixed partition restarts each epoch)."""
-        fresh = self.schedule.sampling == WITHOUT_REPLACEMENT
-        return self.epochs_started * self.schedule.steps_per_epoch if fresh else 0
+        """The step whose batch the dataset hands out next."""
+        if self.schedule.sampling != WITHOUT_REPLACEMENT:
+            return 0
+        return self.first_step + self.epochs_started * self.schedule.steps_per_epoch
 
     def next_epoch(self) -> np.ndarray:
         """The ``(steps_per_epoch, b)`` indices of the next epoch: ``schedule.batch(step)`` row by row."""
-        spe, e = self.schedule.steps_per_epoch, self.epochs_started
+        spe, start = self.schedule.steps_per_epoch, self.next_step
         self.epochs_started += 1
-        return np.stack([self.schedule.batch(t) for t in range(e * spe, (e + 1) * spe)]).astype(np.int64)
+        return np.stack([self.schedule.batch(t) for t in range(start, start + spe)]).astype(np.int64)
+
+    def continue_run(self, schedule: BatchSchedule, steps: int) -> None:
+        """Makes a dataset that has not been iterated yet continue ``schedule`` (a restored
+        run's, with the run's seed) after its first ``steps`` steps.
+
+        The dataset's own seed is replaced only if it was a secret draw that no step has
+        used; a seed the user chose is kept (and then compared by the core).
+        """
+        mine = self.schedule
+        if self.epochs_started:
+            return  # the core compares the batches it hands out next with the run's
+        same_kind = (mine.dataset_size, mine.batch_size, mine.sampling) == (
+            schedule.dataset_size, schedule.batch_size, schedule.sampling)
+        if not same_kind:
+            return
+        if mine.seed != schedule.seed and not mine.seed_is_secret:
+            raise ParameterError(
+                "seed", f"the batched_dataset has a seed you chose, but the run's {schedule.sampling} schedule has "
+                "another one; pass seed=None (the run's seed is then restored from its state) or the run's seed")
+        self.schedule = schedule
+        self.first_step = steps
 
 
 _SOURCES: "weakref.WeakKeyDictionary[tf.data.Dataset, _Source]" = weakref.WeakKeyDictionary()
@@ -104,7 +131,10 @@ def batched_dataset(
       draws of ``b`` distinct records every step.
 
     Pass it to ``model.fit`` as it is (no ``batch_size``, ``shuffle``, ``steps_per_epoch``,
-    ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object.
+    ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object. When
+    the callback continues a run (a restored state, or a second ``fit``), a dataset that has
+    not been iterated yet continues the run's schedule: its fresh secret seed (which no step
+    used) is replaced by the run's, and ``without_replacement`` starts at the run's step.
 
     >>> import numpy as np
     >>> ds = batched_dataset(np.zeros((7, 2)), np.arange(7), 3, "cyclic")
@@ -123,20 +153,33 @@ def batched_dataset(
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
 
-    if sampling == WITHOUT_REPLACEMENT:
+    if schedule.is_random:
         # one epoch of index rows computed when Keras starts iterating (not when it creates
-        # the iterator), so the k-th epoch trained is the k-th epoch of the schedule
+        # the iterator), so the k-th epoch trained is the k-th epoch of the schedule, and a
+        # resumed run can hand the dataset its schedule and position before the first epoch
         def rows():
             yield from source.next_epoch()
 
         idx = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec((b,), tf.int64))
         idx = idx.apply(tf.data.experimental.assert_cardinality(spe))
-    else:  # the same batches every epoch: the partition, once
+    else:  # deterministic: the same batches every epoch
         idx = tf.data.Dataset.from_tensor_slices(schedule.batch(0)[None, :] if sampling == FULL
                                                  else schedule.partition())
     ds = idx.map(lambda i: (tf.gather(x, i), tf.gather(y, i))).prefetch(2)
     _SOURCES[ds] = source
     return ds
+
+
+def continue_batch_source(model, schedule: BatchSchedule, steps: int) -> None:
+    """Makes the :func:`batched_dataset` that the running ``model.fit`` trains on continue
+    a restored run: ``schedule`` (with the run's seed) from step ``steps`` on. Other data
+    is left alone (the core refuses it)."""
+    handler = _fit_data_handler(model)
+    adapter = getattr(getattr(handler, "_adapter", None), "_internal_adapter", getattr(handler, "_adapter", None))
+    dataset = getattr(adapter, "_dataset", None)
+    source = _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
+    if source is not None:
+        source.continue_run(schedule, steps)
 
 
 def dataset_schedule(dataset) -> Optional[BatchSchedule]:

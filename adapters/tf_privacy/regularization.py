@@ -99,6 +99,12 @@ class DecoupledL2DPKerasSGDOptimizer(GenericDPSGDOptimizer):
         )
         return config
 
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config.pop("global_state", None)  # TF-Privacy's query state, rebuilt from clip and noise
+        return super().from_config(config, custom_objects=custom_objects)
+
 
 class L2BallProjection(tf.keras.constraints.Constraint):
     """Projects a whole weight tensor onto ``{w : ||w||_2 <= radius}`` after every step.

@@ -7,8 +7,9 @@ for every other framework:
 * each optimiser step, from the model's TF-Privacy optimizer, as ``StepFacts``: noise, clip
   norm, learning rate (constant, a ``LearningRateSchedule``, the legacy ``decay``, or changed
   by another callback), the number of microbatches, L2 outside clipping, the
-  ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm`` and gradient
-  accumulation;
+  ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm``, gradient
+  accumulation, and the replicas of the model's ``tf.distribute`` strategy (how many, how
+  Keras combines them, whether the optimizer splits its step over them);
 * the model's layers as ``ModelFacts``;
 * what ``model.fit`` trains on as ``BatchSourceFacts``: a :func:`batched_dataset` of the
   declared schedule, or something else, which is refused with what it is.
@@ -47,14 +48,15 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     check_geometry,
     check_position,
+    effective_step,
     seal_state,
     unseal_state,
 )
 from hidden_state_accountants.schedules import check_schedule, steps_per_epoch
 
-from .data import check_dataset_sampling, continue_batch_source, fit_batch_source
+from .data import check_dataset_sampling, continue_batch_source, fit_batch_source, share_batch_source_across_workers
 from .model import model_facts
-from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, step_facts
+from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
 from .statement import statement_for_run
 
@@ -156,6 +158,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.verbose = int(verbose)
 
         self.settings: Optional[DPOptimizerSettings] = None
+        self.replicas = 1  # of the model's tf.distribute strategy, read when fit starts
         self.recorder: Optional[RunRecorder] = None  # the core's ledger, from the first fit on
         self.history: List[EpochPrivacy] = []
         self.report: Optional[PrivacyReport] = None
@@ -189,6 +192,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
                 "Keras model compiled with DPKerasSGDOptimizer")
         opt = model.optimizer
         self.settings = settings = read_dp_optimizer_settings(opt)
+        self.replicas = replicas = read_replicas(model)
         _check_loss(model)
         restored, self._restored = self._restored, None
         if restored is not None:
@@ -206,12 +210,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
 
         if self.recorder is not None and self.steps:
             continue_batch_source(model, self.recorder.schedule, self.steps)
+        share_batch_source_across_workers(model)
         source = fit_batch_source(model)
         schedule = self.recorder.schedule if self.recorder is not None else self._declared_schedule(source.schedule)
         check_batch_source(schedule, source, self.steps)
         diameter, others = projection_facts(model)
-        self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, projection_diameter=diameter,
-                                 other_constraints=others)
+        self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, replicas=replicas,
+                                 projection_diameter=diameter, other_constraints=others)
         self._read_learning_rate_source(opt)
         if self.recorder is None:
             self.recorder = RunRecorder(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
@@ -221,7 +226,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         last = self.recorder.ledger[-1:]  # a change from the run so far is known now, too
         self.recorder.check_plan([s for s, _ in last] + plan)
         if self.declared_geometry is not None:
-            self.geometry = check_geometry(self.declared_geometry, weight_decay=self._facts.weight_decay,
+            self.geometry = check_geometry(self.declared_geometry, weight_decay=effective_step(self._facts).weight_decay,
                                            projection_diameter=diameter)
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
@@ -535,7 +540,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         d = "None" if geom is None or geom.diameter is None else f"{geom.diameter:.4g}"
         g = "none (composition only)" if geom is None else f"m={geom.strong_convexity:g}, M={geom.smoothness:g}, D={d}"
         budget = f", target_epsilon={self.target_epsilon:g}" if self.target_epsilon is not None else ""
-        return (f"HiddenStatePrivacyCallback: {s.name} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
+        replicas = f" on {self.replicas} replicas" if self.replicas > 1 else ""
+        return (f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
                 f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling} "
                 f"({self.steps_per_epoch} steps/epoch, {schedule.dropped_per_epoch} records dropped per epoch); "
                 f"geometry: {g}; delta={self.delta:g}{budget}")

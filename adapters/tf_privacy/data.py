@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hidden_state_accountants import BatchSchedule, ParameterError
 from hidden_state_accountants.recording import BatchSourceFacts
-from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
+from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SAMPLINGS, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
@@ -174,12 +174,50 @@ def continue_batch_source(model, schedule: BatchSchedule, steps: int) -> None:
     """Makes the :func:`batched_dataset` that the running ``model.fit`` trains on continue
     a restored run: ``schedule`` (with the run's seed) from step ``steps`` on. Other data
     is left alone (the core refuses it)."""
-    handler = _fit_data_handler(model)
-    adapter = getattr(getattr(handler, "_adapter", None), "_internal_adapter", getattr(handler, "_adapter", None))
-    dataset = getattr(adapter, "_dataset", None)
-    source = _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
+    source = _fit_source(model)
     if source is not None:
         source.continue_run(schedule, steps)
+
+
+def _fit_source(model) -> Optional[_Source]:
+    handler = _fit_data_handler(model)
+    adapter = getattr(handler, "_adapter", None)
+    dataset = getattr(getattr(adapter, "_internal_adapter", adapter), "_dataset", None)
+    return _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
+
+
+def share_batch_source_across_workers(model) -> None:
+    """Under ``MultiWorkerMirroredStrategy``, makes every worker's :func:`batched_dataset`
+    follow the same schedule: each worker feeds its part of every global batch, so all must
+    cut the same batches. A fresh secret seed (no step used it) is replaced by worker 0's;
+    seeds you chose must agree. Raises :class:`ParameterError` when the workers' datasets
+    differ otherwise. (The seed travels between the workers over the strategy's collective
+    communication, like the gradients.)"""
+    strategy = model.distribute_strategy
+    source = _fit_source(model)
+    if source is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    s = source.schedule
+    fresh = s.seed_is_secret and source.epochs_started == 0
+    mine = [s.dataset_size, s.batch_size, SAMPLINGS.index(s.sampling), -1 if s.seed is None else s.seed,
+            int(s.seed_is_secret), int(fresh)]
+    rows = strategy.gather(strategy.run(lambda: tf.constant([mine], tf.int64)), axis=0).numpy().tolist()
+    chief = rows[0]
+    if all(row[:4] == chief[:4] for row in rows):
+        return
+    if any(row[:3] != chief[:3] for row in rows):
+        described = sorted({f"n={r[0]}, b={r[1]}, {SAMPLINGS[r[2]]}" for r in rows})
+        raise ParameterError("data", f"the workers' batched_datasets differ ({'; '.join(described)}); every worker "
+                                     "must pass a batched_dataset of the same data and schedule")
+    if any(row[:4] != chief[:4] and not row[5] for row in rows):
+        raise ParameterError(
+            "seed", "the workers' batched_datasets have different seeds; pass the same seed on every worker, or "
+            "seed=None on every worker (worker 0's secret seed is then used by all)")
+    if mine != chief:
+        shared = BatchSchedule.from_description(
+            {"sampling": s.sampling, "dataset_size": s.dataset_size, "batch_size": s.batch_size, "seed": chief[3]},
+            seed_is_secret=bool(chief[4]))
+        source.continue_run(shared, source.first_step)
 
 
 def dataset_schedule(dataset) -> Optional[BatchSchedule]:

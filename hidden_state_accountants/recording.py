@@ -138,7 +138,8 @@ class StepFacts:
     @replica_reduction.validator
     def _check_reduction(self, _, value):
         if value not in REPLICA_REDUCTIONS:
-            raise v.ParameterError("replica_reduction", f"must be one of {', '.join(REPLICA_REDUCTIONS)}, got {value!r}")
+            raise v.ParameterError("replica_reduction",
+                                   f"must be one of {', '.join(REPLICA_REDUCTIONS)}, got {value!r}")
 
     def to_dict(self) -> Dict[str, Any]:
         return {k: (list(x) if isinstance(x, tuple) else x) for k, x in attr.asdict(self).items()}

@@ -3,10 +3,11 @@
     python tf_resume_job.py WORKDIR SAMPLING ORDER [KILL_AT_STEP]
 
 Trains logistic regression whose label is the record's index (so the labels a step trains
-on are its batch) for EPOCHS epochs with ``BackupAndRestore(WORKDIR/backup)`` (listed before or after the
-privacy callback, ORDER = ``callback_first`` or ``backup_first``); with KILL_AT_STEP, writes
-the batches handed out so far and the callback's state to WORKDIR/batches.json and
-WORKDIR/state.json after that optimizer step and kills itself with SIGKILL. Prints a JSON line: epsilon, steps, ledger, the batch of every step trained.
+on are its batch) for EPOCHS epochs with ``BackupAndRestore(WORKDIR/backup)``, listed before
+or after the privacy callback (ORDER = ``callback_first`` or ``backup_first``). With
+KILL_AT_STEP, writes the batches trained so far and the callback's state to
+WORKDIR/batches.json and WORKDIR/state.json after that optimizer step, then kills itself with
+SIGKILL. Prints a JSON line: epsilon, steps, ledger, the batch of every step trained.
 """
 
 import json

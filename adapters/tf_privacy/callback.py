@@ -226,7 +226,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         last = self.recorder.ledger[-1:]  # a change from the run so far is known now, too
         self.recorder.check_plan([s for s, _ in last] + plan)
         if self.declared_geometry is not None:
-            self.geometry = check_geometry(self.declared_geometry, weight_decay=effective_step(self._facts).weight_decay,
+            self.geometry = check_geometry(self.declared_geometry,
+                                           weight_decay=effective_step(self._facts).weight_decay,
                                            projection_diameter=diameter)
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon

@@ -36,6 +36,8 @@ The policy, one for every framework:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -64,6 +66,9 @@ class CompositionFallbackWarning(HiddenStateWarning):
 
 # ------------------------------------------------------------------------------ facts
 Number = Union[float, Tuple[float, ...]]
+
+REPLICA_REDUCTIONS = ("sum", "mean")
+"""How a data-parallel framework combines its replicas' updates (:attr:`StepFacts.replica_reduction`)."""
 
 
 def _number_or_groups(value):
@@ -95,6 +100,15 @@ class StepFacts:
         ``clipnorm``), described, or ``None``.
       sample_rate: the probability a record is in the step's batch, for Poisson steps whose
         rate the framework reports (Opacus), else ``None``.
+      replicas: data-parallel replicas that each compute the update on their part of the
+        batch (``tf.distribute``, ``torch.distributed``); 1 for one device. With several,
+        ``divisor`` is the number each replica divides its clipped sum and noise by, and
+        :func:`effective_step` is the one-device step the replicas add up to.
+      replica_reduction: how the framework combines the replicas' updates: ``"sum"`` or
+        ``"mean"``.
+      replica_share: each replica adds ``1/replica_share`` of the noise variance
+        ``(noise_multiplier * clip_norm)^2`` and of the L2 term ``weight_decay * theta``
+        (1: each adds them in full, as an optimizer that knows nothing of replicas does).
     """
 
     noise_multiplier: float = attr.ib(converter=float)
@@ -111,6 +125,21 @@ class StepFacts:
     accumulation: int = attr.ib(default=1, converter=int)
     postprocessing: Optional[str] = attr.ib(default=None)
     sample_rate: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+    replicas: int = attr.ib(default=1)
+    replica_reduction: str = attr.ib(default="sum")
+    replica_share: int = attr.ib(default=1)
+
+    @replicas.validator
+    @replica_share.validator
+    def _check_count(self, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise v.ParameterError(attribute.name, f"must be an integer >= 1, got {value!r}")
+
+    @replica_reduction.validator
+    def _check_reduction(self, _, value):
+        if value not in REPLICA_REDUCTIONS:
+            raise v.ParameterError("replica_reduction",
+                                   f"must be one of {', '.join(REPLICA_REDUCTIONS)}, got {value!r}")
 
     def to_dict(self) -> Dict[str, Any]:
         return {k: (list(x) if isinstance(x, tuple) else x) for k, x in attr.asdict(self).items()}
@@ -124,7 +153,7 @@ class StepFacts:
             raise v.ParameterError("ledger", f"unknown step fields {sorted(unknown)}")
         try:
             return cls(**d)
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError) as err:  # ParameterError included
             raise v.ParameterError("ledger", f"malformed step {d!r}: {err}") from None
 
 
@@ -164,6 +193,39 @@ class BatchSourceFacts:
     next_step: Optional[int] = attr.ib(default=None)
     """The step of ``schedule`` whose batch the source hands out next (``None``: unknown,
     taken to be the run's position)."""
+
+
+def effective_step(step: StepFacts) -> StepFacts:
+    """The one-device step that ``step.replicas`` data-parallel replicas add up to.
+
+    Each of the ``R`` replicas applies ``lr * [(S_r + N_r) / d + (wd/s) * theta]`` to the
+    clipped sum ``S_r`` of its part of the batch, with independent noise
+    ``N_r ~ N(0, (z C)^2 / s)`` (``s = replica_share``); the framework combines the updates by
+    their sum (``k = 1``) or mean (``k = 1/R``). Together:
+    ``lr * [(S + N(0, (R/s) (z C)^2)) / (d/k) + k (R/s) wd * theta]``, the one-device step
+    with divisor ``d/k``, noise multiplier ``sqrt(R/s) z`` and L2 term ``k (R/s) wd``. (Noise
+    correlated across replicas would only add noise: independent draws are the least.)
+
+    >>> tf_privacy = StepFacts(noise_multiplier=1, clip_norm=1, learning_rate=0.1, divisor=50, replicas=2)
+    >>> s = effective_step(tf_privacy)  # each replica: all the noise, its 50 records' mean
+    >>> round(s.noise_multiplier, 4), s.divisor  # sqrt(2) times the noise, half the batch's divisor
+    (1.4142, 50.0)
+    >>> split = StepFacts(noise_multiplier=1, clip_norm=1, learning_rate=0.1, divisor=100, weight_decay=0.01,
+    ...                   replicas=2, replica_share=2)
+    >>> s = effective_step(split)  # each replica: half the noise variance and the L2 term, / b
+    >>> s.noise_multiplier, s.divisor, s.weight_decay, s.replicas
+    (1.0, 100.0, 0.01, 1)
+    """
+    replicas = step.replicas
+    if replicas == 1 and step.replica_share == 1:
+        return step
+    k = 1.0 if step.replica_reduction == "sum" else 1.0 / replicas
+    ratio = replicas / step.replica_share  # exactly 1.0 when the replicas share the step evenly
+    wd = step.weight_decay
+    wd = tuple(k * x * ratio for x in wd) if isinstance(wd, tuple) else k * wd * ratio
+    return attr.evolve(step, replicas=1, replica_reduction="sum", replica_share=1,
+                       noise_multiplier=step.noise_multiplier * math.sqrt(ratio),
+                       divisor=None if step.divisor is None else step.divisor / k, weight_decay=wd)
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -376,8 +438,9 @@ class RunRecorder:
     def ledger(self) -> List[Tuple[StepFacts, int]]:
         return [(s, c) for s, c in self._ledger]
 
-    def check(self, step: StepFacts) -> None:
-        """The checks of the first step, usable before any step runs (rule 1)."""
+    def _check_accountable(self, step: StepFacts) -> None:
+        """Rule 4: raises when not even composition covers ``step`` with this schedule."""
+        raw, step = step, effective_step(step)
         problem = unaccountable(step)
         if problem:
             raise v.ParameterError(*problem)
@@ -389,9 +452,20 @@ class RunRecorder:
                     f"{s.sampling} schedule; take one optimiser step per batch")
             if step.loss_reduction == "mean" and step.divisor is not None and s.fixed_batch_size \
                     and abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size:
+                replicas = ""
+                if raw.replicas > 1:
+                    how = "sums" if raw.replica_reduction == "sum" else "averages"
+                    replicas = (f" ({raw.replicas} replicas each divide their part of the batch by {raw.divisor:g} and "
+                                f"the framework {how} their updates: the effective learning rate is "
+                                f"{s.batch_size / step.divisor:.4g} times the one set)")
                 raise v.ParameterError(
                     "batch_size", f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
-                    f"batches hold {s.batch_size} records")
+                    f"batches hold {s.batch_size} records{replicas}")
+
+    def check(self, step: StepFacts) -> None:
+        """The checks of the first step, usable before any step runs (rule 1)."""
+        self._check_accountable(step)
+        step = effective_step(step)
         if self.geometry is None:
             return
         departure = update_departure(step)
@@ -420,11 +494,13 @@ class RunRecorder:
         if not planned:
             return
         self.check(planned[0])
+        for step in set(planned[1:]):
+            self._check_accountable(step)
         if self.geometry is None:
             return
         probe = RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
                             assume_convex_model=self.assume_convex_model)
-        probe._ledger = [[s, 1] for s in planned]
+        probe._ledger = [[effective_step(s), 1] for s in planned]
         probe._steps = len(planned)
         reasons = probe.reasons()
         if reasons:
@@ -441,11 +517,8 @@ class RunRecorder:
         if self._steps == 0:
             self.check(step)
         else:
-            problem = unaccountable(step)
-            if problem:
-                raise v.ParameterError(*problem)
-            if self.schedule is not None and step.accumulation != 1:
-                raise v.ParameterError("accumulation", "gradient accumulation over the schedule's batches")
+            self._check_accountable(step)
+        step = effective_step(step)  # the ledger holds one-device steps
         if self._ledger and self._ledger[-1][0] == step:
             self._ledger[-1][1] += count
         else:
@@ -556,13 +629,60 @@ class RunRecorder:
         for entry in state:
             if not isinstance(entry, (list, tuple)) or len(entry) != 2:
                 raise v.ParameterError("ledger", f"every entry must be [step, count], got {entry!r}")
-            step = StepFacts.from_dict(entry[0])
+            step = effective_step(StepFacts.from_dict(entry[0]))
             count = entry[1]
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise v.ParameterError("ledger", f"a count must be a positive integer, got {count!r}")
             ledger.append([step, count])
         self._ledger = ledger
         self._steps = sum(c for _, c in ledger)
+
+
+# ------------------------------------------------------------------- sealed states
+def _canonical(payload: Dict[str, Any], what: str) -> bytes:
+    try:
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as err:
+        raise v.ParameterError(what, f"must hold plain finite JSON values only: {err}") from None
+
+
+def seal_state(payload: Dict[str, Any]) -> Dict[str, Any]:
+    """``payload`` (plain JSON types) plus ``"digest"``, the SHA-256 of its canonical JSON.
+
+    The digest lets :func:`unseal_state` recognise a state that was edited or corrupted
+    after it was written (a ledger shortened by hand, a changed seed). It is an integrity
+    check, not a signature: whoever can write the checkpoint can recompute it, so a
+    checkpoint must be kept as private and trusted as the data.
+
+    >>> sealed = seal_state({"steps": 3})
+    >>> unseal_state(sealed)
+    {'steps': 3}
+    >>> sealed["steps"] = 2
+    >>> unseal_state(sealed, "checkpoint")
+    Traceback (most recent call last):
+    ...
+    hidden_state_accountants.validation.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
+    """
+    if not isinstance(payload, dict) or "digest" in payload:
+        raise v.ParameterError("payload", "must be a dict without a 'digest' key")
+    return {**payload, "digest": hashlib.sha256(_canonical(payload, "payload")).hexdigest()}
+
+
+def unseal_state(state: Any, what: str = "state") -> Dict[str, Any]:
+    """The payload of a :func:`seal_state` result, after checking its digest.
+
+    Raises :class:`~hidden_state_accountants.ParameterError` naming ``what`` when ``state``
+    is not such a dict or its digest does not match its content.
+    """
+    if not isinstance(state, dict):
+        raise v.ParameterError(what, f"must be a dict written by seal_state, got {type(state).__name__}")
+    if not isinstance(state.get("digest"), str):
+        raise v.ParameterError(what, "has no digest (not written by this package, or edited); it cannot be trusted")
+    payload = {k: x for k, x in state.items() if k != "digest"}
+    if hashlib.sha256(_canonical(payload, what)).hexdigest() != state["digest"]:
+        raise v.ParameterError(what, "its digest does not match its content (edited or corrupted after it was "
+                                     "written); it cannot be trusted")
+    return payload
 
 
 __all__ = [
@@ -576,8 +696,12 @@ __all__ = [
     "RunRecorder",
     "unaccountable",
     "update_departure",
+    "effective_step",
+    "REPLICA_REDUCTIONS",
     "model_refusal",
     "check_batch_source",
     "check_geometry",
     "check_position",
+    "seal_state",
+    "unseal_state",
 ]

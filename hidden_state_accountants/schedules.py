@@ -237,18 +237,32 @@ class BatchSchedule:
         return out
 
     @classmethod
-    def from_description(cls, state: Dict[str, Any]) -> "BatchSchedule":
-        """Rebuilds a schedule from :meth:`describe` (the seed keeps its secrecy flag only
-        as far as the caller knows it: a stored seed counts as the caller's choice)."""
+    def from_description(cls, state: Dict[str, Any], *, seed_is_secret: bool = False) -> "BatchSchedule":
+        """Rebuilds a schedule from :meth:`describe`.
+
+        A stored seed counts as the caller's choice unless ``seed_is_secret=True``: pass that
+        only for the description of a schedule whose seed was drawn secretly and has been kept
+        as private as the data since (e.g. restored from a private checkpoint of the same run).
+
+        >>> s = BatchSchedule(6, 2, SHUFFLE_PARTITION)
+        >>> t = BatchSchedule.from_description(s.describe(), seed_is_secret=True)
+        >>> t == s and t.seed_is_secret
+        True
+        """
+        if not isinstance(seed_is_secret, bool):
+            raise v.ParameterError("seed_is_secret", f"must be True or False, got {seed_is_secret!r}")
         if not isinstance(state, dict):
             raise v.ParameterError("schedule", f"must be a dict from BatchSchedule.describe(), got {type(state).__name__}")
         missing = [k for k in ("sampling", "dataset_size", "batch_size", "seed") if k not in state]
         if missing:
             raise v.ParameterError("schedule", f"missing {', '.join(missing)}")
         sampling = check_sampling(state["sampling"])
-        return cls(state["dataset_size"], state["batch_size"], sampling,
-                   state["seed"] if sampling in RANDOM else None,
-                   sampling_probability=state.get("sampling_probability"))
+        schedule = cls(state["dataset_size"], state["batch_size"], sampling,
+                       state["seed"] if sampling in RANDOM else None,
+                       sampling_probability=state.get("sampling_probability"))
+        if seed_is_secret and schedule.is_random:
+            object.__setattr__(schedule, "seed_is_secret", True)
+        return schedule
 
     def same_schedule(self, other: "BatchSchedule") -> bool:
         return isinstance(other, BatchSchedule) and self.describe() == other.describe()

@@ -1,5 +1,6 @@
 """The recording layer (core): facts from a framework in, a training-run event and reasons out."""
 
+import json
 import math
 import warnings
 
@@ -12,7 +13,10 @@ from hidden_state_accountants.recording import (
     ModelFacts,
     RunRecorder,
     StepFacts,
+    effective_step,
     model_refusal,
+    seal_state,
+    unseal_state,
 )
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
@@ -189,6 +193,63 @@ def test_ledger_round_trip_and_validation():
                 "x", [[1, 2, 3]]):
         with pytest.raises(ParameterError, match="ledger"):
             other.load_ledger_state(bad)
+
+
+# ------------------------------------------------------------------ data parallelism
+def test_replicas_that_share_the_step_add_up_to_the_one_device_step():
+    one = step(divisor=10)
+    shared = step(divisor=10, replicas=4, replica_share=4)  # each: 1/4 of the noise variance and L2, / b
+    assert effective_step(shared) == one  # exactly
+    rec = recorder()
+    rec.record(shared, 5)
+    assert rec.ledger == [(one, 5)] and rec.ledger_state()[0][0]["replicas"] == 1
+    averaged = effective_step(step(divisor=2.5, weight_decay=0.01, replicas=4, replica_reduction="mean"))
+    assert (averaged.divisor, averaged.weight_decay, averaged.noise_multiplier) == (10, 0.01, 4.0)
+
+
+def test_replicas_that_each_take_the_whole_step_are_refused_with_the_reason():
+    # TF-Privacy's optimizer under MirroredStrategy: each of 2 replicas divides its 5
+    # records' clipped sum and all the noise by 5, and Keras sums the two updates
+    with pytest.raises(ParameterError, match=r"^batch_size: the update divides the clipped sum by 5 but the "
+                                             r"schedule's batches hold 10 records \(2 replicas each divide their "
+                                             r"part of the batch by 5 and the framework sums their updates: the "
+                                             r"effective learning rate is 2 times the one set\)"):
+        recorder(geometry=None).record(step(divisor=5, replicas=2))
+    assert effective_step(step(divisor=5, replicas=2)).noise_multiplier == pytest.approx(2.0 * math.sqrt(2))
+    for bad, name in ((dict(replicas=0), "replicas"), (dict(replica_share=1.5), "replica_share"),
+                      (dict(replica_reduction="max"), "replica_reduction")):
+        with pytest.raises(ParameterError, match=f"^{name}: must be"):
+            step(**bad)
+
+
+def test_a_divisor_that_stops_matching_the_batches_is_refused_at_that_step():
+    rec = recorder(geometry=None)
+    rec.record(step(), 3)
+    with pytest.raises(ParameterError, match="^batch_size: the update divides the clipped sum by 5"):
+        rec.record(step(divisor=5, replicas=2))  # e.g. a later fit under a strategy
+    with pytest.raises(ParameterError, match="^batch_size: the update divides the clipped sum by 5"):
+        rec.check_plan([step(), step(divisor=5, replicas=2)])
+    assert rec.steps == 3
+
+
+def test_a_sealed_state_refuses_any_edit():
+    rec = recorder()
+    rec.record(step(), 30)
+    sealed = seal_state({"ledger": rec.ledger_state(), "seed": 12345})
+    assert unseal_state(json.loads(json.dumps(sealed))) == {"ledger": rec.ledger_state(), "seed": 12345}
+    edits = [lambda s: s["ledger"][0].__setitem__(1, 29), lambda s: s.__setitem__("seed", 12346),
+             lambda s: s["ledger"][0][0].__setitem__("noise_multiplier", 2.5), lambda s: s.__setitem__("x", 1)]
+    for edit in edits:
+        forged = json.loads(json.dumps(sealed))
+        edit(forged)
+        with pytest.raises(ParameterError, match="^checkpoint: its digest does not match its content"):
+            unseal_state(forged, "checkpoint")
+    with pytest.raises(ParameterError, match="^checkpoint: has no digest"):
+        unseal_state({"seed": 1}, "checkpoint")
+    with pytest.raises(ParameterError, match="^checkpoint: must be a dict"):
+        unseal_state([], "checkpoint")
+    with pytest.raises(ParameterError, match="^payload: must hold plain finite JSON values"):
+        seal_state({"x": float("nan")})
 
 
 def test_a_planned_departure_is_an_error_before_training():

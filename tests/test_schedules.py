@@ -76,6 +76,17 @@ def test_describe_round_trip_keeps_the_schedule():
         BatchSchedule.from_description({"sampling": CYCLIC, "dataset_size": 10, "batch_size": 2})
 
 
+def test_a_restored_secret_seed_stays_secret_only_when_said_so():
+    s = BatchSchedule(100, 10, SHUFFLE_PARTITION)
+    assert not BatchSchedule.from_description(s.describe()).seed_is_secret  # a stored seed: the caller's
+    t = BatchSchedule.from_description(s.describe(), seed_is_secret=True)  # e.g. a private checkpoint of the run
+    assert t == s and t.seed_is_secret and t.partition().tolist() == s.partition().tolist()
+    assert not BatchSchedule.from_description(BatchSchedule(100, 10, CYCLIC).describe(),
+                                              seed_is_secret=True).seed_is_secret  # no seed, nothing secret
+    with pytest.raises(ParameterError, match="^seed_is_secret: must be True or False"):
+        BatchSchedule.from_description(s.describe(), seed_is_secret="yes")
+
+
 @pytest.mark.parametrize("n,b,sampling,param", [
     (10, 11, CYCLIC, "batch_size"), (10, 5, FULL, "batch_size"), (10, 6, CYCLIC, "batch_size"),
     (10, 6, SHUFFLE_PARTITION, "batch_size"), (0, 1, CYCLIC, "dataset_size"), (10, 2, "reshuffled", "sampling"),

@@ -1,7 +1,11 @@
 """The TF-Privacy example runs, prints epsilon in Keras' progress output, and learns."""
 
 import importlib.util
+import json
+import os
 import pathlib
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -45,3 +49,23 @@ def test_example_prints_epsilon_per_epoch_and_accuracy(capsys):
 def test_example_budget_stop():
     result = _load().main(["--epochs", "10", "--target-epsilon", "4.4"])
     assert result["epochs"] == 3 and result["epsilon"] <= 4.4  # epsilon 4.355; a 4th epoch: 4.511
+
+
+def test_example_distributed_mode_reports_the_one_device_run():
+    # a fresh process: the two logical CPU devices must be set before TensorFlow starts
+    code = ("import json, runpy, sys; sys.argv = ['x', '--epochs', '2', '--distributed']; "
+            f"print(json.dumps(runpy.run_path({str(EXAMPLE)!r}, run_name='example')['main'](sys.argv[1:]), "
+            "default=float))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DecoupledL2DPKerasSGDOptimizer on 2 replicas" in out.stdout
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    run = TrainingRunDpEvent.from_epochs(
+        dataset_size=1437, batch_size=64, epochs=2, noise_multiplier=2.0, clip_norm=1.0,
+        learning_rate=0.5, sampling="shuffle_partition",
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = HiddenStateAccountant().compose(run).get_epsilon(1e-5)
+    assert result["replicas"] == 2 and result["epsilon"] == pytest.approx(expected, rel=1e-12)

@@ -34,6 +34,7 @@ from hidden_state_accountants.tf_privacy import (  # noqa: E402
     clip_feature_norms,
     partition_indices,
 )
+from hidden_state_accountants.tf_privacy import data as data_module  # noqa: E402
 
 N, B, DIM, CLASSES = 120, 20, 5, 3  # 6 steps per epoch
 SPE = N // B
@@ -309,9 +310,16 @@ def test_fresh_draws_are_never_replayed(data):
     model.fit(ds, epochs=1, callbacks=[cb], verbose=0)
     model.fit(ds, epochs=1, callbacks=[cb], verbose=0)  # the same dataset goes on drawing
     assert cb.steps == 2 * SPE
-    # a new dataset with the same seed would hand out the batches of steps 0.. again
-    with pytest.raises(ParameterError, match="has handed out 0 batches for 12 steps"):
-        model.fit(batched_dataset(*data, B, "without_replacement", seed=3), epochs=1, callbacks=[cb], verbose=0)
+    # a new dataset with the same seed continues where the run is (it would otherwise hand
+    # out the batches of steps 0.. again)
+    fresh = batched_dataset(*data, B, "without_replacement", seed=3)
+    model.fit(fresh, epochs=1, callbacks=[cb], verbose=0)
+    assert cb.steps == 3 * SPE and data_module._SOURCES[fresh].next_step == 3 * SPE
+    # one that has already handed out the draws of steps 0..5 elsewhere cannot be moved on
+    used = batched_dataset(*data, B, "without_replacement", seed=3)
+    list(used)
+    with pytest.raises(ParameterError, match="has handed out 6 batches for 18 steps"):
+        model.fit(used, epochs=1, callbacks=[cb], verbose=0)
 
 
 class ExtraStep(tf.keras.callbacks.Callback):

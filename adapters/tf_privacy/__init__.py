@@ -24,7 +24,7 @@ trains on, and hands the facts to the core's recording layer, which decides; bud
 as the core sees it); :func:`compute_hidden_state_privacy_statement` (model-card text).
 """
 
-from .callback import EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
+from .callback import STATE_ATTRIBUTE, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
 from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, dataset_schedule, partition_indices
 from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
@@ -41,6 +41,7 @@ __all__ = [
     "HiddenStatePrivacyCallback",
     "PrivacyBudgetExceeded",
     "EpochPrivacy",
+    "STATE_ATTRIBUTE",
     "batched_dataset",
     "partition_indices",
     "dataset_schedule",

@@ -7,8 +7,9 @@ for every other framework:
 * each optimiser step, from the model's TF-Privacy optimizer, as ``StepFacts``: noise, clip
   norm, learning rate (constant, a ``LearningRateSchedule``, the legacy ``decay``, or changed
   by another callback), the number of microbatches, L2 outside clipping, the
-  ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm`` and gradient
-  accumulation;
+  ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm``, gradient
+  accumulation, and the replicas of the model's ``tf.distribute`` strategy (how many, how
+  Keras combines them, whether the optimizer splits its step over them);
 * the model's layers as ``ModelFacts``;
 * what ``model.fit`` trains on as ``BatchSourceFacts``: a :func:`batched_dataset` of the
   declared schedule, or something else, which is refused with what it is.
@@ -22,9 +23,11 @@ callbacks (Keras' own progress bar and ``History`` always come last).
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import warnings
-from dataclasses import dataclass
-from typing import Iterable, List, Optional, Tuple
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import attr
 import numpy as np
@@ -45,16 +48,32 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     check_geometry,
     check_position,
+    effective_step,
+    seal_state,
+    unseal_state,
 )
 from hidden_state_accountants.schedules import check_schedule, steps_per_epoch
 
-from .data import check_dataset_sampling, fit_batch_source
+from .data import check_dataset_sampling, continue_batch_source, fit_batch_source, share_batch_source_across_workers
 from .model import model_facts
-from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, step_facts
+from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
 from .statement import statement_for_run
 
 _DP_MODEL_MODULE = "tensorflow_privacy.privacy.keras_models.dp_keras_model"
+
+STATE_ATTRIBUTE = "hidden_state_privacy"
+"""The attribute of the model under which the callback's state is tracked (and so saved with
+the model by ``tf.train.Checkpoint``, ``model.save_weights`` in the TensorFlow format,
+``ModelCheckpoint(save_weights_only=True)`` and ``BackupAndRestore``)."""
+
+_STATE_FORMAT = "hidden_state_accountants.tf_privacy.HiddenStatePrivacyCallback"
+_STATE_VERSION = 1
+_HOW_TO_RESUME = (
+    "to resume a run, restore the callback's state together with the model and its optimizer: it is saved "
+    "with the model (tf.train.Checkpoint(model=model), model.save_weights in the TensorFlow format, "
+    "ModelCheckpoint(save_weights_only=True) or BackupAndRestore, with the callback passed to fit), and restored "
+    "into a new callback passed to the resumed fit (see 'Resuming a run' in the TF-Privacy adapter's guide)")
 
 
 class PrivacyBudgetExceeded(RuntimeError):
@@ -101,6 +120,14 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
     Raises (from ``on_train_begin``, before any step): :class:`ParameterError` naming the
     parameter for every contradiction known before training, and for data that does not
     follow the declared schedule.
+
+    **Resuming.** The callback's state (the core ledger, the batch schedule with its seed, the
+    per-epoch history) is tracked by the model as ``model.hidden_state_privacy`` from the
+    first ``fit`` on, so it is saved with the model and restored into a new callback in a
+    new process; the resumed ``fit`` continues the ledger and the schedule. A restored state
+    is checked (its digest, that it is a run of this callback's schedule, that it accounts
+    exactly the optimizer's steps) before any step. The state holds the secret seed of a
+    random schedule: keep checkpoints as private as the data.
     """
 
     def __init__(
@@ -131,6 +158,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.verbose = int(verbose)
 
         self.settings: Optional[DPOptimizerSettings] = None
+        self.replicas = 1  # of the model's tf.distribute strategy, read when fit starts
         self.recorder: Optional[RunRecorder] = None  # the core's ledger, from the first fit on
         self.history: List[EpochPrivacy] = []
         self.report: Optional[PrivacyReport] = None
@@ -141,29 +169,54 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._report_steps = -1
         self._epoch_start = 0
         self._announce_stop = False
+        self._restored: Optional[Dict[str, Any]] = None  # a checked state, applied before the next step
+        self._restore_error: Optional[ParameterError] = None
+        self._checkpointed = _CheckpointedState(self)
 
     # ----------------------------------------------------------------- Keras hooks
+    def set_model(self, model):
+        super().set_model(model)
+        # tracked by the model, so saved and restored with it; a checkpoint restored before
+        # fit is applied now (TensorFlow restores a dependency when it is attached)
+        setattr(model, STATE_ATTRIBUTE, self._checkpointed)
+
     def on_train_begin(self, logs=None):
+        self._begin()
+
+    def _begin(self):
         model = self.model
+        self._raise_restore_error()
         if any(c.__module__ == _DP_MODEL_MODULE for c in type(model).__mro__):
             raise ParameterError(
                 "model", f"{type(model).__name__} (TF-Privacy DPModel/DPSequential) is not supported; use a plain "
                 "Keras model compiled with DPKerasSGDOptimizer")
         opt = model.optimizer
         self.settings = settings = read_dp_optimizer_settings(opt)
+        self.replicas = replicas = read_replicas(model)
         _check_loss(model)
+        restored, self._restored = self._restored, None
+        if restored is not None:
+            self._apply_state(restored)
         iterations = int(opt.iterations.numpy())
-        if iterations != self.steps:
+        if iterations > self.steps:
             raise ParameterError(
-                "optimizer", f"has taken {iterations} steps but this callback accounted {self.steps}: steps it did "
-                "not see cannot be accounted (use a fresh optimizer, and the same callback for every fit)")
+                "optimizer", f"has taken {iterations} steps but this callback accounted {self.steps}: reporting "
+                f"{self.steps} steps as the whole run would under-report its privacy loss; {_HOW_TO_RESUME}")
+        if iterations < self.steps:
+            raise ParameterError(
+                "optimizer", f"has taken {iterations} steps but the callback's state accounts {self.steps}: the "
+                "optimizer was not restored with the callback's state (compile the model with its optimizer "
+                "before restoring, and restore model, optimizer and callback state from the same checkpoint)")
 
+        if self.recorder is not None and self.steps:
+            continue_batch_source(model, self.recorder.schedule, self.steps)
+        share_batch_source_across_workers(model)
         source = fit_batch_source(model)
         schedule = self.recorder.schedule if self.recorder is not None else self._declared_schedule(source.schedule)
         check_batch_source(schedule, source, self.steps)
         diameter, others = projection_facts(model)
-        self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, projection_diameter=diameter,
-                                 other_constraints=others)
+        self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, replicas=replicas,
+                                 projection_diameter=diameter, other_constraints=others)
         self._read_learning_rate_source(opt)
         if self.recorder is None:
             self.recorder = RunRecorder(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
@@ -173,7 +226,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         last = self.recorder.ledger[-1:]  # a change from the run so far is known now, too
         self.recorder.check_plan([s for s, _ in last] + plan)
         if self.declared_geometry is not None:
-            self.geometry = check_geometry(self.declared_geometry, weight_decay=self._facts.weight_decay,
+            self.geometry = check_geometry(self.declared_geometry,
+                                           weight_decay=effective_step(self._facts).weight_decay,
                                            projection_diameter=diameter)
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
@@ -187,6 +241,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             print(self._describe(), flush=True)
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._restored is not None or self._restore_error is not None:
+            self._begin()  # restored by a callback after this one (BackupAndRestore): checked again
         self._sync()
         self._epoch_start = self.steps
 
@@ -276,6 +332,114 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
     def privacy_statement(self, include_analyses: bool = False) -> str:
         """The model-card text (see :func:`compute_hidden_state_privacy_statement`) for this run."""
         return statement_for_run(self.run_event(), self.delta, notes=self.notes(), include_analyses=include_analyses)
+
+    # ----------------------------------------------------------------- resuming
+    def privacy_state(self) -> Dict[str, Any]:
+        """The callback's state in plain JSON types, sealed with a digest: the core ledger
+        (``RunRecorder.ledger_state()``), the batch schedule with its seed, the per-epoch
+        history. It is what the model's checkpoints hold (as ``model.hidden_state_privacy``);
+        keep it as private as the data (it holds the schedule's secret seed)."""
+        if self._restored is not None:  # restored, not yet applied: that is the state
+            r = self._restored
+            schedule, ledger, history = r["schedule"], r["ledger"], r["history"]
+        else:
+            if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
+                self._sync()
+            schedule = self.recorder.schedule if self.recorder is not None else None
+            ledger = self.recorder.ledger_state() if self.recorder is not None else []
+            history = self.history
+        return seal_state({
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "schedule": None if schedule is None else schedule.describe(),
+            "seed_is_secret": bool(schedule is not None and schedule.seed_is_secret),
+            "steps": sum(count for _, count in ledger),
+            "ledger": ledger,
+            "history": [_encode_epoch(h) for h in history],
+        })
+
+    def load_privacy_state(self, state: Dict[str, Any]) -> None:
+        """Loads a :meth:`privacy_state` (checked now; applied when ``fit`` starts, before
+        any step, where it must account exactly the optimizer's steps).
+
+        Raises :class:`ParameterError` (``checkpoint``) for a state that was edited after it
+        was written, belongs to another kind of object or to a run of another schedule, or
+        does not hold together.
+        """
+        self._restore_error = None
+        self._restored = self._check_state(state)
+
+    def _check_state(self, state) -> Dict[str, Any]:
+        payload = unseal_state(state, "checkpoint")
+
+        def bad(what):
+            return ParameterError("checkpoint", f"the hidden-state privacy state {what}")
+
+        if payload.get("format") != _STATE_FORMAT:
+            raise bad(f"is not a HiddenStatePrivacyCallback state (format {payload.get('format')!r})")
+        if payload.get("version") != _STATE_VERSION:
+            raise bad(f"has version {payload.get('version')!r}; this version of the package reads {_STATE_VERSION}")
+        missing = sorted({"schedule", "seed_is_secret", "steps", "ledger", "history"} - set(payload))
+        if missing:
+            raise bad(f"lacks {', '.join(missing)}")
+        steps, described = payload["steps"], payload["schedule"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise bad(f"has steps={steps!r}; must be an integer >= 0")
+        if described is None:
+            if steps or payload["ledger"]:
+                raise bad(f"accounts {steps} steps without a batch schedule")
+            return {"schedule": None, "ledger": [], "history": []}
+        if not isinstance(payload["seed_is_secret"], bool):
+            raise bad(f"has seed_is_secret={payload['seed_is_secret']!r}; must be true or false")
+        try:
+            schedule = BatchSchedule.from_description(described, seed_is_secret=payload["seed_is_secret"])
+        except ParameterError as err:
+            raise bad(f"has an invalid schedule ({err})") from None
+        declared = (self.sampling, self.dataset_size, self.batch_size)
+        held = (schedule.sampling, schedule.dataset_size, schedule.batch_size)
+        if held != declared:
+            raise bad(f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, batch_size={held[2]}, but this "
+                      f"callback was declared with sampling={declared[0]!r}, dataset_size={declared[1]}, "
+                      f"batch_size={declared[2]}")
+        probe = RunRecorder(schedule=schedule)
+        try:
+            probe.load_ledger_state(payload["ledger"])
+        except ParameterError as err:
+            raise bad(f"has an invalid ledger ({err})") from None
+        if probe.steps != steps:
+            raise bad(f"says {steps} steps were taken but its ledger accounts {probe.steps}")
+        try:
+            history = [_decode_epoch(h) for h in payload["history"]]
+        except (TypeError, ValueError, KeyError) as err:
+            raise bad(f"has an invalid history ({err!r})") from None
+        return {"schedule": schedule, "ledger": payload["ledger"], "history": history}
+
+    def _apply_state(self, restored: Dict[str, Any]) -> None:
+        self.recorder = None
+        self.history = list(restored["history"])
+        self.report, self._report_steps, self._lr_marks = None, -1, []
+        if restored["schedule"] is not None:
+            self.recorder = RunRecorder(schedule=restored["schedule"], geometry=self.declared_geometry,
+                                        model=model_facts(self.model), assume_convex_model=self.assume_convex_model)
+            self.recorder.load_ledger_state(restored["ledger"])
+
+    def _restore_from_checkpoint(self, text: str) -> None:
+        """Called by TensorFlow when a checkpoint is restored (errors are raised at the next
+        hook, before any step, where Keras shows them)."""
+        try:
+            state = json.loads(text)
+        except ValueError as err:
+            self._restore_error = ParameterError("checkpoint", f"the hidden-state privacy state is not JSON ({err})")
+            return
+        try:
+            self.load_privacy_state(state)
+        except ParameterError as err:
+            self._restored, self._restore_error = None, err
+
+    def _raise_restore_error(self) -> None:
+        err, self._restore_error = self._restore_error, None
+        if err is not None:
+            raise err
 
     # ----------------------------------------------------------------- internals
     def _declared_schedule(self, data_schedule: Optional[BatchSchedule]) -> BatchSchedule:
@@ -377,10 +541,45 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         d = "None" if geom is None or geom.diameter is None else f"{geom.diameter:.4g}"
         g = "none (composition only)" if geom is None else f"m={geom.strong_convexity:g}, M={geom.smoothness:g}, D={d}"
         budget = f", target_epsilon={self.target_epsilon:g}" if self.target_epsilon is not None else ""
-        return (f"HiddenStatePrivacyCallback: {s.name} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
+        replicas = f" on {self.replicas} replicas" if self.replicas > 1 else ""
+        return (f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
                 f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling} "
                 f"({self.steps_per_epoch} steps/epoch, {schedule.dropped_per_epoch} records dropped per epoch); "
                 f"geometry: {g}; delta={self.delta:g}{budget}")
+
+
+def _encode_epoch(h: EpochPrivacy) -> Dict[str, Any]:
+    out = asdict(h)
+    for key in ("epsilon", "epsilon_composition"):  # JSON has no infinity
+        out[key] = out[key] if math.isfinite(out[key]) else repr(out[key])
+    return out
+
+
+def _decode_epoch(d: Dict[str, Any]) -> EpochPrivacy:
+    if not isinstance(d, dict) or set(d) != {f for f in EpochPrivacy.__dataclass_fields__}:
+        raise ValueError(f"an epoch must be a dict of {sorted(EpochPrivacy.__dataclass_fields__)}, got {d!r}")
+    if not all(isinstance(d[k], int) and not isinstance(d[k], bool) and d[k] >= 0 for k in ("epoch", "steps")):
+        raise ValueError(f"epoch and steps must be integers >= 0, got {d!r}")
+    eps = {k: float(d[k]) for k in ("epsilon", "epsilon_composition")}
+    return EpochPrivacy(epoch=d["epoch"], steps=d["steps"], analysis=str(d["analysis"]), **eps)
+
+
+class _CheckpointedState(tf.train.experimental.PythonState):
+    """The callback's state as a checkpointable object (JSON of :meth:`privacy_state`)."""
+
+    def __init__(self, callback: HiddenStatePrivacyCallback):
+        super().__init__()
+        self._callback = callback
+
+    def serialize(self) -> str:
+        return json.dumps(self._callback.privacy_state(), sort_keys=True)
+
+    def deserialize(self, string_value) -> None:
+        if hasattr(string_value, "numpy"):
+            string_value = string_value.numpy()
+        if isinstance(string_value, bytes):
+            string_value = string_value.decode("utf-8", errors="replace")
+        self._callback._restore_from_checkpoint(string_value)
 
 
 def _check_loss(model) -> None:

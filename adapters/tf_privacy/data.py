@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from hidden_state_accountants import BatchSchedule, ParameterError
 from hidden_state_accountants.recording import BatchSourceFacts
-from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
+from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SAMPLINGS, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
@@ -38,23 +38,50 @@ def check_dataset_sampling(sampling) -> str:
 
 
 class _Source:
-    """A dataset's schedule and how many epochs of it the dataset has started."""
+    """A dataset's schedule and where in it the dataset is.
+
+    ``first_step`` is the step whose batch the first epoch starts at (0, or a resumed
+    run's position); a fixed partition restarts at its first batch every epoch.
+    """
 
     def __init__(self, schedule: BatchSchedule):
         self.schedule = schedule
         self.epochs_started = 0
+        self.first_step = 0
 
     @property
     def next_step(self) -> int:
-        """The step whose batch the dataset hands out next (a fixed partition restarts each epoch)."""
-        fresh = self.schedule.sampling == WITHOUT_REPLACEMENT
-        return self.epochs_started * self.schedule.steps_per_epoch if fresh else 0
+        """The step whose batch the dataset hands out next."""
+        if self.schedule.sampling != WITHOUT_REPLACEMENT:
+            return 0
+        return self.first_step + self.epochs_started * self.schedule.steps_per_epoch
 
     def next_epoch(self) -> np.ndarray:
         """The ``(steps_per_epoch, b)`` indices of the next epoch: ``schedule.batch(step)`` row by row."""
-        spe, e = self.schedule.steps_per_epoch, self.epochs_started
+        spe, start = self.schedule.steps_per_epoch, self.next_step
         self.epochs_started += 1
-        return np.stack([self.schedule.batch(t) for t in range(e * spe, (e + 1) * spe)]).astype(np.int64)
+        return np.stack([self.schedule.batch(t) for t in range(start, start + spe)]).astype(np.int64)
+
+    def continue_run(self, schedule: BatchSchedule, steps: int) -> None:
+        """Makes a dataset that has not been iterated yet continue ``schedule`` (a restored
+        run's, with the run's seed) after its first ``steps`` steps.
+
+        The dataset's own seed is replaced only if it was a secret draw that no step has
+        used; a seed the user chose is kept (and then compared by the core).
+        """
+        mine = self.schedule
+        if self.epochs_started:
+            return  # the core compares the batches it hands out next with the run's
+        same_kind = (mine.dataset_size, mine.batch_size, mine.sampling) == (
+            schedule.dataset_size, schedule.batch_size, schedule.sampling)
+        if not same_kind:
+            return
+        if mine.seed != schedule.seed and not mine.seed_is_secret:
+            raise ParameterError(
+                "seed", f"the batched_dataset has a seed you chose, but the run's {schedule.sampling} schedule has "
+                "another one; pass seed=None (the run's seed is then restored from its state) or the run's seed")
+        self.schedule = schedule
+        self.first_step = steps
 
 
 _SOURCES: "weakref.WeakKeyDictionary[tf.data.Dataset, _Source]" = weakref.WeakKeyDictionary()
@@ -104,7 +131,10 @@ def batched_dataset(
       draws of ``b`` distinct records every step.
 
     Pass it to ``model.fit`` as it is (no ``batch_size``, ``shuffle``, ``steps_per_epoch``,
-    ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object.
+    ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object. When
+    the callback continues a run (a restored state, or a second ``fit``), a dataset that has
+    not been iterated yet continues the run's schedule: its fresh secret seed (which no step
+    used) is replaced by the run's, and ``without_replacement`` starts at the run's step.
 
     >>> import numpy as np
     >>> ds = batched_dataset(np.zeros((7, 2)), np.arange(7), 3, "cyclic")
@@ -123,20 +153,71 @@ def batched_dataset(
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
 
-    if sampling == WITHOUT_REPLACEMENT:
+    if schedule.is_random:
         # one epoch of index rows computed when Keras starts iterating (not when it creates
-        # the iterator), so the k-th epoch trained is the k-th epoch of the schedule
+        # the iterator), so the k-th epoch trained is the k-th epoch of the schedule, and a
+        # resumed run can hand the dataset its schedule and position before the first epoch
         def rows():
             yield from source.next_epoch()
 
         idx = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec((b,), tf.int64))
         idx = idx.apply(tf.data.experimental.assert_cardinality(spe))
-    else:  # the same batches every epoch: the partition, once
+    else:  # deterministic: the same batches every epoch
         idx = tf.data.Dataset.from_tensor_slices(schedule.batch(0)[None, :] if sampling == FULL
                                                  else schedule.partition())
     ds = idx.map(lambda i: (tf.gather(x, i), tf.gather(y, i))).prefetch(2)
     _SOURCES[ds] = source
     return ds
+
+
+def continue_batch_source(model, schedule: BatchSchedule, steps: int) -> None:
+    """Makes the :func:`batched_dataset` that the running ``model.fit`` trains on continue
+    a restored run: ``schedule`` (with the run's seed) from step ``steps`` on. Other data
+    is left alone (the core refuses it)."""
+    source = _fit_source(model)
+    if source is not None:
+        source.continue_run(schedule, steps)
+
+
+def _fit_source(model) -> Optional[_Source]:
+    handler = _fit_data_handler(model)
+    adapter = getattr(handler, "_adapter", None)
+    dataset = getattr(getattr(adapter, "_internal_adapter", adapter), "_dataset", None)
+    return _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
+
+
+def share_batch_source_across_workers(model) -> None:
+    """Under ``MultiWorkerMirroredStrategy``, makes every worker's :func:`batched_dataset`
+    follow the same schedule: each worker feeds its part of every global batch, so all must
+    cut the same batches. A fresh secret seed (no step used it) is replaced by worker 0's;
+    seeds you chose must agree. Raises :class:`ParameterError` when the workers' datasets
+    differ otherwise. (The seed travels between the workers over the strategy's collective
+    communication, like the gradients.)"""
+    strategy = model.distribute_strategy
+    source = _fit_source(model)
+    if source is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    s = source.schedule
+    fresh = s.seed_is_secret and source.epochs_started == 0
+    mine = [s.dataset_size, s.batch_size, SAMPLINGS.index(s.sampling), -1 if s.seed is None else s.seed,
+            int(s.seed_is_secret), int(fresh)]
+    rows = strategy.gather(strategy.run(lambda: tf.constant([mine], tf.int64)), axis=0).numpy().tolist()
+    chief = rows[0]
+    if all(row[:4] == chief[:4] for row in rows):
+        return
+    if any(row[:3] != chief[:3] for row in rows):
+        described = sorted({f"n={r[0]}, b={r[1]}, {SAMPLINGS[r[2]]}" for r in rows})
+        raise ParameterError("data", f"the workers' batched_datasets differ ({'; '.join(described)}); every worker "
+                                     "must pass a batched_dataset of the same data and schedule")
+    if any(row[:4] != chief[:4] and not row[5] for row in rows):
+        raise ParameterError(
+            "seed", "the workers' batched_datasets have different seeds; pass the same seed on every worker, or "
+            "seed=None on every worker (worker 0's secret seed is then used by all)")
+    if mine != chief:
+        shared = BatchSchedule.from_description(
+            {"sampling": s.sampling, "dataset_size": s.dataset_size, "batch_size": s.batch_size, "seed": chief[3]},
+            seed_is_secret=bool(chief[4]))
+        source.continue_run(shared, source.first_step)
 
 
 def dataset_schedule(dataset) -> Optional[BatchSchedule]:

@@ -41,6 +41,13 @@ class DPOptimizerSettings:
       gradient_postprocessing: Keras ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` set on
         the noisy gradient, described, or ``None``.
       inverse_time_decay: the legacy ``decay`` argument (``lr / (1 + decay * step)``).
+      replica_reduction: how Keras combines the replicas' gradients under a ``tf.distribute``
+        strategy (``"sum"``: the legacy optimizers' default ``gradient_aggregator``), or
+        ``None`` for a custom aggregator.
+      shares_over_replicas: the optimizer adds ``1/replicas`` of the noise variance and of the
+        L2 term on each replica and divides by the global number of microbatches (the
+        package's :class:`DecoupledL2DPKerasSGDOptimizer`); TF-Privacy's optimizers apply the
+        whole noise and their local divisor on every replica.
     """
 
     name: str
@@ -54,6 +61,8 @@ class DPOptimizerSettings:
     l2_regularization: float
     gradient_postprocessing: Optional[str]
     inverse_time_decay: float
+    replica_reduction: Optional[str] = "sum"
+    shares_over_replicas: bool = False
 
 
 def _is_from(opt, module: str) -> bool:
@@ -153,22 +162,68 @@ def read_dp_optimizer_settings(optimizer) -> DPOptimizerSettings:
         l2_regularization=float(getattr(optimizer, "_l2_regularization", 0.0)),
         gradient_postprocessing=", ".join(post) or None,
         inverse_time_decay=float(getattr(optimizer, "_initial_decay", 0.0) or 0.0),
+        replica_reduction=_replica_reduction(optimizer),
+        shares_over_replicas=bool(getattr(type(optimizer), "shares_step_over_replicas", False)),
     )
 
 
-def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_size: int,
+def _replica_reduction(optimizer) -> Optional[str]:
+    """Keras 2's legacy optimizers sum the replicas' gradients (``all_reduce_sum_gradients``)
+    unless given another ``gradient_aggregator``."""
+    aggregator = getattr(optimizer, "gradient_aggregator", None)
+    if getattr(aggregator, "__name__", None) == "all_reduce_sum_gradients" and \
+            getattr(aggregator, "__module__", "").startswith("keras"):
+        return "sum"
+    return None
+
+
+def read_replicas(model) -> int:
+    """The number of replicas the model's ``tf.distribute`` strategy trains on.
+
+    Raises :class:`ParameterError` (``distribute_strategy``) for a strategy whose update has
+    not been checked against the accounted one.
+    """
+    strategy = model.distribute_strategy
+    name = type(strategy).__name__
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ParameterError(
+            "distribute_strategy", f"{name} applies the workers' updates asynchronously, to parameters other workers "
+            "have changed since: not the accounted sequence of steps; use MirroredStrategy or "
+            "MultiWorkerMirroredStrategy")
+    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
+                 tf.distribute.OneDeviceStrategy)
+    if not (isinstance(strategy, supported) or name == "_DefaultDistributionStrategy"):
+        raise ParameterError(
+            "distribute_strategy", f"{name} is not supported: its update has not been checked against the accounted "
+            "one (supported: no strategy, OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy)")
+    return int(strategy.num_replicas_in_sync)
+
+
+def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_size: int, replicas: int = 1,
                projection_diameter: Optional[float] = None, other_constraints: Sequence[str] = ()) -> StepFacts:
     """One step of this optimizer as core :class:`StepFacts` (the core judges them).
 
     TF-Privacy divides the noisy sum by the number of microbatches (the batch size when
     ``num_microbatches`` is ``None``); Keras applies ``clipnorm``-style options and weight
-    constraints to the update after the noise.
+    constraints to the update after the noise. Under a strategy with ``replicas`` replicas,
+    each replica gets ``batch_size / replicas`` records; TF-Privacy's optimizers divide by
+    the replica's microbatches, the package's by the global number (``shares_over_replicas``).
     """
+    if replicas > 1 and settings.replica_reduction is None:
+        raise ParameterError(
+            "optimizer", f"{settings.name} has a custom gradient_aggregator: how the {replicas} replicas' updates are "
+            "combined cannot be read")
     post = [settings.gradient_postprocessing] if settings.gradient_postprocessing else []
     post += [f"the constraint {c}" for c in other_constraints]
+    micro = settings.num_microbatches
+    if settings.shares_over_replicas:
+        divisor, share = (micro * replicas if micro else batch_size), replicas
+    else:
+        divisor, share = (micro or batch_size / replicas), 1
     return StepFacts(
         noise_multiplier=settings.noise_multiplier, clip_norm=settings.l2_norm_clip, learning_rate=learning_rate,
-        divisor=settings.num_microbatches or batch_size, weight_decay=settings.l2_regularization,
+        divisor=divisor, weight_decay=settings.l2_regularization,
         projection_diameter=projection_diameter, optimizer=settings.base, momentum=settings.momentum,
         nesterov=settings.nesterov, accumulation=settings.gradient_accumulation_steps,
-        postprocessing="; ".join(post) or None)
+        postprocessing="; ".join(post) or None, replicas=replicas,
+        replica_reduction=settings.replica_reduction or "sum", replica_share=share)

@@ -24,7 +24,9 @@ per-example auxiliary variables and the fixed batch partition.
 Supported models: ``tf.keras.Sequential`` of ``Dense`` layers (``activation`` ``"relu"`` or
 ``None``/``"linear"``, or followed by a ``ReLU`` / ``Activation("relu")`` layer), optionally
 ``Flatten`` first; the last ``Dense`` is linear. Convolutions are supported by the PyTorch
-optimizer only. Runs on CPU or GPU (wherever TensorFlow places the variables).
+optimizer only. Runs on CPU or GPU (wherever TensorFlow places the variables), on one device:
+a model built under a ``tf.distribute`` strategy with several replicas is refused (the trainer
+is its own loop and does not split its steps over replicas).
 
 The checks, the batch partition (the core's
 :class:`~hidden_state_accountants.schedules.BatchSchedule`) and the seed rule are those of every
@@ -118,6 +120,20 @@ def parse_model(model, input_dim: int) -> List[tf.keras.layers.Dense]:
     return dense
 
 
+def _check_one_device(model) -> None:
+    """DP-SBCD's trainer is its own loop on one device: it does not split its steps over the
+    replicas of a ``tf.distribute`` strategy (each worker would run a run of its own)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = int(getattr(strategy, "num_replicas_in_sync", 1))
+    if replicas > 1 or tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy() and \
+            tf.distribute.get_strategy().num_replicas_in_sync > 1:
+        name = type(strategy if replicas > 1 else tf.distribute.get_strategy()).__name__
+        raise UnsupportedLayerError(
+            f"the model was built under {name}: DP-SBCD's Keras trainer runs on one device and does not split its "
+            "steps over replicas; build the model outside the strategy's scope (the run is then one device's, "
+            "as accounted)")
+
+
 def _clip_rows(x: tf.Tensor, bound: float) -> tf.Tensor:
     norms = tf.norm(x, axis=1, keepdims=True)
     return x * tf.minimum(1.0, bound / tf.maximum(norms, 1e-30))
@@ -170,6 +186,7 @@ class DPSBCD(SbcdTrainerBase):
         self._check_options(n, batch_size, sampling, regularizer, variant, gamma, seed)
         self.model = model
         self.layers = parse_model(model, data.shape[1])
+        _check_one_device(model)
         if self.layers[0].kernel.shape[0] != data.shape[1]:
             raise v.ParameterError("data", f"the model expects {self.layers[0].kernel.shape[0]} features, got {data.shape[1]}")
         self._set_layer_hyperparameters(len(self.layers), step_size, rho, regularization, radius, noise,

@@ -233,6 +233,17 @@ class Residual(nn.Module):
         return self.fc(x) + x
 
 
+class Noisy(nn.Module):
+    """Noise drawn in forward, in custom code: read by torch.fx."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(D, K)
+
+    def forward(self, x):
+        return self.fc(x + 0.1 * torch.randn_like(x))
+
+
 def frozen_encoder():
     enc = nn.Linear(D, D)
     enc.requires_grad_(False)
@@ -246,6 +257,7 @@ def frozen_encoder():
     (lambda: Clipped(tail=nn.Softmax(dim=1)), "follow the trainable layer"),
     (lambda: nn.Sequential(nn.Dropout(0.1), nn.Linear(D, K)), "randomness"),
     (lambda: nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, K)), "2 trainable layers"),
+    (Noisy, "randomness"),
     (Branchy, "could not be read"),
     (Residual, "follow the trainable layer"),
 ])

@@ -88,9 +88,11 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
 # ---------------------------------------------------------------------------- models
 _RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
                    nn.FeatureAlphaDropout, nn.RReLU)
-_RANDOM_FUNCTIONS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
-                     "rrelu", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
-                     "normal", "normal_", "multinomial", "randperm", "poisson", "uniform_", "bernoulli_"}
+_RANDOM_FUNCTIONS = {  # functions and tensor methods that draw randomness
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
+    "gumbel_softmax", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
+    "bernoulli", "normal", "multinomial", "poisson", "bernoulli_", "normal_", "uniform_", "exponential_",
+    "random_", "cauchy_", "geometric_", "log_normal_"}
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

@@ -78,7 +78,8 @@ def build(variant: str, ds: TensorDataset, batch_size: int, seed: int, device: t
         radius = None if variant == "adapter-l2" else 5.0
         hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=0.01, check_loss_penalty=False)
         if variant.startswith("adapter"):
-            engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler)
+            engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model,
+                                        optimizer=opt)
     return engine, model, opt, loader
 
 
@@ -137,7 +138,7 @@ def components(setups, device: torch.device, repeats: int = 7, number: int = 300
         out[name] = best(lambda: o.step_hook(o))
         sampler.position = saved
         o.zero_grad()
-    proj = getattr(opt, "_hsa_projection")
+    proj = getattr(opt, hso.PROJECTION_ATTR)
     out["projection"] = best(proj.project)
     out["added"] = (out["sampler_ours"] - out["sampler_torch"] + out["accountant_ours"] - out["accountant_prv"]
                     + out["projection"])
@@ -155,7 +156,8 @@ def main(argv=None) -> Dict[str, object]:
                    help="cpu: the thread's CPU time (robust to other load); wall: time.perf_counter")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
+    for notice in ("Secure RNG turned off", "Full backward hook is firing", ".*records at the end of the order"):
+        warnings.filterwarnings("ignore", message=notice)  # Opacus' notices and the sampler's remainder note
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     b = a.batch_size or (100 if a.dataset == "digits" else 256)

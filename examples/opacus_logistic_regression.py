@@ -13,7 +13,8 @@ What makes the hidden-state bound hold, line by line (see docs/opacus.md):
   * ``FeatureClip(1.0)`` in front of the linear layer: every input has norm <= 1;
   * ``ProjectionHook(radius=R, l2_regularization=m)``: weight_decay m after clipping and
     noise (m-strong convexity) and projection onto the ball of radius R (diameter 2R);
-  * ``engine.accountant.configure(geometry=..., sampler=...)`` declares the above.
+  * ``engine.accountant.configure(geometry=..., sampler=..., model=..., optimizer=...)`` declares
+    the above; the core checks it against the model's structure and the optimizer before training.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def train(
         max_grad_norm=max_grad_norm, poisson_sampling=False,  # keep our sampler's schedule
         noise_generator=torch.Generator(device=dev).manual_seed(seed) if reproducible else None)
     hook = hso.ProjectionHook(optimizer, radius=radius, l2_regularization=l2_regularization)
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(feature_norm_bound), sampler=sampler)
+    engine.accountant.configure(geometry=hook.logistic_regression_geometry(feature_norm_bound), sampler=sampler,
+                                model=model, optimizer=optimizer)
 
     history: List[Dict[str, float]] = []
     bar = tqdm(range(1, epochs + 1), desc=f"DP-SGD ({sampling})", disable=not progress, file=sys.stdout)

@@ -558,7 +558,10 @@ class RunRecorder:
         if self.geometry is not None and self.assume_convex_model:
             out.append(ASSUMED_CONVEX_NOTE)
         s = self.schedule
-        if s is not None and s.is_random and not s.seed_is_secret:
+        if s is None:
+            out.append("no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
+                       "framework reports, which holds only if its data loader samples that way")
+        elif s.is_random and not s.seed_is_secret:
             out.append(f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
                        "as secret as the data")
         return out

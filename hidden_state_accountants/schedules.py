@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -142,19 +142,30 @@ class BatchSchedule:
         is the caller's explicit choice and must be kept secret. Deterministic schedules
         take no seed.
       sampling_probability: ``q`` for ``poisson`` (default ``b / n``).
+      share_seed: for several processes that must follow one schedule: called with the
+        secret seed drawn here, returns the seed every process uses (e.g. a broadcast from
+        the first process); the result is still a secret draw. Only used when ``seed=None``.
 
     The object is immutable; samplers that remember a position wrap it.
+
+    >>> BatchSchedule(6, 2, SHUFFLE_PARTITION, share_seed=lambda drawn: 12345).seed_is_secret
+    True
     """
 
     __slots__ = ("dataset_size", "batch_size", "sampling", "seed", "seed_is_secret",
                  "sampling_probability", "_order")
 
     def __init__(self, dataset_size: int, batch_size: int, sampling: str, seed: Optional[int] = None, *,
-                 sampling_probability: Optional[float] = None) -> None:
+                 sampling_probability: Optional[float] = None,
+                 share_seed: Optional[Callable[[int], int]] = None) -> None:
         n, b = check_schedule(dataset_size, batch_size, sampling)
         if sampling in RANDOM:
             secret = seed is None
-            seed = draw_secret_seed() if secret else check_seed(seed)
+            if secret:
+                seed = draw_secret_seed()
+                seed = seed if share_seed is None else check_seed(share_seed(seed))
+            else:
+                seed = check_seed(seed)
         else:
             if seed is not None:
                 raise v.ParameterError("seed", f"sampling={sampling!r} is deterministic and takes no seed, got {seed!r}")

@@ -46,7 +46,8 @@ WORKER = textwrap.dedent("""
         data_loader=DataLoader(ds, batch_sampler=sampler), noise_multiplier=2.0, max_grad_norm=1.0,
         poisson_sampling=False, noise_generator=torch.Generator().manual_seed(rank))
     hook = hso.ProjectionHook(opt, radius=2.0, l2_regularization=0.05)
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler)
+    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model,
+                                optimizer=opt)  # model: GradSampleModule(DPDDP(Sequential)), read through
     seen = []
     for epoch in range(2):
         for xb, yb, idx in loader:

@@ -15,6 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import hidden_state_accountants.opacus as hso  # noqa: E402
 from hidden_state_accountants import ParameterError, TrainingRunDpEvent  # noqa: E402
+from hidden_state_accountants.recording import CompositionFallbackWarning  # noqa: E402
+from hidden_state_accountants.schedules import SHUFFLE_PARTITION, WITHOUT_REPLACEMENT, BatchSchedule  # noqa: E402
 
 
 def epochs(sampler, k):
@@ -127,6 +129,43 @@ def test_default_seed_is_secret_random_and_kept_for_resumption():
         hso.WithoutReplacementBatchSampler(40, 4, num_replicas=2, rank=0)
 
 
+def test_every_random_sampler_defaults_to_a_secret_seed():
+    """Issue 9, item 3: the base class defaulted to seed=0, a public seed."""
+    import inspect
+
+    assert inspect.signature(hso.HiddenStateBatchSampler).parameters["seed"].default is None
+
+    class Custom(hso.HiddenStateBatchSampler):  # a subclass that passes no seed
+        sampling = SHUFFLE_PARTITION
+
+    a, b = Custom(40, 5), Custom(40, 5)
+    assert a.schedule.seed_is_secret and a.seed != b.seed and list(a) != list(b)
+    for cls in (hso.ShufflePartitionBatchSampler, hso.WithoutReplacementBatchSampler):
+        assert cls(40, 5).schedule.seed_is_secret
+    # a seed passed is the user's explicit choice, and the accountant's report says so
+    explicit = hso.ShufflePartitionBatchSampler(40, 5, seed=0)
+    assert not explicit.schedule.seed_is_secret
+    acc = hso.OpacusHiddenStateAccountant().configure(sampler=explicit)
+    acc.step(noise_multiplier=1.0, sample_rate=1 / 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompositionFallbackWarning)
+        assert any("seed chosen by the user" in n for n in acc.explain(1e-5).notes)
+    secret = hso.OpacusHiddenStateAccountant().configure(sampler=hso.ShufflePartitionBatchSampler(40, 5))
+    secret.step(noise_multiplier=1.0, sample_rate=1 / 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompositionFallbackWarning)
+        assert not any("seed" in n for n in secret.explain(1e-5).notes)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_samplers_follow_the_core_schedule(cls):
+    s = make(cls, 23, 5, seed=11)
+    core = BatchSchedule(23, 23 if cls is hso.FullBatchSampler else 5, s.sampling,
+                         11 if s.sampling in (SHUFFLE_PARTITION, WITHOUT_REPLACEMENT) else None)
+    assert s.schedule == core
+    assert [s.global_batch(t) for t in range(12)] == [core.batch(t).tolist() for t in range(12)]
+
+
 def test_load_state_dict_refuses_another_schedule():
     s = hso.ShufflePartitionBatchSampler(20, 5, seed=1)
     with pytest.raises(ParameterError, match="sampler"):
@@ -193,8 +232,8 @@ def test_partition_schedule_properties(n, b, seed, k):
 def test_module_doctests():
     import doctest
 
-    from hidden_state_accountants.opacus import accountant, hooks, samplers
+    from hidden_state_accountants.opacus import accountant, facts, hooks, samplers
 
-    for mod in (samplers, hooks, accountant):
+    for mod in (samplers, hooks, accountant, facts):
         result = doctest.testmod(mod)
         assert result.failed == 0 and result.attempted > 0, mod.__name__

@@ -176,6 +176,13 @@ def test_poisson_steps_keep_their_exact_rate():
     assert math.isclose(HiddenStateAccountant().compose(run).get_epsilon(1e-5), want, rel_tol=1e-9)
 
 
+def test_a_run_without_a_schedule_states_the_poisson_assumption():
+    rec = RunRecorder(schedule=None)
+    rec.record(StepFacts(noise_multiplier=1.0, sample_rate=0.01), 10)
+    assert any("accounted as Poisson sampling" in n for n in rec.notes())
+    assert not any("Poisson" in n for n in recorder(geometry=None).notes())
+
+
 def test_a_hidden_state_claim_needs_a_schedule_of_this_package():
     with pytest.raises(ParameterError, match="sampler"):
         RunRecorder(schedule=None, geometry=GEOM, model=LINEAR)

@@ -31,6 +31,24 @@ def test_random_schedules_draw_a_secret_seed_by_default(sampling):
                                                           for t in range(5)]
 
 
+def test_a_secret_seed_can_be_shared_between_processes():
+    """Several processes (ranks) follow one schedule: the first one's secret draw is shared."""
+    drawn = []
+
+    def share(seed):  # stands in for a broadcast from rank 0
+        drawn.append(seed)
+        return drawn[0]
+
+    first = BatchSchedule(100, 10, SHUFFLE_PARTITION, share_seed=share)
+    second = BatchSchedule(100, 10, SHUFFLE_PARTITION, share_seed=share)
+    assert first.seed == second.seed == drawn[0] and first.seed_is_secret and second.seed_is_secret
+    assert np.array_equal(first.partition(), second.partition())
+    assert len(drawn) == 2 and drawn[0] != drawn[1]  # each process drew, the shared one is used
+    assert BatchSchedule(100, 10, SHUFFLE_PARTITION, seed=3, share_seed=share).seed == 3  # an explicit seed
+    with pytest.raises(ParameterError, match="seed"):
+        BatchSchedule(100, 10, SHUFFLE_PARTITION, share_seed=lambda s: -1)
+
+
 @pytest.mark.parametrize("sampling", [FULL, CYCLIC])
 def test_deterministic_schedules_take_no_seed(sampling):
     b = 100 if sampling == FULL else 10

@@ -6,14 +6,17 @@ line::
     import hidden_state_accountants.opacus  # registers "hidden_state"
     engine = PrivacyEngine(accountant="hidden_state")
 
-and supplies what makes the hidden-state bounds true: batch samplers with the schedules the
-papers analyse, a projection/regularisation hook, and feature clipping. See ``docs/opacus.md``.
+and supplies what makes the hidden-state bounds true: batch samplers following the core's
+schedules, a projection/regularisation hook, and feature clipping. The accountant only reads
+Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. See
+``docs/opacus.md``.
 """
 
 from opacus.accountants import create_accountant, register_accountant
 
 from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant
-from .hooks import FeatureClip, ProjectionHook, base_optimizer_issue, clip_features, hidden_state_update_issue
+from .facts import model_facts, step_facts
+from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
     CyclicBatchSampler,
     FullBatchSampler,
@@ -51,6 +54,7 @@ __all__ = [
     "ProjectionHook",
     "FeatureClip",
     "clip_features",
-    "hidden_state_update_issue",
-    "base_optimizer_issue",
+    "PROJECTION_ATTR",
+    "model_facts",
+    "step_facts",
 ]

@@ -1,26 +1,29 @@
 """``PrivacyEngine(accountant="hidden_state")``: Opacus accounting by the core's best valid bound.
 
-The accountant is an Opacus ``IAccountant``. At every optimizer step it reads from the DP
-optimizer what Opacus knows (noise multiplier, ``max_grad_norm``, expected batch size,
-learning rate, ``weight_decay``, whether a :class:`~.hooks.ProjectionHook` is attached)
-into a run-length-encoded ledger. :meth:`OpacusHiddenStateAccountant.configure` adds what
-Opacus cannot see: the loss geometry and the batch sampler. ``get_epsilon`` turns the
-ledger into the core's :class:`~hidden_state_accountants.TrainingRunDpEvent` and returns
-exactly :class:`~hidden_state_accountants.HiddenStateAccountant`'s number for it.
+The accountant is an Opacus ``IAccountant`` and only reads: at every optimizer step it reads
+what the DP optimizer did into the core's :class:`~hidden_state_accountants.recording.StepFacts`
+and hands them to a :class:`~hidden_state_accountants.recording.RunRecorder`, which decides
+what they back (the policy is stated once, in :mod:`hidden_state_accountants.recording`):
 
-No geometry, no hidden-state claim: without :meth:`~OpacusHiddenStateAccountant.configure`
-the accountant reports the composition bound of Opacus' own Poisson schedule, with a
-geometry-less ``configure(sampler=...)`` the composition bound of that sampler; both warn
-once. All numbers are under REPLACE_ONE adjacency.
+* contradictions known before training (momentum, Adam, per-layer clipping or ``sum``
+  reduction with a declared geometry; ``learning_rate >= 2/smoothness``; ``strong_convexity``
+  above ``weight_decay``; a model that is not one linear map of its features) raise
+  :class:`~hidden_state_accountants.ParameterError` at :meth:`~OpacusHiddenStateAccountant.configure`
+  (when given the optimizer) or at the first step;
+* changes during training (lr, noise, clip norm, ``weight_decay``, projection) fall back to
+  composition, with one :class:`~hidden_state_accountants.recording.CompositionFallbackWarning`
+  per reason and the reason in :meth:`~OpacusHiddenStateAccountant.explain`'s notes;
+* without :meth:`~OpacusHiddenStateAccountant.configure`, the composition bound of Opacus'
+  Poisson sampling at Opacus' exact sample rate.
+
+``get_epsilon`` is exactly :class:`~hidden_state_accountants.HiddenStateAccountant`'s number for
+the recorder's event. All numbers are under REPLACE_ONE adjacency.
 """
 
 from __future__ import annotations
 
-import re
-import warnings
 from dataclasses import dataclass
-from fractions import Fraction
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import attr
 from opacus.accountants.accountant import IAccountant
@@ -28,78 +31,74 @@ from opacus.optimizers import DPOptimizer
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, PrivacyReport, TrainingRunDpEvent
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import NO_GEOMETRY
+from hidden_state_accountants.recording import (
+    BatchSourceFacts,
+    LayerFacts,
+    ModelFacts,
+    RunRecorder,
+    StepFacts,
+    check_batch_source,
+    check_position,
+)
+from hidden_state_accountants.schedules import BatchSchedule
 
-from .hooks import _MARK, _unsupported_clipping, base_optimizer_issue, hidden_state_update_issue
+from .facts import model_facts, optimizer_facts, step_facts, step_values
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 __all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM"]
 
 MECHANISM = "hidden_state"
+STATE_VERSION = 2
 _CALIBRATION_KWARG = "hidden_state_calibration"
-_CORE_NO_GEOMETRY = re.escape(NO_GEOMETRY)  # the core's warning: the adapter gives its own, once
-
-
-class _Step(NamedTuple):
-    """What one optimizer step looked like; equal consecutive steps share a ledger entry
-    (a tuple: cheap to build and compare at every step)."""
-
-    noise_multiplier: float
-    max_grad_norm: float
-    batch_size: Optional[float]  # Opacus' divisor: expected_batch_size x world size
-    learning_rate: float
-    weight_decay: float
-    sample_rate: float  # Opacus' sample rate x accumulated iterations
-    projection_radius: Optional[float]
-    issue: Optional[str]  # why the step is not DESIGN's update rule (composition still holds)
+_HINTS = {
+    "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
+                   "poisson_sampling=False to make_private",
+    "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
+                  "configure(), which sets it to the sampler's batch size",
+}
 
 
 @dataclass(frozen=True)
 class HiddenStateCalibration:
-    """What Opacus' calibration call needs but cannot see; made by
-    :meth:`OpacusHiddenStateAccountant.calibration_kwargs`."""
+    """The configuration Opacus' calibration call cannot see (made by
+    :meth:`OpacusHiddenStateAccountant.calibration_kwargs`): the claim, and the planned step
+    (its noise multiplier is what Opacus searches for)."""
 
-    sampler: Dict[str, Any]
+    schedule: BatchSchedule
     geometry: Optional[LossGeometry]
-    learning_rate: float
-    max_grad_norm: float
-    gaussian_initialization: bool = False
+    model: Optional[ModelFacts]
+    assume_convex_model: bool
+    gaussian_initialization: bool
+    step: StepFacts
 
-
-def _poisson_sizes(q: float) -> Tuple[int, int]:
-    """``(n, b)`` with ``b / n >= q`` (the core reads Poisson's rate as ``b / n``)."""
-    if not 0 < q <= 1:
-        raise v.ParameterError("sample_rate", f"must lie in (0, 1], got {q!r}")
-    frac = Fraction(q).limit_denominator(10**9)
-    if frac < q:  # never round the rate down
-        frac = Fraction(frac.numerator + 1, frac.denominator)
-    return frac.denominator, min(frac.numerator, frac.denominator)
+    def recorder(self) -> RunRecorder:
+        return RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
+                           assume_convex_model=self.assume_convex_model,
+                           gaussian_initialization=self.gaussian_initialization)
 
 
 class OpacusHiddenStateAccountant(IAccountant):
-    """Opacus accountant reporting the hidden-state (last-iterate) bound of the core.
+    """Opacus accountant reporting the core's hidden-state (last-iterate) bound.
 
     Registered as ``"hidden_state"`` when :mod:`hidden_state_accountants.opacus` is imported::
 
         engine = PrivacyEngine(accountant="hidden_state")
-        engine.accountant.configure(geometry=LossGeometry(...), sampler=sampler)
+        model, optimizer, loader = engine.make_private(..., poisson_sampling=False)
+        engine.accountant.configure(geometry=..., sampler=sampler, model=model, optimizer=optimizer)
 
     ``get_epsilon(delta)`` equals ``HiddenStateAccountant().compose(self.training_run())
-    .get_epsilon(delta)``. A learning rate or noise multiplier that changes during
-    training makes the core refuse every hidden-state analysis (composition is reported,
-    with the reason in :meth:`explain`); so do a non-SGD base optimizer, momentum,
-    ``loss_reduction="sum"`` or a changing ``max_grad_norm``/``weight_decay``.
+    .get_epsilon(delta)``.
     """
 
     def __init__(self) -> None:
-        self._ledger: List[List[Any]] = []  # [_Step, count]
-        self._steps = 0  # sum of the ledger's counts
-        self._external: Optional[List[Tuple[float, float, int]]] = None  # history set by Opacus' calibration
         self.geometry: Optional[LossGeometry] = None
         self.sampler: Optional[HiddenStateBatchSampler] = None
+        self.model: Optional[ModelFacts] = None
+        self.assume_convex_model = False
         self.gaussian_initialization = False
-        self._warned: set = set()
-        self._cache: Dict[Any, PrivacyReport] = {}
+        self._recorder = RunRecorder(schedule=None)
+        self._facts: Tuple[Any, Optional[StepFacts]] = (None, None)  # the last step read, by its raw values
+        self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
 
     # ------------------------------------------------------------------- IAccountant
     @classmethod
@@ -107,18 +106,14 @@ class OpacusHiddenStateAccountant(IAccountant):
         return MECHANISM
 
     def __len__(self) -> int:
-        if self._external is not None:
-            return sum(int(t) for _, _, t in self._external)
-        return self._steps
+        return self._recorder.steps
 
     @property
     def history(self) -> List[Tuple[float, float, int]]:
         """Opacus' view of the ledger: ``(noise_multiplier, sample_rate, steps)`` runs."""
-        if self._external is not None:
-            return list(self._external)
         out: List[Tuple[float, float, int]] = []
-        for rec, count in self._ledger:
-            key = (rec.noise_multiplier, rec.sample_rate)
+        for step, count in self._recorder.ledger:
+            key = (step.noise_multiplier, step.sample_rate)
             if out and out[-1][:2] == key:
                 out[-1] = (*key, out[-1][2] + count)
             else:
@@ -127,26 +122,23 @@ class OpacusHiddenStateAccountant(IAccountant):
 
     @history.setter
     def history(self, value) -> None:
-        # Opacus' get_noise_multiplier writes [(sigma, sample_rate, steps)] into a fresh
-        # accountant and asks for its epsilon: a hypothetical run, no optimizer behind it.
-        self._ledger, self._steps = [], 0
-        self._external = [tuple(h) for h in value] if value else None
-        self._cache.clear()
+        """Replaces the ledger by steps known only by noise and rate, as Opacus' own accountants
+        take it (e.g. ``get_noise_multiplier``'s hypothetical runs); :meth:`step` continues it."""
+        self._recorder.reset()
+        for z, q, steps in value or ():
+            if int(steps) > 0:
+                self._recorder.record(StepFacts(noise_multiplier=z, sample_rate=q), int(steps))
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
-        """Records a step known only by its noise and sample rate (no optimizer to read).
-
-        Composition still holds; hidden-state analyses are refused for such steps, since
-        the learning rate and clip norm are unknown. Training through ``make_private`` uses
-        :meth:`get_optimizer_hook_fn` instead.
-        """
-        self._append(_Step(float(noise_multiplier), 1.0, None, 1.0, 0.0, float(sample_rate), None,
-                           "step() was called without the optimizer: learning rate and clip norm unknown"))
+        """Records a step known only by its noise and sample rate (no optimizer to read: the
+        learning rate and clip norm are unknown, so only composition covers it)."""
+        self._recorder.record(StepFacts(noise_multiplier=noise_multiplier, sample_rate=sample_rate))
 
     def get_optimizer_hook_fn(self, sample_rate: float):
         def hook_fn(optim: DPOptimizer) -> None:
             self._record(optim, sample_rate)
 
+        hook_fn.accountant, hook_fn.sample_rate = self, sample_rate  # read back by configure()
         return hook_fn
 
     def get_epsilon(self, delta: float, *args, **kwargs) -> float:
@@ -159,309 +151,209 @@ class OpacusHiddenStateAccountant(IAccountant):
         *,
         geometry: Optional[LossGeometry] = None,
         sampler: Optional[HiddenStateBatchSampler] = None,
+        model=None,
+        optimizer: Optional[DPOptimizer] = None,
+        assume_convex_model: bool = False,
         gaussian_initialization: bool = False,
     ) -> "OpacusHiddenStateAccountant":
-        """Declares what Opacus cannot see. Call before training (or before loading a checkpoint).
+        """Declares what Opacus cannot see; call before training (and before loading a checkpoint).
 
         Args:
-          geometry: the loss geometry of the per-example map ``clip_C(grad l_i) + m_reg*theta``;
-            ``strong_convexity`` may not exceed the optimizer's ``weight_decay``; a ``diameter``
-            needs a :class:`~.hooks.ProjectionHook` of radius ``<= diameter/2`` on every step
-            (without one, the hook's ``2R`` is used). ``None``: composition only.
+          geometry: the :class:`LossGeometry` of the per-example map ``clip_C(grad l_i) + m*theta``
+            (e.g. ``ProjectionHook.logistic_regression_geometry``); ``None``: composition only.
           sampler: the batch sampler the ``DataLoader`` draws from (``batch_sampler=sampler``,
-            ``make_private(..., poisson_sampling=False)``). Needed for any hidden-state claim.
+            ``make_private(..., poisson_sampling=False)``); needed for any hidden-state claim.
+          model: the trained ``nn.Module`` (``GradSampleModule``/DDP wrappers are unwrapped); a
+            geometry is accepted only for one linear layer of fixed features, which the core
+            checks from the model's structure.
+          optimizer: the ``DPOptimizer`` returned by ``make_private`` (recommended): its setup is
+            checked now instead of at the first step, and its ``expected_batch_size`` is set to
+            the sampler's batch size per rank (Opacus' own, ``int(n / len(loader))``, differs
+            when ``b`` does not divide ``n``).
+          assume_convex_model: accept the geometry for any model on your word that the loss is
+            convex in the trainable parameters (the report says so).
           gaussian_initialization: declares Chourasia et al.'s initialisation (see the core).
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
-        >>> acc.sampler.sampling
-        'cyclic'
+        >>> acc.sampler.sampling, len(acc)
+        ('cyclic', 0)
         """
-        if geometry is not None and not isinstance(geometry, LossGeometry):
-            raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {geometry!r}")
+        if len(self):
+            raise v.ParameterError("configure", f"called after {len(self)} steps; configure before training")
         if sampler is not None and not isinstance(sampler, HiddenStateBatchSampler):
             raise v.ParameterError(
                 "sampler", f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
                 "(DataLoader(shuffle=True) reshuffles every epoch, a schedule no analysis here covers)")
-        if geometry is not None and sampler is None:
-            raise v.ParameterError(
-                "sampler", "a hidden-state claim needs the batch schedule: pass one of this package's samplers "
-                "(Opacus' Poisson sampling has no hidden-state analysis)")
-        if len(self) > 0 and (geometry, _describe(sampler)) != (self.geometry, _describe(self.sampler)):
-            raise v.ParameterError("configure", f"called after {len(self)} steps; configure before training")
-        self.geometry, self.sampler = geometry, sampler
-        self.gaussian_initialization = bool(gaussian_initialization)
-        self._cache.clear()
+        facts = None if model is None else model_facts(model)
+        recorder = RunRecorder(schedule=None if sampler is None else sampler.schedule, geometry=geometry,
+                               model=facts, assume_convex_model=assume_convex_model,
+                               gaussian_initialization=gaussian_initialization)
+        if optimizer is not None:
+            hook = getattr(optimizer, "step_hook", None)
+            if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
+                raise v.ParameterError("optimizer", "must be the DPOptimizer that this accountant's PrivacyEngine."
+                                       "make_private returned (its steps are recorded here)")
+            if sampler is not None:
+                # Opacus' sample rate is 1 / len(data_loader): the loader must run the sampler's epoch
+                check_batch_source(sampler.schedule, BatchSourceFacts(
+                    schedule=sampler.schedule, description="Opacus' data loader",
+                    steps_per_epoch=round(1 / hook.sample_rate)))
+                optimizer.expected_batch_size = sampler.batch_size / getattr(optimizer, "world_size", 1)
+            recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
+        self.geometry, self.sampler, self.model = geometry, sampler, facts
+        self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
+        self._recorder = recorder
         return self
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
 
-        Opacus' calibration builds a *fresh* accountant by name and asks it for epsilon, so
-        the configuration cannot reach it by itself; Opacus forwards extra keyword arguments
-        of ``make_private_with_epsilon`` to that accountant's ``get_epsilon`` (and to the DP
-        optimizer, which ignores them)::
+        Opacus calibrates with a *fresh* accountant built by name; it forwards extra keyword
+        arguments of ``make_private_with_epsilon`` to that accountant's ``get_epsilon`` (and to
+        the DP optimizer, which ignores them)::
 
-            engine.accountant.configure(geometry=geometry, sampler=sampler)
+            engine.accountant.configure(geometry=geometry, sampler=sampler, model=model)
             model, optimizer, loader = engine.make_private_with_epsilon(
                 module=model, optimizer=optimizer, data_loader=loader, target_epsilon=1.0,
                 target_delta=1e-5, epochs=20, max_grad_norm=1.0, poisson_sampling=False,
                 **engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=1.0))
+            engine.accountant.configure(geometry=geometry, sampler=sampler, model=model, optimizer=optimizer)
 
-        ``optimizer`` is the base optimizer passed to ``make_private_with_epsilon``; its
-        learning rate and ``weight_decay`` are read now (change them later and the
-        accountant still reports the truth, but the calibration no longer applies).
+        ``optimizer`` is the base optimizer; its learning rate, ``weight_decay`` and momentum
+        are read now and checked against the claim. A declared diameter is taken as the
+        projection to come (the training run is checked for it). Without a sampler there is
+        nothing to carry: the fresh accountant calibrates for Opacus' Poisson rate.
         """
         if self.sampler is None:
-            raise v.ParameterError("sampler", "configure(sampler=...) before calibrating with the hidden-state analysis")
+            return {}
         base = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
-        lr = float(base.param_groups[0]["lr"])
-        wd = float(base.param_groups[0].get("weight_decay", 0.0))
-        if self.geometry is not None:
-            issue = base_optimizer_issue(base)
-            if issue:
-                raise v.ParameterError("optimizer", issue)
-            self._check_strong_convexity(wd)
-        spec = HiddenStateCalibration(
-            sampler=self.sampler.describe(), geometry=self.geometry, learning_rate=lr,
-            max_grad_norm=v.positive_float("max_grad_norm", max_grad_norm),
-            gaussian_initialization=self.gaussian_initialization)
+        step = StepFacts(noise_multiplier=0.0, clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
+                         divisor=self.sampler.batch_size,
+                         projection_diameter=None if self.geometry is None else self.geometry.diameter,
+                         **optimizer_facts(base))
+        spec = HiddenStateCalibration(schedule=self.sampler.schedule, geometry=self.geometry, model=self.model,
+                                      assume_convex_model=self.assume_convex_model,
+                                      gaussian_initialization=self.gaussian_initialization, step=step)
+        spec.recorder().check(step)  # contradictions surface now, not inside Opacus' search
         return {_CALIBRATION_KWARG: spec}
 
     # ---------------------------------------------------------------------- recording
     def _record(self, optim: DPOptimizer, sample_rate: float) -> None:
-        unsupported = _unsupported_clipping(optim)
-        if unsupported:
-            raise v.ParameterError("clipping", unsupported)
-        k = optim.accumulated_iterations
-        world = getattr(optim, "world_size", 1)
-        b = None if optim.expected_batch_size is None else float(optim.expected_batch_size) * world
-        s = self.sampler
-        if s is not None:
-            if k != 1:
-                raise v.ParameterError(
-                    "accumulated_iterations", f"{k} batches per step (gradient accumulation) are not the "
-                    f"schedule of {type(s).__name__}; take one optimizer step per batch")
-            if s.position < len(self) + 1:
-                raise v.ParameterError(
-                    "data_loader", f"the configured {type(s).__name__} has handed out {s.position} batches "
-                    f"for {len(self) + 1} steps: build the loader as DataLoader(dataset, batch_sampler=sampler) "
-                    "and pass poisson_sampling=False to make_private")
-            if optim.loss_reduction == "mean" and abs(b - s.batch_size) > 1e-9 * s.batch_size:
-                raise v.ParameterError(
-                    "expected_batch_size", f"Opacus divides the summed gradients by {b:g} (expected_batch_size "
-                    f"x world size) but the sampler's batches hold {s.batch_size} records; set "
-                    f"optimizer.expected_batch_size = {s.batch_size / world:g} after make_private")
-        group = optim.param_groups[0]
-        proj = getattr(optim, _MARK, None)
-        self._append(_Step(
-            noise_multiplier=float(optim.noise_multiplier),
-            max_grad_norm=float(optim.max_grad_norm),
-            batch_size=b,
-            learning_rate=float(group["lr"]),
-            weight_decay=float(group.get("weight_decay", 0.0)),
-            sample_rate=float(sample_rate) * k,
-            projection_radius=None if proj is None else proj.radius,
-            issue=hidden_state_update_issue(optim),
-        ))
+        try:
+            if self.sampler is not None:
+                check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
+            self._recorder.record(self._read(optim, sample_rate))
+        except v.ParameterError as err:  # the core's refusal, with how to fix it in Opacus
+            if err.parameter not in _HINTS:
+                raise
+            raise v.ParameterError(err.parameter, f"{str(err).split(': ', 1)[1]}; {_HINTS[err.parameter]}") from None
 
-    def _append(self, rec: _Step) -> None:
-        if self._external is not None:
-            raise v.ParameterError("history", "was set from outside (a calibration); use a fresh accountant to train")
-        if self._ledger and self._ledger[-1][0] == rec:
-            self._ledger[-1][1] += 1
-        else:
-            self._ledger.append([rec, 1])
-        self._steps += 1
+    def _read(self, optim: DPOptimizer, sample_rate: float) -> StepFacts:
+        """:func:`step_facts`, built again only when a value changed (it runs at every step)."""
+        values = step_values(optim, sample_rate)
+        if values != self._facts[0]:
+            self._facts = (values, StepFacts(**values))
+        return self._facts[1]
 
     # ----------------------------------------------------------------------- the run
-    def training_run(self) -> TrainingRunDpEvent:
-        """The core event for the steps recorded so far (what :meth:`get_epsilon` accounts)."""
-        return self._run_and_reasons()[0]
-
-    def _run_and_reasons(self, calibration: Optional[HiddenStateCalibration] = None):
-        if self._external is not None:
-            return self._calibration_run(calibration)
-        if not self._ledger:
-            raise v.ParameterError("steps", "no optimizer step has been recorded yet")
-        recs = [r for r, _ in self._ledger]
-        counts = [c for _, c in self._ledger]
-        steps = sum(counts)
-        reasons = sorted({r.issue for r in recs if r.issue})
-
-        def schedule(name):
-            values = [getattr(r, name) for r in recs]
-            if len(set(values)) == 1:
-                return values[0]
-            return tuple(x for x, c in zip(values, counts) for _ in range(c))
-
-        clip = {r.max_grad_norm for r in recs}
-        if len(clip) > 1:
-            reasons.append("max_grad_norm changed during training; the hidden-state analyses assume one clip norm")
-        wds = {r.weight_decay for r in recs}
-        if len(wds) > 1:
-            reasons.append("weight_decay changed during training; the strong convexity must hold throughout")
-        common = dict(steps=steps, noise_multiplier=schedule("noise_multiplier"),
-                      clip_norm=max(clip), learning_rate=schedule("learning_rate"))
-        s = self.sampler
-        if s is None:
-            rates = {r.sample_rate for r in recs}
-            # the Poisson composition grows with the rate: the largest covers every step
-            n, b = _poisson_sizes(max(rates))
-            return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling="poisson", **common), reasons
-        geometry = None
-        if self.geometry is not None:
-            radii = {r.projection_radius for r in recs}
-            proj_d = 2.0 * radii.pop() if len(radii) == 1 and None not in radii else None
-            geometry = self._effective_geometry(proj_d, wds)
-        run = TrainingRunDpEvent(dataset_size=s.dataset_size, batch_size=s.batch_size, sampling=s.sampling,
-                                 geometry=geometry, gaussian_initialization=self.gaussian_initialization,
-                                 hidden_state_refusal="; ".join(reasons) if reasons else None, **common)
-        return run, reasons
-
-    def _check_strong_convexity(self, weight_decay: float) -> None:
-        m = self.geometry.strong_convexity
-        if m > weight_decay * (1 + 1e-12):
-            raise v.ParameterError(
-                "geometry", f"strong_convexity {m:g} exceeds the optimizer's weight_decay {weight_decay:g}: in "
-                "Opacus only weight_decay (applied after clipping and noise) makes the update strongly convex "
-                "(use ProjectionHook(l2_regularization=...))")
-        if m < weight_decay and "m<wd" not in self._warned:
-            self._warned.add("m<wd")
-            warnings.warn(
-                f"hidden_state accountant: declared strong_convexity {m:g} is below weight_decay "
-                f"{weight_decay:g}; the declared smoothness must include weight_decay", UserWarning, stacklevel=4)
-
-    def _effective_geometry(self, proj_d: Optional[float], wds) -> Optional[LossGeometry]:
-        g = self.geometry
-        if len(wds) == 1:
-            self._check_strong_convexity(next(iter(wds)))
-        if g.diameter is not None:
-            if proj_d is None:
-                raise v.ParameterError(
-                    "geometry", f"diameter {g.diameter:g} is declared but the parameters were not projected "
-                    f"after every step: attach ProjectionHook(optimizer, radius={g.diameter / 2:g}) before training")
-            if proj_d > g.diameter * (1 + 1e-12):
-                raise v.ParameterError(
-                    "geometry", f"declared diameter {g.diameter:g} is smaller than the projection's 2R = {proj_d:g}")
-            return g
-        if proj_d is not None:
-            return attr.evolve(g, diameter=proj_d)
-        return g
-
-    def _calibration_run(self, spec: Optional[HiddenStateCalibration]):
-        """The hypothetical run Opacus' ``get_noise_multiplier`` asks about."""
-        if len(self._external) != 1:
-            raise v.ParameterError("history", "calibration expects one (noise, sample_rate, steps) entry")
-        z, q, steps = self._external[0]
+    def _run_recorder(self, spec: Optional[HiddenStateCalibration]) -> RunRecorder:
+        """The recorder to account: this one, or, for Opacus' calibration, the hypothetical run
+        ``[(sigma, sample_rate, steps)]`` it wrote into :attr:`history`, under ``spec``."""
         if spec is None:
-            n, b = _poisson_sizes(q)
-            run = TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=int(steps), noise_multiplier=z,
-                                     clip_norm=1.0, learning_rate=1.0, sampling="poisson")
-            return run, ["no configuration reached Opacus' calibration call (pass "
-                         "**engine.accountant.calibration_kwargs(...)): calibrated for Poisson sampling"]
+            return self._recorder
         if not isinstance(spec, HiddenStateCalibration):
             raise v.ParameterError(_CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
-        s = spec.sampler
-        sampler = sampler_from_state_dict({**s, "position": 0}, num_replicas=1, rank=0)
-        spe = sampler.steps_per_epoch
-        if abs(q * spe - 1.0) > 1e-9:
-            raise v.ParameterError(
-                "data_loader", f"Opacus' sample rate 1/len(data_loader) = {q:.6g}, but the configured sampler "
-                f"has {spe} steps per epoch: pass the DataLoader built on the configured sampler")
-        # int(epochs / sample_rate) can land one step short of whole epochs: round up
-        epochs = steps * q
+        if len(self.history) != 1:
+            raise v.ParameterError("history", "calibration expects one (noise, sample_rate, steps) entry")
+        z, q, steps = self.history[0]
+        s = spec.schedule
+        check_batch_source(s, BatchSourceFacts(schedule=s, description="Opacus' data loader",
+                                               steps_per_epoch=round(1 / q)))
+        epochs = steps * q  # Opacus' int(epochs / sample_rate) can land one step short of whole epochs
         if abs(epochs - round(epochs)) < 1e-6:
-            steps = max(int(steps), int(round(epochs)) * spe)
-        run = TrainingRunDpEvent(
-            dataset_size=s["dataset_size"], batch_size=s["batch_size"], steps=int(steps), noise_multiplier=z,
-            clip_norm=spec.max_grad_norm, learning_rate=spec.learning_rate, sampling=s["sampling"],
-            geometry=spec.geometry, gaussian_initialization=spec.gaussian_initialization)
-        return run, []
+            steps = max(steps, round(epochs) * s.steps_per_epoch)
+        recorder = spec.recorder()
+        recorder.record(attr.evolve(spec.step, noise_multiplier=z, sample_rate=q), steps)
+        return recorder
 
-    # ---------------------------------------------------------------------- reporting
+    def training_run(self) -> TrainingRunDpEvent:
+        """The core event for the steps recorded so far (what :meth:`get_epsilon` accounts)."""
+        return self._recorder.run(warn=False)
+
     def explain(self, delta: float, **kwargs) -> PrivacyReport:
-        """The core's report (every analysis with its epsilon or the reason it does not apply),
-        with the adapter's own reasons among the notes."""
+        """The core's report: every analysis with its epsilon or why it does not apply, the
+        reasons for a composition fallback and the recorder's notes."""
         spec = kwargs.pop(_CALIBRATION_KWARG, None)
-        if not self._ledger and self._external is None:
+        recorder = self._run_recorder(spec)
+        if not recorder.steps:
             return HiddenStateAccountant().explain(delta)  # no steps: epsilon 0
-        run, reasons = self._run_and_reasons(spec)
+        run = recorder.run(warn=spec is None)  # the recorder warns once per reason
         key = (run, float(delta))
-        report = self._cache.get(key)
-        if report is None:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_CORE_NO_GEOMETRY, category=UserWarning)
-                report = HiddenStateAccountant().compose(run).explain(delta)
-            if not run.hidden_state_refusal:  # a refusal is in the core's notes already
-                report.notes.extend(reasons)
-            self._cache = {key: report}  # one entry: the run only grows
-        self._warn_if_composition_only(run, reasons)
-        return report
+        if self._cache[0] != key:
+            report = HiddenStateAccountant().compose(run).explain(delta)
+            report.notes.extend(recorder.notes())
+            self._cache = (key, report)
+        return self._cache[1]
 
     def composition_epsilon(self, delta: float) -> float:
         """The best composition bound for the same run (valid even if every iterate is released)."""
         return self.explain(delta).composition_epsilon
 
-    def _warn_if_composition_only(self, run: TrainingRunDpEvent, reasons: List[str]) -> None:
-        if run.geometry is not None and not run.hidden_state_refusal:
-            return
-        if reasons:
-            why = "; ".join(reasons)
-        elif self.sampler is None and self._external is None:
-            why = ("not configured: Opacus' Poisson sampling at its sample rate is assumed (valid only with "
-                   "make_private(poisson_sampling=True)); call engine.accountant.configure(geometry=..., sampler=...)")
-        else:
-            why = "no loss geometry configured (engine.accountant.configure(geometry=...))"
-        if why in self._warned:
-            return
-        self._warned.add(why)
-        warnings.warn(f"hidden_state accountant: no hidden-state analysis applied ({why}); reporting the "
-                      f"composition bound for sampling={run.sampling!r}", UserWarning, stacklevel=4)
-
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self, destination=None):
-        """Ledger and configuration, in plain Python types (``torch.save``-able)."""
+        """Ledger and configuration in plain Python types (``torch.save``-able; it holds the
+        sampler's seed, so keep it as private as the data)."""
         out = {} if destination is None else destination
         out["mechanism"] = self.mechanism()
         out["history"] = self.history
         out["hidden_state"] = {
-            "version": 1,
-            "ledger": [[rec._asdict(), count] for rec, count in self._ledger],
-            "external": None if self._external is None else [list(h) for h in self._external],
+            "version": STATE_VERSION,
+            "ledger": self._recorder.ledger_state(),
             "geometry": None if self.geometry is None else attr.asdict(self.geometry),
+            "model": None if self.model is None else {
+                "layers": [attr.asdict(layer) for layer in self.model.layers],
+                "complete": self.model.complete, "description": self.model.description},
+            "assume_convex_model": self.assume_convex_model,
+            "gaussian_initialization": self.gaussian_initialization,
             # the schedule continues at the number of batches trained on, whatever was prefetched
             "sampler": None if self.sampler is None else {**self.sampler.describe(), "position": len(self)},
-            "gaussian_initialization": self.gaussian_initialization,
         }
         return out
 
     def load_state_dict(self, state_dict) -> None:
-        """Restores the ledger and configuration; a configured sampler continues where the run stopped."""
-        if not state_dict or state_dict.get("mechanism") != self.mechanism():
+        """Restores the ledger; a configured accountant keeps its configuration (checked to be the
+        checkpoint's) and moves its sampler to the steps trained, an unconfigured one takes the
+        checkpoint's. A state with only Opacus' ``history`` loads like Opacus' accountants."""
+        if not state_dict or "history" not in state_dict or state_dict.get("mechanism") != self.mechanism():
             got = None if not state_dict else state_dict.get("mechanism")
-            raise ValueError(f"state_dict of {got} cannot be loaded into the {self.mechanism()} accountant")
+            raise ValueError(f"state_dict of {got} (with a history) cannot be loaded into the {self.mechanism()} accountant")
         hs = state_dict.get("hidden_state")
-        if not hs or hs.get("version") != 1:
-            raise ValueError("state_dict has no 'hidden_state' entry of version 1")
+        if hs is None:
+            self.history = state_dict["history"]
+            return
+        if not isinstance(hs, dict) or hs.get("version") != STATE_VERSION:
+            raise ValueError(f"the 'hidden_state' entry must be of version {STATE_VERSION}")
         geometry = None if hs["geometry"] is None else LossGeometry(**hs["geometry"])
-        if self.geometry is not None and self.geometry != geometry:
-            raise v.ParameterError("geometry", f"the checkpoint was taken with {geometry}, this accountant "
-                                   f"is configured with {self.geometry}")
         saved = hs["sampler"]
-        if self.sampler is not None and saved is None:
-            raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling)")
-        if self.sampler is not None:
-            self.sampler.load_state_dict(saved)  # checks it is the same schedule
-        elif saved is not None:
-            self.sampler = sampler_from_state_dict(saved)
-        self.geometry = geometry
-        self.gaussian_initialization = bool(hs["gaussian_initialization"])
-        self._ledger = [[_Step(**rec), int(count)] for rec, count in hs["ledger"]]
-        self._steps = sum(count for _, count in self._ledger)
-        self._external = None if hs["external"] is None else [tuple(h) for h in hs["external"]]
-        self._cache.clear()
-
-
-def _describe(sampler: Optional[HiddenStateBatchSampler]):
-    return None if sampler is None else sampler.describe()
+        if self.sampler is not None:  # configured: the checkpoint must be of this configuration
+            if self.geometry != geometry:
+                raise v.ParameterError("geometry", f"the checkpoint was taken with {geometry}, this accountant "
+                                       f"is configured with {self.geometry}")
+            if saved is None:
+                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling)")
+            self.sampler.load_state_dict(saved)  # checks it is the same schedule, continues it
+        else:
+            model = hs["model"]
+            self.sampler = None if saved is None else sampler_from_state_dict(saved)
+            self.geometry, self.assume_convex_model = geometry, bool(hs["assume_convex_model"])
+            self.gaussian_initialization = bool(hs["gaussian_initialization"])
+            self.model = None if model is None else ModelFacts(
+                layers=[LayerFacts(**layer) for layer in model["layers"]], complete=model["complete"],
+                description=model["description"])
+            self._recorder = RunRecorder(
+                schedule=None if self.sampler is None else self.sampler.schedule, geometry=geometry,
+                model=self.model, assume_convex_model=self.assume_convex_model,
+                gaussian_initialization=self.gaussian_initialization)
+        self._recorder.load_ledger_state(hs["ledger"])
+        self._cache = (None, None)

@@ -4,7 +4,7 @@
   every optimiser step (the accountant learns the diameter ``D = 2R``), and supplies the L2
   regulariser as the base SGD optimiser's ``weight_decay``: applied *after* clipping and
   noise, so the per-example map ``clip_C(grad l_i) + m_reg*theta`` is ``m_reg``-strongly
-  convex (DESIGN.md section 2). It exposes that strength as :attr:`ProjectionHook.strong_convexity`.
+  convex. It exposes that strength as :attr:`ProjectionHook.strong_convexity`.
 * :func:`clip_features` / :class:`FeatureClip` scale every input to L2 norm ``<= R``, the
   feature bound of :meth:`LossGeometry.logistic_regression`.
 
@@ -28,52 +28,14 @@ from torch import nn
 
 from hidden_state_accountants import LossGeometry
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.recording import unaccountable, update_departure
 
-__all__ = ["ProjectionHook", "FeatureClip", "clip_features", "hidden_state_update_issue", "base_optimizer_issue"]
+__all__ = ["ProjectionHook", "FeatureClip", "clip_features", "PROJECTION_ATTR"]
 
 # Project onto a ball a hair inside the declared one, so float rounding of the rescaled
 # parameters can never leave the set whose diameter the accountant uses.
 _INSIDE = 1.0 - 1e-6
-_MARK = "_hsa_projection"  # the attribute the accountant reads from the DP optimizer
-
-
-def hidden_state_update_issue(optimizer: DPOptimizer, *, weight_decay: bool = True) -> Optional[str]:
-    """Why this DP optimizer's step is *not* DESIGN.md's update rule, or ``None``.
-
-    The hidden-state analyses assume flat clipping, mean reduction and plain SGD on the
-    noisy mean (``weight_decay`` allowed, applied after the noise; one learning rate and
-    one ``weight_decay`` for all parameters, unless ``weight_decay=False`` skips that check).
-    Anything else is still covered by composition (post-processing), not by a hidden-state bound.
-    """
-    if getattr(optimizer, "max_grad_norms", None) is not None:
-        return "per-layer clipping: the analyses assume flat clipping of the whole gradient"
-    if optimizer.loss_reduction != "mean":
-        return f"loss_reduction={optimizer.loss_reduction!r}: the analyses assume 'mean'"
-    return base_optimizer_issue(optimizer.original_optimizer, weight_decay=weight_decay)
-
-
-def base_optimizer_issue(base: torch.optim.Optimizer, *, weight_decay: bool = True) -> Optional[str]:
-    """The part of :func:`hidden_state_update_issue` about the base optimizer (before ``make_private``)."""
-    if not isinstance(base, torch.optim.SGD):
-        return f"base optimizer is {type(base).__name__}, the analyses assume plain SGD"
-    groups = base.param_groups
-    for g in groups:
-        if g.get("momentum", 0) or g.get("nesterov", False) or g.get("maximize", False):
-            return "SGD with momentum/nesterov/maximize: the analyses assume plain SGD steps"
-    if len(groups) == 1:  # the common case, checked at every step
-        return None
-    if len({float(g["lr"]) for g in groups}) > 1:
-        return "parameter groups have different learning rates"
-    if weight_decay and len({float(g.get("weight_decay", 0.0)) for g in groups}) > 1:
-        return "parameter groups have different weight_decay"
-    return None
-
-
-def _unsupported_clipping(optimizer: DPOptimizer) -> Optional[str]:
-    """Clipping no bound here covers, not even composition (the clip norm follows the data)."""
-    if type(optimizer).__name__.startswith("AdaClip"):
-        return "adaptive clipping changes the clip norm with the data; use clipping='flat'"
-    return None
+PROJECTION_ATTR = "_hsa_projection"  # the attribute of the DP optimizer the accountant reads the hook from
 
 
 def _params(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
@@ -114,7 +76,8 @@ class ProjectionHook:
     every step and uses ``D = 2 * radius`` for the steps it covered.
 
     Args:
-      optimizer: the DP optimizer; its base optimizer must be plain ``torch.optim.SGD``.
+      optimizer: the DP optimizer; its update must be the analysed one (plain SGD, flat clipping,
+        mean reduction), as the core's ``update_departure`` says.
       radius: ``R``; ``None`` for no projection (regularisation only).
       l2_regularization: ``m_reg``, set as ``weight_decay`` on every parameter group (which
         must hold none or the same value); ``None`` keeps the optimizer's own weight_decay.
@@ -122,13 +85,14 @@ class ProjectionHook:
         per-example gradients (a penalty in the loss, which Opacus drops).
 
     Raises:
-      ParameterError: naming ``optimizer``, ``radius`` or ``l2_regularization``.
+      ParameterError: naming ``optimizer``, ``radius``, ``l2_regularization`` or what the
+        core finds wrong with the update (``momentum``, ``clipping``, ...).
 
     Example (``optimizer`` from ``make_private``)::
 
         hook = ProjectionHook(optimizer, radius=5.0, l2_regularization=0.01)
         geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0)
-        engine.accountant.configure(geometry=geometry, sampler=sampler)
+        engine.accountant.configure(geometry=geometry, sampler=sampler, model=model, optimizer=optimizer)
     """
 
     def __init__(
@@ -146,10 +110,14 @@ class ProjectionHook:
                 f"projection must follow clipping and noise), got {type(optimizer).__name__}")
         if radius is None and l2_regularization is None:
             raise v.ParameterError("radius", "give a radius, an l2_regularization, or both")
-        reason = _unsupported_clipping(optimizer) or hidden_state_update_issue(optimizer, weight_decay=False)
-        if reason:
-            raise v.ParameterError("optimizer", reason)
-        if getattr(optimizer, _MARK, None) is not None:
+        from .facts import step_facts  # facts reads this module's FeatureClip
+
+        # the hook makes the analysed update's assumptions true; on another update it has nothing to make true
+        facts = step_facts(optimizer, accumulation=1)
+        problem = unaccountable(facts) or update_departure(facts)
+        if problem and problem[0] != "weight_decay":  # the hook sets one weight_decay itself
+            raise v.ParameterError(*problem)
+        if getattr(optimizer, PROJECTION_ATTR, None) is not None:
             raise v.ParameterError("optimizer", "already has a ProjectionHook; detach() it first")
         self.optimizer = optimizer
         self.radius = None if radius is None else v.positive_float("radius", radius)
@@ -174,7 +142,7 @@ class ProjectionHook:
         world = getattr(optimizer, "world_size", 1)
         if check_loss_penalty and world == 1:  # under DDP p.grad is averaged over ranks
             self._patch_first_step()
-        setattr(optimizer, _MARK, self)
+        setattr(optimizer, PROJECTION_ATTR, self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -246,8 +214,8 @@ class ProjectionHook:
             self._handle.remove()
             self._handle = None
         self._restore_pre_step()
-        if getattr(self.optimizer, _MARK, None) is self:
-            delattr(self.optimizer, _MARK)
+        if getattr(self.optimizer, PROJECTION_ATTR, None) is self:
+            delattr(self.optimizer, PROJECTION_ATTR)
 
     def __repr__(self) -> str:
         return f"ProjectionHook(radius={self.radius}, strong_convexity={self.strong_convexity:g})"

@@ -1,49 +1,41 @@
-"""Batch samplers that produce exactly the schedules the hidden-state analyses assume.
+"""PyTorch batch samplers that follow the core's batch schedules exactly.
 
-Each sampler is a PyTorch ``Sampler`` of index lists, for ``DataLoader(batch_sampler=...)``:
+Each sampler wraps a :class:`~hidden_state_accountants.schedules.BatchSchedule` (the one
+definition of every schedule, and of the secret-seed rule) and hands its batches to
+``DataLoader(batch_sampler=...)``:
 
-=================================  ===========================  ==========================================
-sampler                            ``sampling``                 schedule (DESIGN.md section 3)
-=================================  ===========================  ==========================================
-:class:`CyclicBatchSampler`        ``"cyclic"``                 batch ``j`` = records ``j*b .. (j+1)*b - 1``,
-                                                                same order every epoch
-:class:`ShufflePartitionBatchSampler`  ``"shuffle_partition"``  one random partition (from ``seed``),
-                                                                reused in the same order every epoch
-:class:`WithoutReplacementBatchSampler`  ``"without_replacement"``  ``b`` distinct records drawn afresh
-                                                                from all ``n`` at every step
-:class:`FullBatchSampler`          ``"full"``                   all ``n`` records at every step
-=================================  ===========================  ==========================================
+=========================================  ========================
+sampler                                    ``sampling``
+=========================================  ========================
+:class:`CyclicBatchSampler`                ``"cyclic"``
+:class:`ShufflePartitionBatchSampler`      ``"shuffle_partition"``
+:class:`WithoutReplacementBatchSampler`    ``"without_replacement"``
+:class:`FullBatchSampler`                  ``"full"``
+=========================================  ========================
 
-An epoch is ``n // b`` steps (one for ``full``). The partition samplers leave the
-``n % b`` records at the end of their order out of every epoch, as Ye & Shokri (2022)
-footnote 3 does, and warn about it once at construction; the sampling-without-replacement
-sampler draws from all ``n`` records, so it leaves none out (its epoch is just a length).
+An epoch is ``n // b`` steps (one for ``full``); the partition samplers leave the last
+``n % b`` records of their order out of every epoch and warn about it once.
 
-The random schedules are only as private as their seed: the analyses of
-``shuffle_partition`` (averaging over the record's position) and ``without_replacement``
-(amplification by sampling) assume the adversary does not know the draw. Leave ``seed=None``
-for a fresh secret seed (from :mod:`secrets`); it is kept in the sampler's ``state_dict``
-(and so in checkpoints, which must stay as private as the data). A fixed, published seed
-makes the partition public; then only the fixed-order (``cyclic``) bounds hold.
+**Seeds are secrets.** The random samplers default to ``seed=None``: a fresh seed drawn by the
+core's rule, shared by every rank through ``torch.distributed``. A seed you pass is your explicit
+choice (the accountant's report says so) and must be kept as private as the data, like the
+checkpoints that store it.
 
-Samplers are seeded and resumable: the batch of global step ``t`` is a function of
-``(seed, t)`` alone, the sampler remembers how many batches it has handed out
-(:attr:`HiddenStateBatchSampler.position`), and ``state_dict``/``load_state_dict`` (or the
-accountant's checkpoint, which sets the position to the number of steps taken) continue
-the same schedule. Under ``torch.distributed`` every rank computes the same global batch
-and keeps its share ``batch[rank::world_size]``.
+Samplers are resumable (the batch of global step ``t`` depends on ``(seed, t)`` only; the
+sampler remembers its :attr:`~HiddenStateBatchSampler.position`) and, under
+``torch.distributed``, every rank computes the same global batch and keeps
+``batch[rank::world_size]``.
 
 >>> s = CyclicBatchSampler(9, 3)
 >>> list(s), s.sampling, len(s)
 ([[0, 1, 2], [3, 4, 5], [6, 7, 8]], 'cyclic', 3)
->>> s = ShufflePartitionBatchSampler(6, 2, seed=0)
->>> list(s) == list(s)  # the same partition, in the same order, every epoch
-True
+>>> s = ShufflePartitionBatchSampler(6, 2)
+>>> list(s) == list(s), s.schedule.seed_is_secret  # one secret partition, every epoch
+(True, True)
 """
 
 from __future__ import annotations
 
-import secrets
 import warnings
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -52,7 +44,14 @@ import torch
 from torch.utils.data import Sampler
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.schedules import check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import (
+    CYCLIC,
+    FULL,
+    RANDOM,
+    SHUFFLE_PARTITION,
+    WITHOUT_REPLACEMENT,
+    BatchSchedule,
+)
 
 __all__ = [
     "HiddenStateBatchSampler",
@@ -78,103 +77,79 @@ def _distributed_defaults(num_replicas: Optional[int], rank: Optional[int]):
     return num_replicas, rank
 
 
-def _shared_secret_seed(num_replicas: int) -> int:
-    """A fresh secret seed, the same on every rank (rank 0 draws it and broadcasts it)."""
-    if num_replicas == 1:
-        return secrets.randbits(63)
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
-        raise v.ParameterError(
-            "seed", "with num_replicas > 1 pass the same seed on every rank, or initialise "
-            "torch.distributed so a secret one can be shared")
-    box = [secrets.randbits(63) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+def _broadcast_from_rank0(seed: int) -> int:
+    """Rank 0's secret draw, on every rank."""
+    box = [seed]
+    torch.distributed.broadcast_object_list(box, src=0)
     return int(box[0])
 
 
-def _rng(seed: int, *stream: int) -> np.random.Generator:
-    """An independent generator for ``(seed, *stream)``: reproducible and O(1) to reach."""
-    return np.random.default_rng(np.random.SeedSequence([seed, *stream]))
-
-
 class HiddenStateBatchSampler(Sampler[List[int]]):
-    """Base class: a seeded, resumable schedule of global batches, sharded across ranks.
+    """Base class: a core :class:`BatchSchedule` with a position, sharded across ranks.
 
-    Subclasses define :attr:`sampling` and :meth:`global_batch`. Iterating yields the
-    batches from the current :attr:`position` to the end of the current epoch, so a
+    Iterating yields the batches from :attr:`position` to the end of the current epoch, so a
     ``for batch in loader`` loop after a resume finishes the interrupted epoch first.
 
     Args:
-      dataset_size: ``n``, the number of records (indices ``0 .. n-1``).
+      dataset_size: ``n`` (records are indices ``0 .. n-1``).
       batch_size: ``b``, the *global* batch size (all ranks together).
-      seed: seed of the random schedule (ignored by the deterministic samplers); ``None``
-        draws a secret one.
-      num_replicas, rank: distributed world size and this process's rank; default to
-        ``torch.distributed``'s when it is initialised, else ``1`` and ``0``.
+      seed: the random schedules' seed; ``None`` (default) draws a secret one.
+      num_replicas, rank: world size and rank; default to ``torch.distributed``'s.
     """
 
     sampling: str = ""
 
-    def __init__(
-        self,
-        dataset_size: int,
-        batch_size: int,
-        seed: Optional[int] = 0,
-        *,
-        num_replicas: Optional[int] = None,
-        rank: Optional[int] = None,
-    ) -> None:
-        # the core's checks: b <= n, b = n for full, n // b >= 2 for partitions
-        n, b = check_schedule(dataset_size, batch_size, self.sampling)
-        self.num_replicas, self.rank = _distributed_defaults(num_replicas, rank)
-        if self.num_replicas > b:
-            raise v.ParameterError(
-                "num_replicas", f"{self.num_replicas} ranks cannot share a batch of {b} records")
-        if seed is None:
-            seed = _shared_secret_seed(self.num_replicas)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise v.ParameterError("seed", f"must be a non-negative integer, got {seed!r}")
-        self.dataset_size = n
-        self.batch_size = b
-        self.seed = int(seed)
-        self.position = 0  # global steps handed out so far
+    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+        num_replicas, rank = _distributed_defaults(num_replicas, rank)
+        share = None
+        if num_replicas > 1 and self.sampling in RANDOM and seed is None:
+            if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+                raise v.ParameterError(
+                    "seed", "with num_replicas > 1 pass the same seed on every rank, or initialise "
+                    "torch.distributed so a secret one can be shared")
+            share = _broadcast_from_rank0
+        self._setup(BatchSchedule(dataset_size, batch_size, self.sampling, seed, share_seed=share), num_replicas, rank)
         if self.dropped_per_epoch:
             warnings.warn(
-                f"{type(self).__name__}: dataset_size % batch_size = {n} % {b} = "
-                f"{self.dropped_per_epoch} records at the end of the order are left out of every "
-                f"epoch (Ye & Shokri 2022, footnote 3; the accountant uses n/b -> {n // b})",
-                UserWarning, stacklevel=3)  # the caller of the subclass
+                f"{type(self).__name__}: dataset_size % batch_size = {self.dataset_size} % {self.batch_size} = "
+                f"{self.dropped_per_epoch} records at the end of the order are left out of every epoch "
+                "(as in Ye & Shokri 2022, footnote 3)", UserWarning, stacklevel=3)
+
+    def _setup(self, schedule: BatchSchedule, num_replicas: int, rank: int) -> None:
+        if num_replicas > schedule.batch_size:
+            raise v.ParameterError("num_replicas", f"{num_replicas} ranks cannot share a batch of {schedule.batch_size} records")
+        self.schedule, self.num_replicas, self.rank = schedule, num_replicas, rank
+        self.position = 0  # global steps handed out so far
 
     # ----------------------------------------------------------------- schedule
-    @property
-    def steps_per_epoch(self) -> int:
-        """``n // b`` (``1`` for ``full``), the core's definition."""
-        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling)
-
-    @property
-    def dropped_per_epoch(self) -> int:
-        """Records that take no part in an epoch (``n % b`` for the partition samplers)."""
-        return 0
+    dataset_size = property(lambda self: self.schedule.dataset_size)
+    batch_size = property(lambda self: self.schedule.batch_size)
+    seed = property(lambda self: self.schedule.seed)
+    steps_per_epoch = property(lambda self: self.schedule.steps_per_epoch, doc="``n // b`` (1 for ``full``).")
+    dropped_per_epoch = property(lambda self: self.schedule.dropped_per_epoch)
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
         return self.position // self.steps_per_epoch
 
+    @property
+    def dropped_indices(self) -> List[int]:
+        """The records a partition sampler never uses (the last ``n % b`` of its order)."""
+        return self.schedule.order()[self.steps_per_epoch * self.batch_size:].tolist()
+
     def global_batch(self, step: int) -> List[int]:
         """Indices of the whole batch (all ranks) used at global step ``step``."""
-        raise NotImplementedError
+        return self.schedule.batch(step).tolist()
 
     def local_batch(self, step: int) -> List[int]:
         """This rank's share of :meth:`global_batch`."""
         batch = self.global_batch(step)
-        if self.num_replicas == 1:
-            return batch
-        return batch[self.rank::self.num_replicas]
+        return batch if self.num_replicas == 1 else batch[self.rank::self.num_replicas]
 
     def __len__(self) -> int:
-        # Opacus reads the sample rate as 1 / len(data_loader): one epoch of steps
-        return self.steps_per_epoch
+        return self.steps_per_epoch  # Opacus reads its sample rate as 1 / len(data_loader)
 
     def __iter__(self) -> Iterator[List[int]]:
         end = (self.epoch + 1) * self.steps_per_epoch
@@ -191,9 +166,8 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
         self.position = int(step)
 
     def describe(self) -> Dict[str, Any]:
-        """What defines the schedule (everything but the position and the rank)."""
-        return {"class": type(self).__name__, "sampling": self.sampling,
-                "dataset_size": self.dataset_size, "batch_size": self.batch_size, "seed": self.seed}
+        """What defines the schedule (the seed included: keep it private), without position or rank."""
+        return {"class": type(self).__name__, **self.schedule.describe()}
 
     def state_dict(self) -> Dict[str, Any]:
         return {**self.describe(), "position": self.position}
@@ -207,37 +181,13 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
 
     def __repr__(self) -> str:
         extra = f", rank={self.rank}/{self.num_replicas}" if self.num_replicas > 1 else ""
-        return (f"{type(self).__name__}(dataset_size={self.dataset_size}, batch_size={self.batch_size}, "
-                f"seed={self.seed}, position={self.position}{extra})")
+        return f"{type(self).__name__}({self.schedule!r}, position={self.position}{extra})"
 
 
-class _PartitionSampler(HiddenStateBatchSampler):
-    """A fixed order of the records, cut into ``n // b`` batches, visited cyclically."""
+class CyclicBatchSampler(HiddenStateBatchSampler):
+    """Batch ``j`` of every epoch is records ``j*b .. (j+1)*b - 1`` (``sampling="cyclic"``).
 
-    def _order(self) -> np.ndarray:
-        raise NotImplementedError
-
-    @property
-    def dropped_per_epoch(self) -> int:
-        return self.dataset_size % self.batch_size
-
-    def global_batch(self, step: int) -> List[int]:
-        j, b = step % self.steps_per_epoch, self.batch_size
-        return self._order()[j * b:(j + 1) * b].tolist()
-
-    @property
-    def dropped_indices(self) -> List[int]:
-        """The records that are never used (the last ``n % b`` of the order)."""
-        n_used = self.steps_per_epoch * self.batch_size
-        return self._order()[n_used:].tolist()
-
-
-class CyclicBatchSampler(_PartitionSampler):
-    """Fixed order: batch ``j`` of every epoch is records ``j*b .. (j+1)*b - 1``.
-
-    Matches ``sampling="cyclic"`` (Bok et al. Thms 4.4-4.6, Ye & Shokri Thm 3.3). The order is
-    the dataset's own, so shuffle the dataset once beforehand if it is sorted; the records
-    ``(n // b) * b .. n - 1`` are never used.
+    The order is the dataset's own: shuffle the dataset once beforehand if it is sorted.
 
     >>> [b for b in CyclicBatchSampler(6, 2)]
     [[0, 1], [2, 3], [4, 5]]
@@ -245,78 +195,48 @@ class CyclicBatchSampler(_PartitionSampler):
     [1]
     """
 
-    sampling = "cyclic"
+    sampling = CYCLIC
 
     def __init__(self, dataset_size: int, batch_size: int, *, num_replicas: Optional[int] = None,
                  rank: Optional[int] = None) -> None:
-        super().__init__(dataset_size, batch_size, 0, num_replicas=num_replicas, rank=rank)
-        self._fixed = np.arange(self.dataset_size)
-
-    def _order(self) -> np.ndarray:
-        return self._fixed
+        super().__init__(dataset_size, batch_size, None, num_replicas=num_replicas, rank=rank)
 
 
-class ShufflePartitionBatchSampler(_PartitionSampler):
-    """One random partition drawn once from ``seed``, visited in the same order every epoch.
+class ShufflePartitionBatchSampler(HiddenStateBatchSampler):
+    """One random partition drawn once, visited in the same order every epoch
+    (``sampling="shuffle_partition"``); *not* ``DataLoader(shuffle=True)``, which reshuffles.
 
-    Matches ``sampling="shuffle_partition"`` (Ye & Shokri Thm 4.2; every fixed-order bound
-    also holds). This is *not* ``DataLoader(shuffle=True)``, which draws a new partition
-    every epoch. The last ``n % b`` records of the random order are never used.
-
-    >>> s = ShufflePartitionBatchSampler(6, 2, seed=3)
+    >>> s = ShufflePartitionBatchSampler(6, 2, seed=3)  # an explicit seed: keep it secret
     >>> epoch1, epoch2 = list(s), list(s)
     >>> epoch1 == epoch2, sorted(i for b in epoch1 for i in b)
     (True, [0, 1, 2, 3, 4, 5])
     """
 
-    sampling = "shuffle_partition"
-
-    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
-        super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank)
-        self._perm = _rng(self.seed).permutation(self.dataset_size)
-
-    def _order(self) -> np.ndarray:
-        return self._perm
+    sampling = SHUFFLE_PARTITION
 
 
 class WithoutReplacementBatchSampler(HiddenStateBatchSampler):
-    """At every step, ``b`` distinct records drawn uniformly from all ``n``, independently of
-    every other step (``sampling="without_replacement"``: Ye & Shokri Thm 4.3, Bok et al.
-    Thms 4.8-4.10, Altschuler & Talwar). An epoch is ``n // b`` steps; no record is left out.
+    """Every step draws ``b`` distinct records afresh from all ``n``
+    (``sampling="without_replacement"``); no record is left out of an epoch.
 
-    >>> s = WithoutReplacementBatchSampler(10, 4, seed=1)
-    >>> [len(set(b)) for b in s]
+    >>> [len(set(b)) for b in WithoutReplacementBatchSampler(10, 4)]
     [4, 4]
     """
 
-    sampling = "without_replacement"
-
-    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
-        super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank)
-
-    def global_batch(self, step: int) -> List[int]:
-        # one stream per step: the same batch whatever was drawn before (resumable in O(1))
-        return _rng(self.seed, step).choice(self.dataset_size, self.batch_size, replace=False).tolist()
+    sampling = WITHOUT_REPLACEMENT
 
 
 class FullBatchSampler(HiddenStateBatchSampler):
-    """Every step uses all ``n`` records (``sampling="full"``: Bok et al. Thms 4.1-4.3,
-    Chourasia et al.); one step per epoch.
+    """Every step uses all ``n`` records (``sampling="full"``); one step per epoch.
 
     >>> list(FullBatchSampler(3))
     [[0, 1, 2]]
     """
 
-    sampling = "full"
+    sampling = FULL
 
-    def __init__(self, dataset_size: int, *, num_replicas: Optional[int] = None,
-                 rank: Optional[int] = None) -> None:
-        super().__init__(dataset_size, dataset_size, 0, num_replicas=num_replicas, rank=rank)
-
-    def global_batch(self, step: int) -> List[int]:
-        return list(range(self.dataset_size))
+    def __init__(self, dataset_size: int, *, num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+        super().__init__(dataset_size, dataset_size, None, num_replicas=num_replicas, rank=rank)
 
 
 _CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSampler,
@@ -325,18 +245,16 @@ _CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSam
 
 def sampler_from_state_dict(state: Dict[str, Any], *, num_replicas: Optional[int] = None,
                             rank: Optional[int] = None) -> HiddenStateBatchSampler:
-    """Rebuilds a sampler (schedule and position) from :meth:`HiddenStateBatchSampler.state_dict`."""
-    cls = _CLASSES.get(state.get("class"))
+    """Rebuilds a sampler (schedule and position) from :meth:`HiddenStateBatchSampler.state_dict`.
+
+    The stored seed becomes an explicit one (it was written down, so the report says so)."""
+    cls = _CLASSES.get(state.get("class")) if isinstance(state, dict) else None
     if cls is None:
-        raise v.ParameterError("sampler", f"unknown sampler class {state.get('class')!r}")
-    n, b, seed = state["dataset_size"], state["batch_size"], state["seed"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the remainder warning was given when it was first built
-        if cls is FullBatchSampler:
-            s = cls(n, num_replicas=num_replicas, rank=rank)
-        elif cls is CyclicBatchSampler:
-            s = cls(n, b, num_replicas=num_replicas, rank=rank)
-        else:
-            s = cls(n, b, seed, num_replicas=num_replicas, rank=rank)
+        raise v.ParameterError("sampler", f"unknown sampler state {state!r}")
+    schedule = BatchSchedule.from_description(state)
+    if schedule.sampling != cls.sampling:
+        raise v.ParameterError("sampler", f"{cls.__name__} has sampling {cls.sampling!r}, the state says {schedule.sampling!r}")
+    s = cls.__new__(cls)  # not __init__: the remainder warning was given when the sampler was first made
+    s._setup(schedule, *_distributed_defaults(num_replicas, rank))
     s.load_state_dict(state)
     return s

@@ -1,0 +1,192 @@
+"""What Opacus and PyTorch say about a training run, read into the core's facts.
+
+Nothing here judges: :mod:`hidden_state_accountants.recording` decides what the facts back.
+
+* :func:`step_facts`: one DP optimizer step as :class:`~hidden_state_accountants.recording.StepFacts`.
+* :func:`model_facts`: a model's structure as :class:`~hidden_state_accountants.recording.ModelFacts`,
+  read from ``nn.Sequential`` containers or, for custom ``forward`` code, from a ``torch.fx`` trace.
+
+>>> from torch import nn
+>>> facts = model_facts(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)))
+>>> [(layer.kind, layer.trainable) for layer in facts.layers], facts.complete
+([('other', False), ('affine', True)], True)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+from opacus.grad_sample.gsm_base import AbstractGradSampleModule
+from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
+from torch import nn
+
+from hidden_state_accountants import validation as v
+from hidden_state_accountants.recording import LayerFacts, ModelFacts, StepFacts
+
+from .hooks import PROJECTION_ATTR, FeatureClip
+
+__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts"]
+
+
+# ---------------------------------------------------------------------------- steps
+def optimizer_facts(base: torch.optim.Optimizer) -> Dict[str, Any]:
+    """The update a (base) optimizer applies: its kind, per-group learning rates and L2, momentum."""
+    groups = base.param_groups
+    kind = type(base).__name__
+    if isinstance(base, torch.optim.SGD):
+        kind = "SGD(maximize=True)" if any(g.get("maximize", False) for g in groups) else "sgd"
+    return dict(
+        optimizer=kind,
+        learning_rate=[float(g["lr"]) for g in groups],
+        weight_decay=[float(g.get("weight_decay", 0.0)) for g in groups],
+        momentum=max(float(g.get("momentum", 0.0)) for g in groups),
+        nesterov=any(g.get("nesterov", False) for g in groups),
+    )
+
+
+def _clipping(optimizer: DPOptimizer) -> str:
+    if isinstance(optimizer, AdaClipDPOptimizer):
+        return "adaptive"
+    return "per_layer" if getattr(optimizer, "max_grad_norms", None) is not None else "flat"
+
+
+def step_values(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
+                accumulation: Optional[int] = None) -> Dict[str, Any]:
+    """The keyword arguments of :func:`step_facts` (cheap to compare at every step)."""
+    if not isinstance(optimizer, DPOptimizer):
+        raise v.ParameterError("optimizer", f"must be the DPOptimizer returned by make_private, got {type(optimizer).__name__}")
+    k = optimizer.accumulated_iterations if accumulation is None else accumulation
+    ebs = optimizer.expected_batch_size
+    projection = getattr(optimizer, PROJECTION_ATTR, None)
+    return dict(
+        noise_multiplier=optimizer.noise_multiplier,
+        clip_norm=optimizer.max_grad_norm,
+        divisor=None if ebs is None else ebs * getattr(optimizer, "world_size", 1),
+        projection_diameter=None if projection is None else projection.diameter,
+        clipping=_clipping(optimizer),
+        loss_reduction=optimizer.loss_reduction,
+        accumulation=k,
+        sample_rate=None if sample_rate is None else sample_rate * k,
+        **optimizer_facts(optimizer.original_optimizer),
+    )
+
+
+def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
+               accumulation: Optional[int] = None) -> StepFacts:
+    """The step the DP optimizer takes now.
+
+    ``sample_rate`` is Opacus' (``1 / len(data_loader)``); ``accumulation`` defaults to the
+    batches accumulated since the last step (pass ``1`` before training, to read the plan).
+    Opacus divides the noisy sum by ``expected_batch_size`` on each of ``world_size`` ranks
+    and averages over ranks: the divisor is their product.
+    """
+    return StepFacts(**step_values(optimizer, sample_rate, accumulation=accumulation))
+
+
+# ---------------------------------------------------------------------------- models
+_RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                   nn.FeatureAlphaDropout, nn.RReLU)
+_RANDOM_FUNCTIONS = {  # functions and tensor methods that draw randomness
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
+    "gumbel_softmax", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
+    "bernoulli", "normal", "multinomial", "poisson", "bernoulli_", "normal_", "uniform_", "exponential_",
+    "random_", "cauchy_", "geometric_", "log_normal_"}
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    while True:
+        if isinstance(model, AbstractGradSampleModule):
+            model = model._module
+        elif isinstance(model, (DPDDP, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def _is_leaf(m: nn.Module) -> bool:
+    """Modules read as one layer: PyTorch's own (as ``torch.fx`` treats them) and :class:`FeatureClip`."""
+    if isinstance(m, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        return False
+    return isinstance(m, FeatureClip) or type(m).__module__.startswith(("torch.nn", "torch.ao.nn"))
+
+
+def _layer(name: str, m: nn.Module) -> LayerFacts:
+    if isinstance(m, _RANDOM_MODULES):
+        kind = "random"
+    elif isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward:
+        kind = "affine"
+    else:
+        kind = "other"
+    trainable = any(p.requires_grad for p in m.parameters())
+    return LayerFacts(name=f"{name}:{type(m).__name__}" if name else type(m).__name__, kind=kind, trainable=trainable)
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return _is_leaf(m)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _traced(m: nn.Module, path: str) -> Optional[List[LayerFacts]]:
+    """The operations of ``m``'s forward pass in execution order, each one a layer (so anything
+    after the trainable layer is seen), or ``None`` if ``torch.fx`` cannot trace it."""
+    try:
+        graph = _Tracer().trace(m)
+    except Exception:  # data-dependent control flow and the like: the forward pass is unknown
+        return None
+    layers: List[LayerFacts] = []
+    last = None
+    for node in graph.nodes:
+        if node.op == "call_module":
+            layers.append(_layer(_join(path, node.target), m.get_submodule(node.target)))
+        elif node.op == "get_attr":  # a parameter or buffer used directly in forward
+            obj = m
+            for part in node.target.split("."):
+                obj = getattr(obj, part)
+            trainable = isinstance(obj, torch.Tensor) and obj.requires_grad
+            layers.append(LayerFacts(name=_join(path, node.target), kind="other", trainable=trainable))
+        elif node.op in ("call_function", "call_method"):
+            fn = getattr(node.target, "__name__", str(node.target))
+            layers.append(LayerFacts(name=_join(path, fn), kind="random" if fn in _RANDOM_FUNCTIONS else "other",
+                                     trainable=False))
+        elif node.op == "output" and node.args[0] is not last:  # the loss sees more than the last layer
+            layers.append(LayerFacts(name=_join(path, "output"), kind="other", trainable=False))
+        last = node
+    return layers
+
+
+def _read(m: nn.Module, path: str) -> Optional[List[LayerFacts]]:
+    if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
+        out: List[LayerFacts] = []
+        for name, child in m.named_children():
+            sub = _read(child, _join(path, name))
+            if sub is None:
+                return None
+            out += sub
+        return out
+    if _is_leaf(m):
+        return [_layer(path, m)]
+    return _traced(m, path)
+
+
+def model_facts(model: nn.Module) -> ModelFacts:
+    """The model's layers in forward order (wrappers of Opacus and DDP unwrapped).
+
+    ``nn.Linear`` is ``"affine"``, dropout-like layers and random functions ``"random"``,
+    everything else ``"other"``; a layer is trainable when it owns parameters with
+    ``requires_grad`` (a frozen layer is a fixed feature map). ``complete=False`` when the
+    forward pass could not be read (custom code ``torch.fx`` cannot trace).
+    """
+    if not isinstance(model, nn.Module):
+        raise v.ParameterError("model", f"must be a torch.nn.Module, got {type(model).__name__}")
+    model = _unwrap(model)
+    layers = _read(model, "")
+    what = f"the {type(model).__name__} model"
+    if layers is None:
+        return ModelFacts(layers=[], complete=False, description=what)
+    return ModelFacts(layers=layers, complete=True, description=what)

@@ -166,10 +166,13 @@ def test_dp_accounting_generic_tests_pass():
 
 # --------------------------------------------------------------------- ground truth
 def test_exact_pair_epsilon_beyond_709():
-    pair = MixturePair(shifts=np.array([20.0]), weights=np.array([1.0]), sd=0.5)  # mu = 80
+    pair = MixturePair([80.0], [0.0], [0.0], [0.0])  # mu = 80
     eps = pair.epsilon(1e-5)
     assert 3000 < eps < 4000 and math.isfinite(eps)
     assert pair.delta(eps) <= 1e-5
+    mixture = MixturePair([60.0, 80.0], np.log([0.5, 0.5]), [0.0], [0.0])  # the worst pair's shape
+    eps = mixture.epsilon(1e-5)
+    assert 1500 < eps < 4000 and mixture.delta(eps) <= 1e-5 * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("z,finite", [(1e-154, False), (1e300, True), (1.7e308, True)])

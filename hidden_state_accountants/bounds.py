@@ -179,7 +179,7 @@ class MixtureGdpBound(Bound):
         if f(0.0) <= 0:
             return 0.0
         # at e = max_i eps_i(delta - infinite) every finite component is within delta - infinite
-        hi = max(fdp.gdp_epsilon(float(mu), delta - infinite) for mu in mus[np.isfinite(mus)]) + 1e-9
+        hi = fdp.gdp_epsilon(float(np.max(mus[np.isfinite(mus)])), delta - infinite) + 1e-9  # grows with mu
         if not math.isfinite(hi):
             return math.inf
         return fdp.conservative_root(f, 0.0, hi)
@@ -193,7 +193,10 @@ class MixtureGdpBound(Bound):
         return np.maximum(np.nan_to_num(out, nan=math.inf, posinf=math.inf), 0.0)  # a rounding -1e-16 is 0
 
     def pld(self, delta: float, discretization: float) -> Optional[fdp.PLD]:
-        profile = fdp.symmetric_extension(lambda eps: np.exp(self._log_delta(eps)))
+        # the profile is evaluated on the whole grid: fewer components (mu rounded up) keep it quick
+        probs, mus = mixture_components(self.probs, self.mus, PLD_COMPONENTS, floor=1e-2)
+        log_p, mus = np.log(np.asarray(probs)), np.asarray(mus)
+        profile = fdp.symmetric_extension(lambda eps: np.exp(fdp.mixture_gdp_log_delta(log_p, mus, eps)))
         try:
             return fdp.pld_from_profile(profile, discretization)
         except fdp.VacuousBound:
@@ -204,11 +207,16 @@ class MixtureGdpBound(Bound):
         return "; ".join(s for s in (text, self.note) if s)
 
 
-def mixture_components(probs: Sequence[float], mus: Sequence[float],
-                       max_components: int = 16384) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+PLD_COMPONENTS = 256
+"""Components a mixture's pessimistic PLD is built from (``mu`` rounded up beyond that)."""
+
+
+def mixture_components(probs: Sequence[float], mus: Sequence[float], max_components: int = 16384,
+                       floor: float = 1e-6) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
     """``(probs, mus)`` with equal parameters merged, zero weights dropped and the weights
     normalised; beyond ``max_components`` distinct values every ``mu`` is rounded *up* onto a
-    geometric grid (``delta_{G(mu)}`` grows with ``mu``, so the mixture only gets larger)."""
+    geometric grid from ``floor`` times the largest (``delta_{G(mu)}`` grows with ``mu``, so the
+    mixture only gets larger)."""
     p = np.asarray(probs, dtype=float)
     m = np.asarray(mus, dtype=float)
     keep = p > 0
@@ -217,7 +225,7 @@ def mixture_components(probs: Sequence[float], mus: Sequence[float],
     if values.size > max_components:
         finite = values[np.isfinite(values) & (values > 0)]
         top = float(finite.max()) if finite.size else 1.0
-        floor = top * 1e-6  # everything below contributes nothing visible; rounded up to it
+        floor = top * floor  # rounded up to it: sound, and what is below barely shows
         ratio = (top / floor) ** (1.0 / (max_components - 2))
         with np.errstate(divide="ignore", invalid="ignore"):
             k = np.ceil(np.log(np.maximum(m, floor) / floor) / math.log(ratio) - 1e-12)

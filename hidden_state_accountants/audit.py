@@ -416,11 +416,11 @@ def audit(
     on_d = simulate(run, +1.0, repetitions, construction, rng, show)       # drifts negative
     on_d_prime = simulate(run, -1.0, repetitions, construction, rng, show)  # drifts positive
     half = repetitions // 2
-    threshold = _choose_threshold(on_d[:half], on_d_prime[:half], delta)
+    one_sided = 1 - (1 - confidence) / 2
+    threshold = _choose_threshold(on_d[:half], on_d_prime[:half], delta, one_sided)
     n_eval = repetitions - half
     false_pos = int(np.sum(on_d[half:] > threshold))        # said D' on D
     false_neg = int(np.sum(on_d_prime[half:] <= threshold))  # said D on D'
-    one_sided = 1 - (1 - confidence) / 2
     fpr_hi, fnr_hi = _cp_upper(false_pos, n_eval, one_sided), _cp_upper(false_neg, n_eval, one_sided)
     report = HiddenStateAccountant(**accountant_kwargs).compose(run).explain(delta)
     return AuditResult(
@@ -431,16 +431,18 @@ def audit(
     )
 
 
-def _choose_threshold(on_d: np.ndarray, on_d_prime: np.ndarray, delta: float) -> float:
-    """The threshold maximising the point-estimate lower bound on the selection half."""
+def _choose_threshold(on_d: np.ndarray, on_d_prime: np.ndarray, delta: float, confidence: float = 0.975) -> float:
+    """The threshold maximising the lower bound on the selection half, with Clopper-Pearson
+    error rates (a point estimate favours thresholds deep in a tail, where a handful of runs
+    decides and the evaluation half then says little)."""
     n = on_d.size
     tails = np.geomspace(0.5, 10.0 / n, 60)
     # both tails: the worst pair is not symmetric, its mixture shows in D's far tail
     candidates = np.quantile(on_d, np.concatenate([1 - tails, tails]))
     best, best_t = -1.0, float(np.median(on_d))
     for t in candidates:
-        fpr = max(np.mean(on_d > t), 1.0 / n)
-        fnr = max(np.mean(on_d_prime <= t), 1.0 / n)
+        fpr = _cp_upper(int(np.sum(on_d > t)), n, confidence)
+        fnr = _cp_upper(int(np.sum(on_d_prime <= t)), n, confidence)
         value = _lower_bound(fpr, fnr, delta)
         if value > best:
             best, best_t = value, float(t)

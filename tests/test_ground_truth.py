@@ -113,3 +113,13 @@ def test_tradeoff_is_below_both_orders_and_above_the_diagonal_bound():
     assert np.all(f <= 1 - alpha + 1e-9) and np.all(np.diff(f) <= 1e-9)
     eps = pair.epsilon(1e-3)
     assert np.all(f >= 1 - 1e-3 - math.exp(eps) * alpha - 1e-3)
+
+
+def test_module_doctests():
+    import doctest
+
+    from hidden_state_accountants import bounds, schedules
+
+    for module in (exact, schedules, bounds):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__

@@ -8,9 +8,11 @@ would prove the accountant wrong.
 Two constructions, both in the framework parametrisation of docs/design.md, section 1 (everything
 happens along one coordinate; the others have identical laws on both datasets):
 
-* ``"strongly_convex"`` (Chourasia et al. Thm 3, quadratic loss, in clipped form): every record
-  has the per-example map ``g_i(theta) = c_i + m theta`` with ``c_i = 0``, except the differing
-  record: ``c = +C`` in D and ``-C`` in D'. Unconstrained; ``m`` from the run's geometry.
+* ``"strongly_convex"`` (quadratic loss, in clipped form): every record has the per-example map
+  ``g_i(theta) = c_i + m theta``, unconstrained, ``m`` from the run's geometry, with the worst
+  known neighbouring pair (:mod:`hidden_state_accountants.exact`): for fixed-size batches
+  every ``c_i = -C`` in D' and one of them ``+C`` in D (D' is then one Gaussian, D a mixture
+  with doubled shifts); for ``poisson`` the others 0 and the record ``+C`` in D, ``-C`` in D'.
 * ``"constrained"`` (Altschuler & Talwar Thm 4.1, linear losses on an interval): the same
   linear contributions with ``m = 0``, every iterate projected onto ``[-D/2, D/2]`` with ``D``
   the declared diameter. The random walk is clamped; no closed form exists.
@@ -49,6 +51,7 @@ from tqdm import tqdm
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import DROPPED, POISSON, RESHUFFLE
 
 CONSTRUCTIONS = ("strongly_convex", "constrained")
 
@@ -120,11 +123,20 @@ def _inclusion_window(run: TrainingRunDpEvent, a: float) -> int:
     return int(min(run.steps, math.ceil(math.log(_NEGLIGIBLE) / math.log(abs(a))) + 1))
 
 
+def _epoch_window(run: TrainingRunDpEvent, a: float) -> int:
+    """Epochs (from the end) whose uses matter for the reshuffle closed form."""
+    spe = run.steps_per_epoch
+    return min(-(-run.steps // spe), _inclusion_window(run, a) // spe + 2)
+
+
 def work(run: TrainingRunDpEvent, construction: str, repetitions: int) -> float:
     """Random numbers the audit draws for both datasets, known before simulating."""
     reps = 2.0 * repetitions
     if construction == "constrained":
-        return reps * run.steps * (2 if run.sampling in ("poisson", "without_replacement") else 1)
+        per_step = 2 if run.sampling in ("poisson", "without_replacement") else 1
+        return reps * (run.steps * per_step + (-(-run.steps // run.steps_per_epoch) if run.sampling == RESHUFFLE else 0))
+    if run.sampling == RESHUFFLE:
+        return reps * (_epoch_window(run, _contraction(run, construction)) + 1)
     if run.sampling in ("poisson", "without_replacement"):
         a = _contraction(run, construction)
         if a == 1.0:
@@ -145,18 +157,29 @@ def _bar(total: float, enabled: bool, what: str):
     return tqdm(total=total, disable=not enabled, file=sys.stderr, unit_scale=True, leave=False, desc=what)
 
 
+def _batch_of_slot(run: TrainingRunDpEvent, rng: np.random.Generator, size: int) -> np.ndarray:
+    """The record's batch in an order drawn at random: its slot is uniform on the ``n`` records,
+    batch ``slot // b``; ``-1`` for the ``n mod b`` slots a dropped short batch leaves unused."""
+    j = rng.integers(0, run.dataset_size, size, dtype=np.int64) // run.batch_size
+    return np.where(j < run.steps_per_epoch, j, -1)
+
+
 def _inclusion_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.random.Generator,
                    bar) -> np.ndarray:
-    """``S = sum_t a^{T-1-t} I_t`` for every repetition, ``I_t`` the differing record's inclusion."""
+    """``S = sum_t a^{T-1-t} s_t I_t`` for every repetition, ``I_t`` the differing record's
+    inclusion, ``s_t`` the scale of a short batch divided by its own size (1 otherwise)."""
     T = run.steps
     if run.sampling == "full":
         return np.full(repetitions, float(_geometric(a, T)))
+    if run.sampling == RESHUFFLE:
+        return _reshuffle_sum(run, a, repetitions, rng, bar)
     if run.sampling in ("cyclic", "shuffle_partition"):
         l = run.steps_per_epoch
         if run.sampling == "cyclic":
             position = np.full(repetitions, l - 1, dtype=np.int64)  # the worst (last) batch
         else:
-            position = rng.integers(0, l, repetitions, dtype=np.int64)  # one partition per run
+            position = _batch_of_slot(run, rng, repetitions)  # one partition per run
+            position = np.where(position < 0, T + l, position)  # never used
         # visits at t = p, p + l, ...: K = ceil((T - p)/l) of them, the last e_min = (T-1-p) mod l
         # steps before the end; S = a^{e_min} (1 + a^l + ... + a^{l(K-1)})
         visits = np.where(position < T, -((position - T) // l), 0)
@@ -200,15 +223,37 @@ def _inclusion_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.
     return total
 
 
+def _reshuffle_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.random.Generator,
+                   bar) -> np.ndarray:
+    """The inclusion sum of ``reshuffle``: in every epoch a fresh uniform slot; epochs whose uses
+    are all discounted below ``2^-60`` are skipped."""
+    from hidden_state_accountants.exact import Linear  # the short batch's scale
+
+    T, spe = run.steps, run.steps_per_epoch
+    epochs = -(-T // spe)
+    model = Linear(run, a)
+    total = np.zeros(repetitions)
+    for e in range(epochs - 1, epochs - 1 - _epoch_window(run, a), -1):
+        here = min(spe, T - e * spe)
+        j = _batch_of_slot(run, rng, repetitions)
+        used = (j >= 0) & (j < here)
+        d = T - 1 - (e * spe + np.where(used, j, 0))
+        with np.errstate(under="ignore"):
+            total += np.where(used, model.power(d) * model.scale(d), 0.0)
+        bar.update(repetitions)
+    return total
+
+
 def simulate(run: TrainingRunDpEvent, sign: float, repetitions: int, construction: str,
              rng: np.random.Generator, progress: bool = False) -> np.ndarray:
     """Final coordinate of ``repetitions`` independent runs; ``sign`` = +1 for D, -1 for D'.
 
     ``"strongly_convex"`` (no projection) in closed form: the step is the affine map
-    ``theta -> a theta - lr (sign C/b) I_t - lr (z C/b) xi_t`` with ``a = 1 - lr m``, so from
-    ``theta_0 = 0``::
+    ``theta -> a theta - lr (x C/b) I_t - lr (z C/b) xi_t + (common drift)`` with ``a = 1 - lr m``
+    and ``x`` the record's difference from the others (``+2`` in D and 0 in D' for the worst
+    pair; ``+1`` / ``-1`` for Poisson's), so from ``theta_0 = 0``, the common drift dropped::
 
-        theta_T = -lr (sign C/b) sum_t a^{T-1-t} I_t  +  N(0, (lr z C/b)^2 sum_{j<T} a^{2j}),
+        theta_T = -lr (x C/b) sum_t a^{T-1-t} s_t I_t  +  N(0, (lr z C/b)^2 sum_t a^{2(T-1-t)} s_t^2),
 
     the noise a single Gaussian per run and the inclusion sum in closed form per schedule
     (a geometric series over the record's visits for ``full`` / ``cyclic`` /
@@ -223,9 +268,12 @@ def simulate(run: TrainingRunDpEvent, sign: float, repetitions: int, constructio
     draws = work(run, construction, repetitions)
     with _bar(repetitions * run.steps if construction == "constrained" else draws / 2, progress, f"audit ({'D' if sign > 0 else 'D prime'})") as bar:
         if construction == "strongly_convex":
+            from hidden_state_accountants.exact import Linear  # the short batches' extra noise
+
             s = _inclusion_sum(run, a, repetitions, rng, bar)
-            sd = lr * noise * math.sqrt(float(_geometric(a * a, run.steps)))
-            return -lr * (sign * C / b) * s + sd * rng.standard_normal(repetitions)
+            sd = lr * noise * math.sqrt(Linear(run, a).variance())
+            x = sign if run.sampling == POISSON else (2.0 if sign > 0 else 0.0)
+            return -lr * (x * C / b) * s + sd * rng.standard_normal(repetitions)
         return _projected(run, repetitions, rng, bar, lr * noise, lr * sign * C / b)
 
 
@@ -244,9 +292,10 @@ def _projected(run, repetitions, rng, bar, noise_step, drift):
     if run.sampling == "cyclic":
         position = np.full(repetitions, l - 1, dtype=np.int64)  # the worst (last) batch
     elif run.sampling == "shuffle_partition":
-        position = rng.integers(0, l, repetitions, dtype=np.int64)  # one partition per run
+        position = _batch_of_slot(run, rng, repetitions)  # one partition per run
     else:
         position = None
+    epoch_positions = {}  # reshuffle: the record's batch in each epoch, drawn when first needed
     q = run.sampling_rate
     theta = np.zeros(repetitions)
     # chunks of a power-of-two number of steps, about _REDUCE_CHUNK numbers (cache-sized)
@@ -259,6 +308,14 @@ def _projected(run, repetitions, rng, bar, noise_step, drift):
         c[:, :per] = -noise_step * rng.standard_normal((repetitions, per))
         if run.sampling == "full":
             c[:, :per] -= drift
+        elif run.sampling == RESHUFFLE:
+            steps = t + np.arange(per, dtype=np.int64)
+            for e in np.unique(steps // l):
+                if e not in epoch_positions:
+                    epoch_positions.clear()  # only the current epoch is needed again
+                    epoch_positions[e] = _batch_of_slot(run, rng, repetitions)
+                inside = (steps // l) == e
+                c[:, :per] -= drift * (inside[None, :] & ((steps % l)[None, :] == epoch_positions[e][:, None]))
         elif position is not None:
             c[:, :per] -= drift * (((t + np.arange(per, dtype=np.int64)) % l)[None, :] == position[:, None])
         else:
@@ -347,6 +404,8 @@ def audit(
         raise v.ParameterError("diameter", "the constrained construction projects onto [-D/2, D/2]; declare D")
     if construction == "strongly_convex" and run.geometry.diameter is not None:
         raise v.ParameterError("diameter", "the strongly convex construction is unconstrained; use construction='constrained'")
+    if construction == "constrained" and run.last_batch != DROPPED:
+        raise v.ParameterError("last_batch", "the constrained construction simulates dropped short batches only")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
         raise v.ParameterError("seed", f"must be a non-negative integer or None, got {seed!r}")
     check_work(run, construction, repetitions)
@@ -357,11 +416,11 @@ def audit(
     on_d = simulate(run, +1.0, repetitions, construction, rng, show)       # drifts negative
     on_d_prime = simulate(run, -1.0, repetitions, construction, rng, show)  # drifts positive
     half = repetitions // 2
-    threshold = _choose_threshold(on_d[:half], on_d_prime[:half], delta)
+    one_sided = 1 - (1 - confidence) / 2
+    threshold = _choose_threshold(on_d[:half], on_d_prime[:half], delta, one_sided)
     n_eval = repetitions - half
     false_pos = int(np.sum(on_d[half:] > threshold))        # said D' on D
     false_neg = int(np.sum(on_d_prime[half:] <= threshold))  # said D on D'
-    one_sided = 1 - (1 - confidence) / 2
     fpr_hi, fnr_hi = _cp_upper(false_pos, n_eval, one_sided), _cp_upper(false_neg, n_eval, one_sided)
     report = HiddenStateAccountant(**accountant_kwargs).compose(run).explain(delta)
     return AuditResult(
@@ -372,14 +431,18 @@ def audit(
     )
 
 
-def _choose_threshold(on_d: np.ndarray, on_d_prime: np.ndarray, delta: float) -> float:
-    """The threshold maximising the point-estimate lower bound on the selection half."""
+def _choose_threshold(on_d: np.ndarray, on_d_prime: np.ndarray, delta: float, confidence: float = 0.975) -> float:
+    """The threshold maximising the lower bound on the selection half, with Clopper-Pearson
+    error rates (a point estimate favours thresholds deep in a tail, where a handful of runs
+    decides and the evaluation half then says little)."""
     n = on_d.size
-    candidates = np.quantile(on_d, 1 - np.geomspace(0.5, 10.0 / n, 60))
+    tails = np.geomspace(0.5, 10.0 / n, 60)
+    # both tails: the worst pair is not symmetric, its mixture shows in D's far tail
+    candidates = np.quantile(on_d, np.concatenate([1 - tails, tails]))
     best, best_t = -1.0, float(np.median(on_d))
     for t in candidates:
-        fpr = max(np.mean(on_d > t), 1.0 / n)
-        fnr = max(np.mean(on_d_prime <= t), 1.0 / n)
+        fpr = _cp_upper(int(np.sum(on_d > t)), n, confidence)
+        fnr = _cp_upper(int(np.sum(on_d_prime <= t)), n, confidence)
         value = _lower_bound(fpr, fnr, delta)
         if value > best:
             best, best_t = value, float(t)

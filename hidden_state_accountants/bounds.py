@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+from scipy import special
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
@@ -126,6 +127,115 @@ class GdpBound(Bound):
 
     def detail(self, delta: float) -> str:
         return "; ".join(s for s in (f"mu = {self.mu:.6g}", self.note) if s)
+
+
+@dataclass
+class MixtureGdpBound(Bound):
+    """``sum_i p_i G(mu_i)`` as a profile: the pair "reveal ``i`` (with probability ``p_i``),
+    then ``N(mu_i, 1)`` vs ``N(0, 1)``", whose ``delta(eps)`` is ``sum_i p_i delta_{G(mu_i)}(eps)``.
+
+    It dominates every mixture, with the same weights, of pairs whose ``i``-th component is
+    ``mu_i``-GDP: the hockey-stick divergence is jointly convex (Balle, Barthe & Gaboardi,
+    "Privacy Amplification by Subsampling", NeurIPS 2018), at every ``eps`` and in both
+    directions. The pair is symmetric (``x -> mu_i - x`` given ``i`` swaps its two laws), so its
+    profile extends to negative ``eps`` by the symmetric identity and its pessimistic PLD
+    composes with other events. RDP: Ye & Shokri (NeurIPS 2022) Lemma 4.1, the joint convexity
+    of ``exp((a-1) D_a)``, over the components' ``(a, a mu_i^2 / 2)``-RDP.
+
+    >>> b = MixtureGdpBound(probs=(0.5, 0.5), mus=(1.0, 2.0))
+    >>> round(b.delta(1.0), 6) == round(0.5 * fdp.gdp_delta(1.0, 1.0) + 0.5 * fdp.gdp_delta(2.0, 1.0), 6)
+    True
+    """
+
+    probs: Tuple[float, ...] = ()
+    mus: Tuple[float, ...] = ()
+    note: str = ""
+    kind = "mixture"
+
+    def __post_init__(self):
+        probs = np.asarray(self.probs, dtype=float)
+        mus = np.asarray(self.mus, dtype=float)
+        if probs.shape != mus.shape or probs.size == 0 or np.any(probs < 0) or np.any(np.isnan(mus)) \
+                or np.any(mus < 0) or not abs(float(np.sum(probs)) - 1.0) <= 1e-9:
+            raise ValueError("MixtureGdpBound: probabilities summing to 1 and one mu >= 0 each")
+        self.probs, self.mus = tuple(probs.tolist()), tuple(mus.tolist())
+
+    def _log_delta(self, eps) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return fdp.mixture_gdp_log_delta(np.log(np.asarray(self.probs)), np.asarray(self.mus), eps)
+
+    def delta(self, epsilon: float) -> float:
+        return float(min(1.0, math.exp(self._log_delta(epsilon)[0])))
+
+    def epsilon(self, delta: float) -> float:
+        if delta >= 1:
+            return 0.0
+        probs, mus = np.asarray(self.probs), np.asarray(self.mus)
+        infinite = float(np.sum(probs[np.isinf(mus)]))
+        if delta <= infinite or delta <= 0:
+            return math.inf
+        log_target = math.log(delta)
+        f = lambda e: float(self._log_delta(e)[0]) - log_target
+        if f(0.0) <= 0:
+            return 0.0
+        # at e = max_i eps_i(delta - infinite) every finite component is within delta - infinite
+        hi = fdp.gdp_epsilon(float(np.max(mus[np.isfinite(mus)])), delta - infinite) + 1e-9  # grows with mu
+        if not math.isfinite(hi):
+            return math.inf
+        return fdp.conservative_root(f, 0.0, hi)
+
+    def rdp(self, orders: Sequence[float]) -> Optional[np.ndarray]:
+        a = np.asarray(orders, dtype=float)[:, None]
+        mus = np.asarray(self.mus)[None, :]
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            terms = np.log(np.asarray(self.probs))[None, :] + (a - 1) * a * mus * mus / 2.0
+            out = special.logsumexp(terms, axis=1) / (a[:, 0] - 1)
+        return np.maximum(np.nan_to_num(out, nan=math.inf, posinf=math.inf), 0.0)  # a rounding -1e-16 is 0
+
+    def pld(self, delta: float, discretization: float) -> Optional[fdp.PLD]:
+        # the profile is evaluated on the whole grid: fewer components (mu rounded up) keep it quick
+        probs, mus = mixture_components(self.probs, self.mus, PLD_COMPONENTS, floor=1e-2)
+        log_p, mus = np.log(np.asarray(probs)), np.asarray(mus)
+        profile = fdp.symmetric_extension(lambda eps: np.exp(fdp.mixture_gdp_log_delta(log_p, mus, eps)))
+        try:
+            return fdp.pld_from_profile(profile, discretization)
+        except fdp.VacuousBound:
+            return None
+
+    def detail(self, delta: float) -> str:
+        text = f"{len(self.mus)} components, mu in [{min(self.mus):.4g}, {max(self.mus):.4g}]"
+        return "; ".join(s for s in (text, self.note) if s)
+
+
+PLD_COMPONENTS = 256
+"""Components a mixture's pessimistic PLD is built from (``mu`` rounded up beyond that)."""
+
+
+def mixture_components(probs: Sequence[float], mus: Sequence[float], max_components: int = 16384,
+                       floor: float = 1e-6) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+    """``(probs, mus)`` with equal parameters merged, zero weights dropped and the weights
+    normalised; beyond ``max_components`` distinct values every ``mu`` is rounded *up* onto a
+    geometric grid from ``floor`` times the largest (``delta_{G(mu)}`` grows with ``mu``, so the
+    mixture only gets larger)."""
+    p = np.asarray(probs, dtype=float)
+    m = np.asarray(mus, dtype=float)
+    keep = p > 0
+    p, m = p[keep], m[keep]
+    values, inverse = np.unique(m, return_inverse=True)
+    if values.size > max_components:
+        finite = values[np.isfinite(values) & (values > 0)]
+        top = float(finite.max()) if finite.size else 1.0
+        floor = top * floor  # rounded up to it: sound, and what is below barely shows
+        ratio = (top / floor) ** (1.0 / (max_components - 2))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = np.ceil(np.log(np.maximum(m, floor) / floor) / math.log(ratio) - 1e-12)
+            rounded = np.where(np.isfinite(m), np.minimum(floor * ratio ** k, top), m)
+        rounded = np.where(np.isfinite(m), np.maximum(rounded, m), m)  # never below the value
+        values, inverse = np.unique(rounded, return_inverse=True)
+    weights = np.bincount(inverse.ravel(), weights=p, minlength=values.size)
+    keep = weights > 0
+    weights, values = weights[keep], values[keep]
+    return tuple((weights / weights.sum()).tolist()), tuple(values.tolist())
 
 
 @dataclass

@@ -28,7 +28,7 @@ from hidden_state_accountants.analyses import registry
 from hidden_state_accountants.analyses._common import Context
 from hidden_state_accountants.bounds import Bound
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.schedules import CYCLIC, FULL, SHUFFLE_PARTITION, visits_per_record
+from hidden_state_accountants.schedules import EPOCH_ORDERS, FULL, visits_per_record
 
 # Steps standing in for "forever" when certifying that a budget is never exhausted.
 UNBOUNDED_STEPS = 10**15
@@ -149,7 +149,7 @@ def noise_estimate(run: TrainingRunDpEvent, target_epsilon: float, target_delta:
     ``eps_{G(mu)}(delta) = target`` (Dong, Roth & Su 2022, Cor. 2.13):
 
     * ``full``: ``mu = 2 sqrt(T) / z`` (Bok et al. 2024, Thm 4.1);
-    * ``cyclic`` / ``shuffle_partition``: ``mu = 2 sqrt(E) / z`` (Bok et al. Thm 4.4);
+    * ``cyclic`` / ``shuffle_partition`` / ``reshuffle``: ``mu = 2 sqrt(E) / z`` (Bok et al. Thm 4.4);
     * ``poisson`` / ``without_replacement``: the CLT of ``C_q(G(2/z))^{(x) T}`` (Bok et al.
       Lemma A.5), solved for ``z``.
 
@@ -165,7 +165,7 @@ def noise_estimate(run: TrainingRunDpEvent, target_epsilon: float, target_delta:
         mu = math.exp(optimize.brentq(g, lo, hi, xtol=1e-6))
     if run.sampling == FULL:
         z = 2.0 * math.sqrt(run.steps) / mu
-    elif run.sampling in (CYCLIC, SHUFFLE_PARTITION):
+    elif run.sampling in EPOCH_ORDERS:
         z = 2.0 * math.sqrt(visits_per_record(run.steps, run.steps_per_epoch)) / mu
     else:
         q = run.sampling_rate

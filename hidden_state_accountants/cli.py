@@ -1,7 +1,8 @@
 """``hsa``: what epsilon will this run cost, how much noise does it need, how long can it train.
 
     hsa epsilon --dataset-size N --batch-size B (--epochs E | --steps T) --noise-multiplier Z
-                --clip-norm C --learning-rate LR --sampling {full,cyclic,shuffle_partition,without_replacement,poisson}
+                --clip-norm C --learning-rate LR --sampling {full,cyclic,shuffle_partition,reshuffle,without_replacement,poisson}
+                [--last-batch {dropped,kept_own_size,kept_batch_size}] [--public-batches]
                 [--strong-convexity M_LOW] [--smoothness M_HIGH] [--diameter D] --delta DELTA [--json]
     hsa noise   ... --target-epsilon EPS (no --noise-multiplier needed)
     hsa epochs  ... --target-epsilon EPS (no --epochs/--steps needed)
@@ -28,7 +29,7 @@ from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.calibration import calibrate_noise_multiplier, max_epochs_within_budget
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.schedules import SAMPLINGS, steps_per_epoch
+from hidden_state_accountants.schedules import DROPPED, LAST_BATCHES, SAMPLINGS, steps_per_epoch
 from hidden_state_accountants.recording import HiddenStateWarning
 from hidden_state_accountants.plotting import epsilon_curves, plot_epsilon_curves, plot_path
 
@@ -55,7 +56,8 @@ FLAG_FOR_PARAMETER = {
     "construction": "--construction",
     "output": "--output",
     "seed": "--seed",
-    "steps": "--steps",
+    "last_batch": "--last-batch",
+    "secret_batches": "--public-batches",
 }
 
 # The embedded default: MNIST-scale L2-regularised logistic regression, the setting of
@@ -103,6 +105,11 @@ def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bo
     p.add_argument("--clip-norm", type=number, required=True, metavar="C")
     p.add_argument("--learning-rate", type=number, required=True, metavar="LR")
     p.add_argument("--sampling", choices=SAMPLINGS, required=True)
+    p.add_argument("--last-batch", choices=LAST_BATCHES, default=DROPPED,
+                   help="reshuffle: drop the short last batch of each epoch (DataLoader(drop_last=True)), or keep it "
+                        "divided by its own size (Keras fit) or by the batch size (Opacus, expected_batch_size=B)")
+    p.add_argument("--public-batches", action="store_true",
+                   help="the batches' randomness is known to the adversary (e.g. a published seed)")
     p.add_argument("--strong-convexity", type=number, metavar="M_LOW",
                    help="strong convexity m of the per-example update (e.g. the L2 weight decay)")
     p.add_argument("--smoothness", type=number, metavar="M_HIGH",
@@ -166,6 +173,7 @@ def _run(args, *, noise: Optional[float] = None, steps: Optional[int] = None) ->
         noise_multiplier=args.noise_multiplier if noise is None else noise,
         clip_norm=args.clip_norm, learning_rate=args.learning_rate, sampling=args.sampling,
         geometry=_geometry(args), gaussian_initialization=args.gaussian_init,
+        last_batch=args.last_batch, secret_batches=not args.public_batches,
     )
     if steps is not None:
         return TrainingRunDpEvent(steps=steps, **common)
@@ -207,7 +215,7 @@ def cmd_noise(args) -> int:
 def cmd_epochs(args) -> int:
     delta = _check_delta(args)
     v.positive_float("target_epsilon", args.target_epsilon)
-    run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling))
+    run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling, args.last_batch))
     budget = max_epochs_within_budget(run, args.target_epsilon, delta, max_epochs=args.max_epochs)
     out = {"epochs": budget.epochs, "unlimited": budget.unlimited, "epsilon": budget.epsilon,
            "limit_epsilon": _finite(budget.limit_epsilon), "delta": delta, "analysis": budget.analysis,
@@ -236,7 +244,7 @@ def _epoch_grid(max_epochs: float) -> List[float]:
 
 def cmd_plot(args) -> int:
     delta = _check_delta(args)
-    run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling))
+    run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling, args.last_batch))
     output = plot_path(args.output, "hsa_epsilon_vs_epochs.png")  # checked before the work
     curves = epsilon_curves(run, _epoch_grid(args.max_epochs), delta)
     print(curves.table())

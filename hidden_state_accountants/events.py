@@ -21,7 +21,16 @@ import numpy as np
 from dp_accounting import dp_event
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.schedules import CYCLIC, MAX_STEPS, POISSON, check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import (
+    CYCLIC,
+    DROPPED,
+    MAX_STEPS,
+    POISSON,
+    WITHOUT_REPLACEMENT,
+    check_last_batch,
+    check_schedule,
+    steps_per_epoch,
+)
 
 @attr.s(frozen=True, slots=True, kw_only=True)
 class LossGeometry:
@@ -137,6 +146,15 @@ class TrainingRunDpEvent(dp_event.DpEvent):
       hidden_state_refusal: set by the recording layer when the training code departs from the
         analysed update (momentum, Adam, a clip norm that changes, ...): every hidden-state
         analysis is then listed as not applicable with this reason, whatever the geometry.
+      last_batch: for ``reshuffle``, what each epoch does with the last ``n % b`` records of
+        its order (:data:`~hidden_state_accountants.schedules.LAST_BATCHES`): ``"dropped"``
+        (default), ``"kept_own_size"`` (a short batch divided by its own size: TF-Privacy /
+        Keras ``fit``) or ``"kept_batch_size"`` (divided by ``b``: Opacus with
+        ``expected_batch_size = b``). An epoch is then ``ceil(n / b)`` steps.
+      secret_batches: whether the batches' randomness is secret from the adversary (default).
+        ``False`` (e.g. a framework shuffle seeded with a public seed): the analyses that
+        average over the record's random position do not apply; the ones for the worst
+        position still do. Refused for ``without_replacement`` and ``poisson``.
 
     Hidden-state theorems assume a constant step size and noise; with a per-step
     schedule that is not constant only the composition baselines apply.
@@ -153,9 +171,18 @@ class TrainingRunDpEvent(dp_event.DpEvent):
     gaussian_initialization: bool = attr.ib(default=False)
     sampling_probability: Optional[float] = attr.ib(default=None)
     hidden_state_refusal: Optional[str] = attr.ib(default=None)
+    last_batch: str = attr.ib(default=DROPPED)
+    secret_batches: bool = attr.ib(default=True)
 
     def __attrs_post_init__(self):
         n, b = check_schedule(self.dataset_size, self.batch_size, self.sampling)
+        object.__setattr__(self, "last_batch", check_last_batch(self.last_batch, self.sampling, n, b))
+        if not isinstance(self.secret_batches, bool):
+            raise v.ParameterError("secret_batches", f"must be True or False, got {self.secret_batches!r}")
+        if not self.secret_batches and self.sampling in (WITHOUT_REPLACEMENT, POISSON):
+            raise v.ParameterError(
+                "secret_batches", f"{self.sampling} with public batches is not covered (its analyses rest on the "
+                "draw being secret)")
         t = v.positive_int("steps", self.steps, maximum=MAX_STEPS, why=" (more than any training run takes)")
         object.__setattr__(self, "dataset_size", n)
         object.__setattr__(self, "batch_size", b)
@@ -205,7 +232,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         n = v.positive_int("dataset_size", dataset_size)
         b = v.positive_int("batch_size", batch_size)
         e = v.positive_float("epochs", epochs)
-        spe = steps_per_epoch(n, b, kwargs.get("sampling", CYCLIC))
+        spe = steps_per_epoch(n, b, kwargs.get("sampling", CYCLIC), kwargs.get("last_batch", DROPPED))
         steps = e * spe
         if not float(steps).is_integer():
             raise v.ParameterError(
@@ -234,7 +261,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
     @property
     def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling)
+        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch)
 
     @property
     def epochs(self) -> float:

@@ -1,166 +1,592 @@
-"""Exact last-iterate privacy of DP-SGD on a loss with linear gradients (ground truth).
+"""Ground truth: the exact last-iterate privacy of the worst known neighbouring pair.
 
-Per-example map ``g_i(theta) = c_i + m theta`` (a quadratic loss with L2 strength ``m``;
-``m``-strongly convex and ``M``-smooth for every ``M >= m``). All records have
-``c_i = 0`` except the differing one: ``+C e_1`` in D and ``-C e_1`` in D', a replacement
-with the largest allowed change ``2C``. Unconstrained DP-SGD from ``theta_0 = 0`` gives,
-along ``e_1`` (the other coordinates have identical laws)::
+Every valid bound must be at least these values; the soundness tests, ``hsa audit`` and the
+tightness benchmark compare against them (docs/derivations.md, section 1).
 
-    theta_T = -/+ (lr C / b) S + N(0, v),   S = sum_t c^{T-1-t} 1{record in B_t},
-    c = 1 - lr m,   v = (lr z C / b)^2 sum_{k<T} c^{2k}
+**The model.** Per-example maps ``g_i(theta) = v_i + m theta`` with ``||v_i|| <= C``: a
+quadratic loss whose curvature is the L2 term, ``m``-strongly convex and ``M``-smooth for
+every ``M >= m``. Unconstrained DP-SGD from ``theta_0 = 0`` (docs/design.md, section 1) is
+linear, and along ``e_1`` (the other coordinates have the same law under both datasets)::
 
-so the pair is ``P = sum_s w_s N(a s, v)`` vs ``Q = sum_s w_s N(-a s, v)`` with ``a = lr C/b``
-and ``w`` the law of ``S`` under the batch schedule: a point mass (full; cyclic for a
-fixed batch position), uniform over positions (shuffle_partition) or the law of
-independent inclusions with probability ``b/n`` (without_replacement, poisson). Every
-valid bound must be at least these values; Bok et al. Thm 4.2 must equal them.
+    theta_T = drift + (lr 2C / b) S + N(0, nu^2 V),     nu = lr z C / b,
+    S = sum_t c^{T-1-t} s_t 1{record in B_t},          V = sum_t c^{2(T-1-t)} nu_t^2,     c = 1 - lr m,
+
+with ``s_t = nu_t = 1`` except for a kept short batch divided by its own size ``r`` (both
+``b / r``). Normalised by the noise, the pair is ``(E_S N(kappa S, 1), N(0, 1))`` with
+``kappa = (2/z) / sqrt(V)``.
+
+**The pairs.** *Worst* (fixed-size batches): in D' every record has ``v = -C e_1``, in D one
+of them is replaced by ``+C e_1``. Under D' the record is like every other, so D' is ONE
+Gaussian whatever the batches, while D is a mixture with doubled shifts. At ``T = 1`` it is
+exactly ``C_p(G(2/z))`` (Bok, Su & Altschuler, ICML 2024, arXiv:2403.00278, Def. 4.7).
+*Mirror* (the other records 0, the record ``+C`` vs ``-C``) and *half* (``+C`` vs 0): for
+``poisson`` with the divisor ``b`` the others' random count adds the same independent noise to
+both outputs, so the others are best at 0, and the worse of mirror and half is used; the worst
+pair above is not valid for Poisson. A deterministic ``S`` (full, cyclic at a position) makes
+every pair the Gaussian pair ``G(kappa |S|)``.
+
+**Accuracy.** ``delta(eps)`` follows the Neyman-Pearson sets of the (convex, for ``c >= 0``
+monotone) privacy loss, with ``log_ndtr`` tails in log space; ``epsilon(delta)`` is root-found
+along the threshold. Where the law of ``S`` has more than :data:`MAX_ENUM` atoms it is put on
+a grid: every independent contribution rounded down (``lower``) and up (``upper``), so that
+``S_lo <= S <= S_hi`` pointwise; every quantity here grows with ``S`` (docs/derivations.md 1.2),
+so ``[value(lower), value(upper)]`` is a certified bracket. The plain methods
+(``epsilon``, ``delta``, ``renyi``, ``tradeoff``) return the LOWER end: a bound below it is
+refuted. RDP is a numerical integral (not certified); compare it with a relative margin.
+
+>>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
+>>> run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=40, noise_multiplier=2.0, clip_norm=1.0,
+...     learning_rate=0.5, sampling="shuffle_partition", geometry=LossGeometry(strong_convexity=0.5, smoothness=0.5))
+>>> round(exact_pair(run).epsilon(1e-5), 3)
+1.36
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import optimize, special
 
 from hidden_state_accountants import fdp
+from hidden_state_accountants import validation as v
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import (
+    CYCLIC,
+    DROPPED,
+    FULL,
+    KEPT_OWN_SIZE,
+    POISSON,
+    RESHUFFLE,
+    SHUFFLE_PARTITION,
+    WITHOUT_REPLACEMENT,
+)
+
+MAX_ENUM = 200_000
+"""The law of ``S`` is enumerated up to this many atoms, else bracketed on a grid."""
+GRID_POINTS = 1 << 15
+"""Default grid size of the bracket."""
+EPS_PAD = 1e-9
+"""Root-finding margin: an epsilon is moved by this much towards its conservative side."""
+CONSTRUCTIONS = ("worst", "mirror", "half")
+
+
+# ----------------------------------------------------------------------------- the law of S
+@dataclass(frozen=True)
+class Law:
+    """A law of ``S``: ``values`` with log-probabilities ``log_w`` (atoms may repeat)."""
+
+    values: np.ndarray
+    log_w: np.ndarray
+
+    def merged(self) -> "Law":
+        uniq, first, inverse = np.unique(np.round(self.values, 14), return_index=True, return_inverse=True)
+        out = np.full(uniq.size, -np.inf)
+        np.logaddexp.at(out, inverse.ravel(), self.log_w)
+        return Law(self.values[first], out)
 
 
 @dataclass(frozen=True)
-class MixturePair:
-    """``P = sum_i w_i N(shift_i, sd^2)`` against its mirror image ``Q`` (shifts negated)."""
+class Linear:
+    """The linear model of a run: contraction ``c = 1 - lr m`` and, per step (``d`` steps
+    before the end), the shift ``s_d`` and noise ``nu_d`` of a use (1 except a kept short
+    batch divided by its own size)."""
 
-    shifts: np.ndarray
-    weights: np.ndarray
-    sd: float
-    _cache: Optional[tuple] = field(default=None, repr=False, compare=False)
+    run: TrainingRunDpEvent
+    c: float
+    init_variance: float = 0.0
+
+    @property
+    def spe(self) -> int:
+        return self.run.steps_per_epoch
+
+    def short(self) -> Tuple[int, float]:
+        """``(r, b/r)``: the kept short batch's size and its scale (1 unless divided by ``r``)."""
+        n, b = self.run.dataset_size, self.run.batch_size
+        r = n % b
+        if self.run.last_batch == DROPPED or r == 0:
+            return 0, 1.0
+        return r, (b / r if self.run.last_batch == KEPT_OWN_SIZE else 1.0)
+
+    def power(self, k) -> np.ndarray:
+        k = np.asarray(k, dtype=float)
+        if self.c == 0:
+            return (k == 0).astype(float)
+        with np.errstate(under="ignore"):
+            return np.sign(self.c) ** k * np.exp(k * math.log(abs(self.c)))
+
+    def scale(self, d) -> np.ndarray:
+        """``s_d = nu_d`` of the step ``d`` steps before the end."""
+        d = np.asarray(d)
+        r, scale = self.short()
+        if scale == 1.0:
+            return np.ones(d.shape)
+        T, spe = self.run.steps, self.spe
+        return np.where((d % spe) == (T % spe), scale, 1.0)  # the last step of every whole epoch
+
+    def variance(self) -> float:
+        """``V = sum_d c^{2d} nu_d^2`` (+ the initial variance in units of ``nu^2``)."""
+        T = self.run.steps
+        c2 = self.c * self.c
+        if c2 == 1.0:
+            base = float(T)
+        elif c2 == 0.0:
+            base = 1.0
+        else:
+            base = float(-math.expm1(T * math.log(c2)) / -math.expm1(math.log(c2)))
+        r, scale = self.short()
+        if scale != 1.0:  # the short batches' extra noise
+            T, spe = self.run.steps, self.spe
+            d = np.arange(T % spe, T, spe) if T % spe else np.arange(0, T, spe)
+            d = d[d <= T - spe] if T % spe else d
+            base += (scale * scale - 1.0) * float(np.sum(self.power(2 * d)))
+        if self.init_variance:
+            base += float(self.power(2 * T)) * self.init_variance
+        return base
+
+    @property
+    def kappa(self) -> float:
+        return (2.0 / float(self.run.noise_multiplier)) / math.sqrt(self.variance())
+
+    def contributions(self) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """Independent contributions to ``S`` (an epoch for ``reshuffle``, a step for
+        ``without_replacement`` / ``poisson``): ``(values, probabilities)``, 0 included where
+        it has mass."""
+        run = self.run
+        T, n, b = run.steps, run.dataset_size, run.batch_size
+        out = []
+        if run.sampling == RESHUFFLE:
+            spe = self.spe
+            r, _ = self.short()
+            for e in range(-(-T // spe)):
+                here = min(spe, T - e * spe)
+                d = T - 1 - (e * spe + np.arange(here))
+                vals = self.power(d) * self.scale(d)
+                probs = np.full(here, b / n)
+                if r and here == spe:  # the kept short batch holds r of the n records
+                    probs[-1] = r / n
+                rest = 1.0 - float(np.sum(probs))
+                if rest > 1e-15:
+                    vals, probs = np.append(vals, 0.0), np.append(probs, rest)
+                out.append((vals, probs))
+        elif run.sampling in (WITHOUT_REPLACEMENT, POISSON):
+            q = run.sampling_rate
+            for t in range(T):
+                vals = self.power(T - 1 - t)
+                out.append((np.array([float(vals)]), np.array([1.0])) if q >= 1.0 else
+                           (np.array([float(vals), 0.0]), np.array([q, 1.0 - q])))
+        else:
+            raise ValueError(run.sampling)
+        return out
+
+    def geometric(self, ratio_power: int, count) -> np.ndarray:
+        """``sum_{i<count} c^{i ratio_power}`` (elementwise in ``count``)."""
+        count = np.asarray(count, dtype=float)
+        r = float(self.power(ratio_power))
+        if r == 1.0:
+            return count
+        return (1.0 - self.power(ratio_power * count)) / (1.0 - r)
+
+    def positions(self) -> np.ndarray:
+        """``S`` of the record in each batch of a fixed partition (``cyclic``/``shuffle_partition``):
+        uses ``l`` steps apart, the last ``m`` steps before the end, ``S = c^m sum_{i<V} c^{l i}``."""
+        T, l = self.run.steps, self.spe
+        j = np.arange(l)
+        full, rest = divmod(T, l)
+        visits = full + (j < rest)
+        last = np.where(j < rest, rest - 1 - j, rest - 1 - j + l)
+        return np.where(visits > 0, self.power(last) * self.geometric(l, visits), 0.0)
+
+    def exact_law(self, position: Optional[int] = None) -> Optional[Law]:
+        """The law of ``S`` (``None`` beyond :data:`MAX_ENUM` atoms). ``cyclic``: the worst
+        position (largest ``|S|``), or ``position`` (0-based batch)."""
+        run = self.run
+        n, b = run.dataset_size, run.batch_size
+        if run.sampling == FULL:
+            return Law(np.array([float(self.geometric(1, run.steps))]), np.zeros(1))
+        if run.sampling in (CYCLIC, SHUFFLE_PARTITION):
+            per = self.positions()
+            if run.sampling == CYCLIC or position is not None:
+                j = int(np.argmax(np.abs(per))) if position is None else int(position)
+                return Law(per[j:j + 1], np.zeros(1))
+            lw = np.full(per.size, math.log(b / n))
+            if n - per.size * b:  # records never used: S = 0
+                per, lw = np.append(per, 0.0), np.append(lw, math.log((n - per.size * b) / n))
+            return Law(per, lw).merged()
+        if position is not None:
+            raise v.ParameterError("position", f"applies to cyclic and shuffle_partition, not {run.sampling}")
+        parts = self.contributions()
+        count = 1
+        for vals, _ in parts:
+            count *= len(vals)
+            if count > MAX_ENUM:
+                return None
+        vals, lw = np.zeros(1), np.zeros(1)
+        for pv, pp in parts:
+            with np.errstate(divide="ignore"):
+                vals = (vals[:, None] + pv[None, :]).ravel()
+                lw = (lw[:, None] + np.log(pp)[None, :]).ravel()
+            if vals.size > 4096:
+                law = Law(vals, lw).merged()
+                vals, lw = law.values, law.log_w
+        return Law(vals, lw).merged()
+
+    def grid_laws(self, points: int) -> Tuple[Law, Law]:
+        """Laws ``S_lo <= S <= S_hi`` on a grid (see the module docstring)."""
+        if self.c < 0:
+            raise v.ParameterError("learning_rate", "the grid bracket needs c = 1 - lr m >= 0 (a monotone pair)")
+        parts = self.contributions()
+        h = sum(float(np.max(pv)) for pv, _ in parts) / (points - 8)
+        laws = []
+        for up in (False, True):
+            acc = np.full(points + 2, -np.inf)
+            acc[0] = 0.0
+            fixed = 0.0
+            for pv, pp in parts:
+                if float(np.max(pv)) < h:  # too small for the grid: dropped / always taken
+                    fixed += float(np.max(pv)) if up else 0.0
+                    continue
+                idx = np.ceil(pv / h - 1e-12).astype(int) if up else np.floor(pv / h).astype(int)
+                new = np.full(acc.size, -np.inf)
+                with np.errstate(divide="ignore"):
+                    lp = np.log(pp)
+                for k in np.unique(idx):
+                    lk = special.logsumexp(lp[idx == k])
+                    if k < acc.size:
+                        new[k:] = np.logaddexp(new[k:], acc[: acc.size - k] + lk)
+                acc = new
+            shift = math.ceil(fixed / h - 1e-12) if up else 0
+            keep = np.isfinite(acc)
+            laws.append(Law(((np.arange(acc.size) + shift) * h)[keep], acc[keep]))
+        return laws[0], laws[1]
+
+    def laws(self, position: Optional[int], grid_points: int) -> Tuple[Law, Law, bool]:
+        law = self.exact_law(position)
+        if law is not None:
+            return law, law, True
+        lo, hi = self.grid_laws(grid_points)
+        return lo, hi, False
+
+
+# --------------------------------------------------------------------------------- the pair
+def _lse(a, axis=None):
+    with np.errstate(divide="ignore"):
+        return special.logsumexp(a, axis=axis)
+
+
+class MixturePair:
+    """``P = sum_i w_i N(mp_i, 1)`` against ``Q = sum_j u_j N(mq_j, 1)`` on the real line;
+    every quantity is for the symmetric relation (the larger of the two directions)."""
+
+    def __init__(self, mp, lwp, mq, lwq) -> None:
+        self.mp, self.lwp = np.asarray(mp, dtype=float), np.asarray(lwp, dtype=float)
+        self.mq, self.lwq = np.asarray(mq, dtype=float), np.asarray(lwq, dtype=float)
+        self.q_is_gaussian = self.mq.size == 1
+        self.monotone = bool(np.all(self.mp >= 0) and np.all(self.mq <= 0))
 
     @property
     def is_gaussian(self) -> bool:
-        return self.shifts.size == 1
+        return self.mp.size == 1 and self.q_is_gaussian
 
     @property
     def mu(self) -> float:
-        """GDP parameter when ``P`` and ``Q`` are single Gaussians."""
+        """GDP parameter of a pair of single Gaussians."""
         if not self.is_gaussian:
             raise ValueError("mu is defined for a single Gaussian pair only")
-        return float(2 * abs(self.shifts[0]) / self.sd)
+        return float(abs(self.mp[0] - self.mq[0]))
 
-    def _grid(self, order: float = 1.0, points: int = 20001):
-        reach = (2 * order + 1) * float(np.max(np.abs(self.shifts))) + 16 * self.sd
-        return np.linspace(-reach, reach, points)
+    def log_ratio(self, x) -> np.ndarray:
+        x = np.atleast_1d(np.asarray(x, dtype=float))
+        lp = _lse(self.lwp[None, :] + self.mp[None, :] * x[:, None] - 0.5 * self.mp[None, :] ** 2, axis=1)
+        lq = _lse(self.lwq[None, :] + self.mq[None, :] * x[:, None] - 0.5 * self.mq[None, :] ** 2, axis=1)
+        return lp - lq
 
-    def _log_densities(self, x):
-        """``log p(x)``, ``log q(x)``; components in chunks to bound memory."""
-        lw = np.log(self.weights)
-        const = -0.5 * math.log(2 * math.pi) - math.log(self.sd)
-        lp = np.full(x.size, -np.inf)
-        lq = np.full(x.size, -np.inf)
-        for start in range(0, self.shifts.size, 256):
-            sh, w = self.shifts[start:start + 256], lw[start:start + 256]
-            z = (x[:, None] - sh[None, :]) / self.sd
-            lp = np.logaddexp(lp, special.logsumexp(w[None, :] - 0.5 * z * z, axis=1))
-            z = (x[:, None] + sh[None, :]) / self.sd
-            lq = np.logaddexp(lq, special.logsumexp(w[None, :] - 0.5 * z * z, axis=1))
-        return lp + const, lq + const
+    @staticmethod
+    def _log_sf(means, lw, t):  # log P(X > t)
+        return float(_lse(lw + special.log_ndtr(means - t)))
 
-    def renyi(self, orders: Sequence[float]) -> np.ndarray:
-        """``D_alpha(P || Q)`` for each order (closed form for a Gaussian pair)."""
-        orders = np.asarray(orders, dtype=float)
-        if self.is_gaussian:
-            return orders * self.mu**2 / 2
-        x = self._grid(float(np.max(orders)))
-        lp, lq = self._log_densities(x)
-        log_dx = math.log(x[1] - x[0])
-        return np.array([(special.logsumexp(a * lp + (1 - a) * lq) + log_dx) / (a - 1) for a in orders])
+    @staticmethod
+    def _log_cdf(means, lw, t):  # log P(X < t)
+        return float(_lse(lw + special.log_ndtr(t - means)))
+
+    def _span(self) -> Tuple[float, float]:
+        m = np.concatenate([self.mp, self.mq])
+        return float(np.min(m)) - 40.0, float(np.max(m)) + 40.0
+
+    def _root(self, target: float) -> float:
+        """The threshold ``t`` with ``L(t) = target`` (monotone ``L``), ``+-inf`` if none."""
+        lo, hi = self._span()
+        f = lambda x: float(self.log_ratio(x)[0]) - target
+        while f(lo) > 0:
+            lo = lo * 2 - 1
+            if lo < -1e8:
+                return -math.inf
+        while f(hi) < 0:
+            hi = hi * 2 + 1
+            if hi > 1e8:
+                return math.inf
+        return optimize.brentq(f, lo, hi, xtol=1e-14, rtol=1e-15, maxiter=400)
+
+    @staticmethod
+    def _log_hockey(log_a: float, log_b: float) -> float:
+        """``log(e^a - e^b)``, ``-inf`` when ``b >= a``."""
+        return -math.inf if log_b >= log_a else log_a + math.log(-math.expm1(log_b - log_a))
+
+    def _log_forward(self, eps: float) -> float:
+        """``log H_{e^eps}(P || Q)``."""
+        if not self.monotone:
+            return self._log_convex(eps, forward=True)
+        t = self._root(eps)
+        if t == math.inf:
+            return -math.inf
+        if t == -math.inf:
+            return math.log(max(-math.expm1(eps), 1e-300))
+        return self._log_hockey(self._log_sf(self.mp, self.lwp, t), eps + self._log_sf(self.mq, self.lwq, t))
+
+    def _log_reverse(self, eps: float) -> float:
+        """``log H_{e^eps}(Q || P)``."""
+        if not self.monotone:
+            return self._log_convex(eps, forward=False)
+        t = self._root(-eps)
+        if t == -math.inf:
+            return -math.inf
+        return self._log_hockey(self._log_cdf(self.mq, self.lwq, t), eps + self._log_cdf(self.mp, self.lwp, t))
+
+    def _log_convex(self, eps: float, forward: bool) -> float:
+        """``Q`` one Gaussian, shifts of any sign: ``L`` is convex (a log-sum-exp of affine
+        maps), so ``{L > eps}`` is the complement of an interval and ``{L < -eps}`` an interval."""
+        if not self.q_is_gaussian:
+            raise NotImplementedError("a non-monotone loss needs Q to be one Gaussian")
+        lo, hi = self._span()
+        g = lambda x: float(self.log_ratio(x)[0])
+        xm = optimize.minimize_scalar(g, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}).x
+        level = eps if forward else -eps
+        if g(xm) >= level:
+            return (math.log(max(-math.expm1(eps), 1e-300)) if eps < 0 else -math.inf) if forward else -math.inf
+        f = lambda x: g(x) - level
+        a, b = lo, hi
+        while f(a) < 0:
+            a = a * 2 - 1
+        while f(b) < 0:
+            b = b * 2 + 1
+        t1, t2 = optimize.brentq(f, a, xm, xtol=1e-14), optimize.brentq(f, xm, b, xtol=1e-14)
+
+        def inside(means, lw):
+            upper, lower = lw + special.log_ndtr(t2 - means), lw + special.log_ndtr(t1 - means)
+            with np.errstate(divide="ignore"):
+                return float(_lse(upper + np.log(-np.expm1(np.minimum(lower - upper, -1e-300)))))
+
+        def outside(means, lw):
+            return float(np.logaddexp(_lse(lw + special.log_ndtr(t1 - means)), _lse(lw + special.log_ndtr(means - t2))))
+
+        if forward:
+            return self._log_hockey(outside(self.mp, self.lwp), eps + outside(self.mq, self.lwq))
+        return self._log_hockey(inside(self.mq, self.lwq), eps + inside(self.mp, self.lwp))
 
     def delta(self, epsilon: float) -> float:
-        """Hockey-stick divergence ``H_{e^eps}(P || Q)`` (= delta(eps) of the pair)."""
+        """``max(H_{e^eps}(P||Q), H_{e^eps}(Q||P))``."""
         if self.is_gaussian:
-            return float(fdp.gdp_delta(self.mu, epsilon))  # log space: finite for epsilon > 709
-        if self._cache is None:
-            x = self._grid()
-            object.__setattr__(self, "_cache", (x, *self._log_densities(x)))
-        x, lp, lq = self._cache
-        integrand = np.exp(lp) * -np.expm1(np.minimum(epsilon + lq - lp, 0.0))
-        return float(np.sum(integrand) * (x[1] - x[0]))
-
-    def tradeoff(self, alpha: np.ndarray) -> np.ndarray:
-        """Exact tradeoff ``T(P, Q)(alpha)`` (Neyman-Pearson: reject P where ``q/p`` is largest)."""
-        alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
-        if self.is_gaussian:
-            return special.ndtr(special.ndtri(1.0 - alpha) - self.mu)
-        x = self._grid(points=40001)
-        lp, lq = self._log_densities(x)
-        order = np.argsort(lp - lq)  # ascending p/q = descending q/p
-        dx = x[1] - x[0]
-        p_mass = np.concatenate([[0.0], np.cumsum(np.exp(lp[order]) * dx)])
-        q_mass = np.concatenate([[0.0], np.cumsum(np.exp(lq[order]) * dx)])
-        p_mass, q_mass = p_mass / p_mass[-1], q_mass / q_mass[-1]
-        return np.clip(1.0 - np.interp(alpha, p_mass, q_mass), 0.0, 1.0)
+            return float(fdp.gdp_delta(self.mu, epsilon))
+        return math.exp(max(self._log_forward(epsilon), self._log_reverse(epsilon)))
 
     def epsilon(self, delta: float) -> float:
-        """Smallest ``eps >= 0`` with ``delta(eps) <= delta``."""
-        f = lambda e: self.delta(e) - delta
-        if f(0.0) <= 0:
+        """Smallest ``eps >= 0`` with ``delta(eps) <= delta``, up to :data:`EPS_PAD` (upward)."""
+        if delta >= 1:
             return 0.0
         if self.is_gaussian:
             return fdp.gdp_epsilon(self.mu, delta)
-        hi = 1.0
-        while f(hi) > 0:
-            hi *= 2
-        return optimize.brentq(f, 0.0, hi, xtol=1e-10)
+        ld = math.log(delta)
+        if self.monotone:
+            out = self._epsilon_by_threshold(ld)
+        else:
+            out = 0.0
+            for fn in (self._log_forward, self._log_reverse):
+                f = lambda e: fn(e) - ld
+                if f(0.0) <= 0:
+                    continue
+                lo, hi = 0.0, 1.0
+                while f(hi) > 0:
+                    lo, hi = hi, hi * 2
+                out = max(out, optimize.brentq(f, lo, hi, xtol=1e-11, rtol=1e-12))
+        return out + EPS_PAD if out > 0 else 0.0
+
+    def _epsilon_by_threshold(self, ld: float) -> float:
+        """Monotone loss: the profile is traced by the threshold ``t`` of the Neyman-Pearson
+        half-line (``eps = L(t)`` forward, ``-L(t)`` reverse): one root find per direction."""
+        L = lambda t: float(self.log_ratio(t)[0])
+
+        def fwd(t):
+            return self._log_hockey(self._log_sf(self.mp, self.lwp, t), L(t) + self._log_sf(self.mq, self.lwq, t))
+
+        def rev(t):
+            return self._log_hockey(self._log_cdf(self.mq, self.lwq, t), -L(t) + self._log_cdf(self.mp, self.lwp, t))
+
+        lo, hi = self._span()
+        out = 0.0
+        t0 = self._root(0.0)
+        if not math.isfinite(t0):
+            return 0.0
+        if fwd(t0) > ld:
+            a, b = t0, max(t0 + 1.0, hi)
+            while fwd(b) > ld:
+                a, b = b, b + 2 * (b - a)
+            t = optimize.brentq(lambda t: fwd(t) - ld, a, b, xtol=1e-13, rtol=1e-15, maxiter=500)
+            out = max(out, L(t))
+        if rev(t0) > ld:
+            a, b = t0, min(t0 - 1.0, lo)
+            while rev(b) > ld and L(b) > -700:
+                a, b = b, b - 2 * (a - b)
+            if rev(b) <= ld:
+                t = optimize.brentq(lambda t: rev(t) - ld, b, a, xtol=1e-13, rtol=1e-15, maxiter=500)
+                out = max(out, -L(t))
+            else:  # the reverse loss is bounded: delta never gets that small
+                out = math.inf
+        return out
+
+    def _log_integral(self, a: float, forward: bool) -> float:
+        """``log int p^a q^(1-a)`` (or with ``p``, ``q`` swapped), trapezoid on an adaptive grid."""
+        const = -0.5 * math.log(2 * math.pi)
+
+        def log_f(x):
+            x = np.asarray(x, dtype=float)
+            lp = _lse(self.lwp[None, :] + self.mp[None, :] * x[:, None] - 0.5 * self.mp[None, :] ** 2, axis=1) - 0.5 * x * x
+            lq = _lse(self.lwq[None, :] + self.mq[None, :] * x[:, None] - 0.5 * self.mq[None, :] ** 2, axis=1) - 0.5 * x * x
+            return (a * lp + (1 - a) * lq if forward else a * lq + (1 - a) * lp) + const
+
+        m = np.concatenate([self.mp, self.mq])
+        reach = a * float(np.max(np.abs(m))) + 40.0
+        coarse = np.linspace(-reach, reach, 4001)
+        vals = log_f(coarse)
+        keep = coarse[vals > float(np.max(vals)) - 80.0]
+        width = coarse[1] - coarse[0]
+        lo, hi = float(keep[0]) - 2 * width, float(keep[-1]) + 2 * width
+        step = min(0.05, 0.5 / (1.0 + float(np.max(m) - np.min(m)) * max(a, 1.0)))
+        prev = None
+        for _ in range(8):
+            out = float(_lse(log_f(np.arange(lo, hi + step, step)))) + math.log(step)
+            if prev is not None and abs(out - prev) <= 1e-10 * max(1.0, abs(out)):
+                return out
+            prev, step = out, step / 2
+        return out
+
+    def renyi(self, orders: Sequence[float]) -> np.ndarray:
+        """``max(D_a(P||Q), D_a(Q||P))`` per order ``a > 1`` (numerical)."""
+        orders = np.asarray(orders, dtype=float)
+        if self.is_gaussian:
+            return orders * self.mu ** 2 / 2
+        return np.array([max(self._log_integral(a, True) / (a - 1), self._log_integral(a, False) / (a - 1), 0.0)
+                         for a in orders])
+
+    def tradeoff(self, alpha) -> np.ndarray:
+        """``min(T(P, Q), T(Q, P))`` at ``alpha`` (Neyman-Pearson on a fine grid: reject the
+        null where the other density is relatively largest). A valid f-DP bound of the
+        symmetric relation lies below both."""
+        alpha = np.clip(np.asarray(alpha, dtype=float), 0.0, 1.0)
+        if self.is_gaussian:
+            return fdp.gdp_tradeoff(self.mu, alpha)
+        m = np.concatenate([self.mp, self.mq])
+        x = np.linspace(float(np.min(m)) - 12.0, float(np.max(m)) + 12.0, 40001)
+        lp = _lse(self.lwp[None, :] - 0.5 * (x[:, None] - self.mp[None, :]) ** 2, axis=1)
+        lq = _lse(self.lwq[None, :] - 0.5 * (x[:, None] - self.mq[None, :]) ** 2, axis=1)
+        out = np.ones_like(alpha)
+        for null, alt in ((lp, lq), (lq, lp)):
+            order = np.argsort(null - alt)  # ascending null/alt: reject the null there first
+            a = np.concatenate([[0.0], np.cumsum(np.exp(null[order] - null.max()))])
+            b = np.concatenate([[0.0], np.cumsum(np.exp(alt[order] - alt.max()))])
+            out = np.minimum(out, 1.0 - np.interp(alpha, a / a[-1], b / b[-1]))
+        return np.clip(out, 0.0, 1.0)
 
 
-def _schedule_law(run: TrainingRunDpEvent, c: float, position: Optional[int]):
-    T = run.steps
-    if run.sampling == "full":
-        return np.array([sum(c ** (T - 1 - t) for t in range(T))]), np.array([1.0])
-    if run.sampling in ("cyclic", "shuffle_partition"):
-        l = run.steps_per_epoch
-        positions = [position] if (position is not None or run.sampling == "cyclic") else range(l)
-        if run.sampling == "cyclic" and position is None:
-            positions = range(l)  # caller takes the worst position
-        values = [sum(c ** (T - 1 - t) for t in range(j, T, l)) for j in positions]
-        return np.array(values), np.full(len(values), 1.0 / len(values))
-    # independent inclusions with probability q = b/n at every step
-    q = run.sampling_rate
-    if T > 16:
-        raise ValueError("steps: the exact law is enumerated over 2^T schedules; use T <= 16")
-    weights_c = c ** (T - 1 - np.arange(T))
-    values, probs = [], []
-    for bits in itertools.product((0, 1), repeat=T):
-        k = sum(bits)
-        values.append(float(np.dot(bits, weights_c)))
-        probs.append(q**k * (1 - q) ** (T - k))
-    values, probs = np.array(values), np.array(probs)
-    order = np.argsort(values)
-    values, probs = values[order], probs[order]
-    # merge identical shifts (e.g. the all-zero schedule)
-    uniq, idx = np.unique(np.round(values, 15), return_index=True)
-    merged = np.add.reduceat(probs, idx)
-    return values[idx], merged
+def pair_for(law: Law, kappa: float, construction: str) -> MixturePair:
+    """The pair of ``construction`` (:data:`CONSTRUCTIONS`) for a law of ``S``."""
+    if construction == "worst":
+        return MixturePair(kappa * law.values, law.log_w, [0.0], [0.0])
+    if construction == "half":
+        return MixturePair(0.5 * kappa * law.values, law.log_w, [0.0], [0.0])
+    if construction == "mirror":
+        return MixturePair(0.5 * kappa * law.values, law.log_w, -0.5 * kappa * law.values, law.log_w)
+    raise v.ParameterError("construction", f"must be one of {', '.join(CONSTRUCTIONS)}, got {construction!r}")
 
 
-def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None,
-               init_variance: float = 0.0) -> MixturePair:
-    """The exact pair for ``run`` under the linear construction above.
+def constructions_for(sampling: str) -> Tuple[str, ...]:
+    """The worst known pairs of a schedule (module docstring)."""
+    return ("mirror", "half") if sampling == POISSON else ("worst",)
 
-    The strong convexity ``m`` is taken from ``run.geometry``. For ``cyclic`` give the
-    0-based batch ``position``; without it the worst position is returned. With
-    ``init_variance`` the start is ``N(0, init_variance)`` instead of 0 (Chourasia Cor. 1).
+
+# ------------------------------------------------------------------------------- the result
+class ExactPair:
+    """The worst known pair of a run: ``lower`` and ``upper`` (the pairs of the laws
+    ``S_lo <= S <= S_hi``; the same pair when the law is enumerated, ``exact`` True).
+
+    ``delta``, ``epsilon``, ``renyi``, ``tradeoff`` are the lower end (what refutes a bound);
+    :meth:`epsilon_bracket` gives both ends. For ``poisson`` the worse of the candidate pairs.
     """
+
+    def __init__(self, lower: List[MixturePair], upper: List[MixturePair], exact: bool) -> None:
+        self._lower, self._upper, self.exact = lower, upper, exact
+
+    @property
+    def is_gaussian(self) -> bool:
+        return len(self._lower) == 1 and self._lower[0].is_gaussian
+
+    @property
+    def mu(self) -> float:
+        if not self.is_gaussian or not self.exact:
+            raise ValueError("mu is defined for a single Gaussian pair only")
+        return self._lower[0].mu
+
+    def delta(self, epsilon: float) -> float:
+        return max(p.delta(epsilon) for p in self._lower)
+
+    def epsilon(self, delta: float) -> float:
+        """The lower end: below the true epsilon of the worst known pair (a bound under it is wrong)."""
+        e = max(p.epsilon(delta) for p in self._lower)
+        return max(0.0, e - 2 * EPS_PAD) if math.isfinite(e) and not self.is_gaussian else e
+
+    def epsilon_bracket(self, delta: float) -> Tuple[float, float]:
+        return self.epsilon(delta), max(p.epsilon(delta) for p in self._upper)
+
+    def renyi(self, orders: Sequence[float]) -> np.ndarray:
+        return np.max([p.renyi(orders) for p in self._lower], axis=0)
+
+    def tradeoff(self, alpha) -> np.ndarray:
+        return np.min([p.tradeoff(alpha) for p in self._lower], axis=0)
+
+
+def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_variance: float = 0.0,
+               construction: Optional[str] = None, grid_points: int = GRID_POINTS) -> ExactPair:
+    """The worst known neighbouring pair of ``run`` under the linear model (module docstring).
+
+    ``m`` is the run's declared ``strong_convexity`` (0 without a geometry), the contraction
+    ``c = 1 - lr m``. ``position``: the 0-based batch of ``cyclic`` / ``shuffle_partition``
+    (default: the worst for ``cyclic``, the random one for ``shuffle_partition``).
+    ``init_variance``: the start is ``N(0, init_variance I)`` (Chourasia et al. Cor. 1).
+    ``construction``: one pair (:data:`CONSTRUCTIONS`) instead of the worst known ones.
+    """
+    if not run.is_constant:
+        raise v.ParameterError("learning_rate", "the exact pair needs a constant learning rate and noise")
     m = run.geometry.strong_convexity if run.geometry is not None else 0.0
-    lr, C, b, z, T = run.learning_rate, run.clip_norm, run.batch_size, run.noise_multiplier, run.steps
-    c = 1.0 - lr * m
-    a = lr * C / b
-    var = (lr * z * C / b) ** 2 * sum(c ** (2 * k) for k in range(T)) + c ** (2 * T) * init_variance
-    values, probs = _schedule_law(run, c, position)
-    if run.sampling == "cyclic" and position is None:
-        j = int(np.argmax(values))
-        values, probs = values[j:j + 1], np.array([1.0])
-    return MixturePair(shifts=a * values, weights=probs / probs.sum(), sd=math.sqrt(var))
+    model = Linear(run, 1.0 - float(run.learning_rate) * m,
+                   float(init_variance) / (float(run.learning_rate) * float(run.noise_multiplier) * run.clip_norm
+                                           / run.batch_size) ** 2 if init_variance else 0.0)
+    lo, hi, enumerated = model.laws(position, grid_points)
+    kinds = (construction,) if construction else constructions_for(run.sampling)
+    kappa = model.kappa
+    return ExactPair([pair_for(lo, kappa, k) for k in kinds], [pair_for(hi, kappa, k) for k in kinds], enumerated)
+
+
+def schedule_law(run: TrainingRunDpEvent, grid_points: int = GRID_POINTS) -> Tuple[Law, float]:
+    """``(law of S rounded up, kappa)``: the exact law, or the grid's upper law (a law that
+    dominates it pointwise), for analyses that average ``G(kappa |S|)`` over it."""
+    m = run.geometry.strong_convexity if run.geometry is not None else 0.0
+    model = Linear(run, 1.0 - float(run.learning_rate) * m)
+    law = model.exact_law()
+    if law is None:
+        law = model.grid_laws(grid_points)[1]
+    return law, model.kappa
+
+
+__all__ = ["ExactPair", "MixturePair", "Law", "exact_pair", "schedule_law", "pair_for", "constructions_for",
+           "CONSTRUCTIONS", "MAX_ENUM", "GRID_POINTS"]

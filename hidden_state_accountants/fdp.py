@@ -59,6 +59,23 @@ def gdp_delta(mu: float, eps: np.ndarray | float) -> np.ndarray | float:
     return float(out) if np.ndim(out) == 0 else out
 
 
+def mixture_gdp_log_delta(log_probs: np.ndarray, mus: np.ndarray, eps: np.ndarray | float) -> np.ndarray:
+    """``log sum_i p_i delta_{G(mu_i)}(eps)``: the profile of the pair "reveal ``i``, then
+    ``N(mu_i, 1)`` vs ``N(0, 1)``", in log space (vectorised over components and ``eps``;
+    the same closed form as :func:`gdp_log_delta`)."""
+    eps = np.atleast_1d(np.asarray(eps, dtype=float))[None, :]
+    mus = np.asarray(mus, dtype=float)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        safe = np.where((mus > 0) & np.isfinite(mus), mus, 1.0)
+        a = special.log_ndtr(-eps / safe + safe / 2.0)
+        b = eps + special.log_ndtr(-eps / safe - safe / 2.0)
+        gauss = np.where(b >= a, -np.inf, a + np.log(-np.expm1(np.minimum(b - a, 0.0))))
+        zero = np.where(eps >= 0, -np.inf, np.log(-np.expm1(np.minimum(eps, 0.0))))
+        infinite = np.where(np.isinf(eps) & (eps > 0), -np.inf, 0.0)
+        terms = np.where(mus <= 0, zero, np.where(np.isinf(mus), infinite, gauss))
+        return special.logsumexp(np.asarray(log_probs, dtype=float)[:, None] + terms, axis=0)
+
+
 def gdp_epsilon(mu: float, delta: float) -> float:
     """Smallest ``eps >= 0`` with ``delta_{G(mu)}(eps) <= delta`` (closed form, root-found)."""
     if mu <= 0:
@@ -228,18 +245,30 @@ def subsampled_gaussian_clt_mu(mu: float, p: float, k) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- PLDs
-def _lower_convex_envelope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Values at ``x`` of the largest convex function below the points ``(x_i, y_i)``."""
-    hull = []  # indices of the lower hull (Andrew's monotone chain)
+def lower_hull(x: Sequence[float], y: Sequence[float], keep_within: float = 0.0) -> list:
+    """Indices of the vertices of the lower convex hull of the points ``(x_i, y_i)``, ``x``
+    non-decreasing (Andrew's monotone chain; points on a hull edge are dropped). With
+    ``keep_within > 0`` a point is dropped only when it lies above an edge by more than that
+    relative margin, so rounding never drops a true vertex (extra points only make a path
+    through them longer)."""
+    hull: list = []
     for i in range(len(x)):
         while len(hull) >= 2:
             i0, i1 = hull[-2], hull[-1]
             # drop i1 if it lies on or above the segment i0 -> i
-            if (y[i1] - y[i0]) * (x[i] - x[i0]) >= (y[i] - y[i0]) * (x[i1] - x[i0]):
+            above = (y[i1] - y[i0]) * (x[i] - x[i0])
+            chord = (y[i] - y[i0]) * (x[i1] - x[i0])
+            if above >= chord + keep_within * (abs(above) + abs(chord)):
                 hull.pop()
             else:
                 break
         hull.append(i)
+    return hull
+
+
+def _lower_convex_envelope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Values at ``x`` of the largest convex function below the points ``(x_i, y_i)``."""
+    hull = lower_hull(x, y)
     return np.interp(x, x[hull], y[hull])
 
 

@@ -47,7 +47,15 @@ import attr
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.analyses._common import NO_GEOMETRY
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.schedules import POISSON, WITHOUT_REPLACEMENT, BatchSchedule, poisson_sizes
+from hidden_state_accountants.schedules import (
+    DROPPED,
+    EPOCH_ORDERS,
+    FULL,
+    KEPT_OWN_SIZE,
+    POISSON,
+    BatchSchedule,
+    poisson_sizes,
+)
 
 
 ASSUMED_CONVEX_NOTE = (
@@ -184,8 +192,12 @@ class ModelFacts:
 
 @attr.s(frozen=True, slots=True, kw_only=True)
 class BatchSourceFacts:
-    """Where a run's batches come from: a schedule of this package (verified), or ``None``
-    with a description of what the framework feeds instead."""
+    """Where a run's batches come from: a schedule of this package (verified), the law of a
+    framework's own draws (:meth:`BatchSchedule.framework
+    <hidden_state_accountants.schedules.BatchSchedule.framework>`: e.g. ``DataLoader(shuffle=True)``
+    or Keras ``fit(shuffle=True)``, with whether the short batch is kept and how it is divided,
+    and whether the framework's randomness is secret), or ``None`` with a description of what
+    the framework feeds instead."""
 
     schedule: Optional[BatchSchedule] = attr.ib()
     description: str = attr.ib()
@@ -316,16 +328,21 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps:
         raise v.ParameterError(
             "data", f"the batches do not come from a schedule of this package ({source.description}); "
             f"the {schedule.sampling!r} bounds need exactly that schedule")
-    if not source.schedule.same_schedule(schedule):
+    drawn_elsewhere = source.schedule.external or schedule.external
+    if not (source.schedule.same_law(schedule) if drawn_elsewhere else source.schedule.same_schedule(schedule)):
         raise v.ParameterError(
             "data", f"the batches come from {source.schedule!r}, but the accountant was told {schedule!r}")
+    if schedule.secret and not source.schedule.secret:
+        raise v.ParameterError(
+            "data", f"the batches' randomness is public ({source.description}), but the claim assumes it secret "
+            "(describe the schedule with secret=False)")
     if source.steps_per_epoch is not None and source.steps_per_epoch != schedule.steps_per_epoch:
         raise v.ParameterError(
             "steps_per_epoch", f"training runs {source.steps_per_epoch} steps per epoch but {schedule.sampling} "
             f"with n={schedule.dataset_size}, b={schedule.batch_size} has {schedule.steps_per_epoch}")
     if source.next_step is None:
         return
-    if schedule.sampling in (WITHOUT_REPLACEMENT, POISSON):
+    if schedule.sampling not in EPOCH_ORDERS + (FULL,):
         check_position(source.next_step, steps, source.description)
     elif (source.next_step - steps) % schedule.steps_per_epoch:
         spe = schedule.steps_per_epoch
@@ -438,7 +455,7 @@ class RunRecorder:
     def ledger(self) -> List[Tuple[StepFacts, int]]:
         return [(s, c) for s, c in self._ledger]
 
-    def _check_accountable(self, step: StepFacts) -> None:
+    def _check_accountable(self, step: StepFacts, first: Optional[int] = None, count: int = 1) -> None:
         """Rule 4: raises when not even composition covers ``step`` with this schedule."""
         raw, step = step, effective_step(step)
         problem = unaccountable(step)
@@ -450,17 +467,7 @@ class RunRecorder:
                 raise v.ParameterError(
                     "accumulation", f"{step.accumulation} batches per update (gradient accumulation) are not the "
                     f"{s.sampling} schedule; take one optimiser step per batch")
-            if step.loss_reduction == "mean" and step.divisor is not None and s.fixed_batch_size \
-                    and abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size:
-                replicas = ""
-                if raw.replicas > 1:
-                    how = "sums" if raw.replica_reduction == "sum" else "averages"
-                    replicas = (f" ({raw.replicas} replicas each divide their part of the batch by {raw.divisor:g} and "
-                                f"the framework {how} their updates: the effective learning rate is "
-                                f"{s.batch_size / step.divisor:.4g} times the one set)")
-                raise v.ParameterError(
-                    "batch_size", f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
-                    f"batches hold {s.batch_size} records{replicas}")
+            self._check_divisor(raw, self._steps if first is None else first, count)
 
     def check(self, step: StepFacts) -> None:
         """The checks of the first step, usable before any step runs (rule 1)."""
@@ -485,6 +492,47 @@ class RunRecorder:
             raise v.ParameterError(
                 "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
                 f"(a gradient step is not contractive otherwise), got {lr:.6g}")
+
+    def _check_divisor(self, raw: StepFacts, first: int, count: int) -> None:
+        """Not even composition holds when the clipped sum is divided by another number than
+        the schedule's batches hold (rule 4). A kept short batch (``last_batch``) is the last
+        step of every epoch; its divisor must be known and be what the schedule says."""
+        s, step = self.schedule, effective_step(raw)
+        if s is None or s.sampling == POISSON or step.loss_reduction != "mean":
+            return
+        b = s.batch_size
+        if s.last_batch == DROPPED:
+            expected = {b}
+        else:
+            if step.divisor is None:
+                raise v.ParameterError(
+                    "batch_size", f"the schedule keeps a short batch ({s.last_batch}) but the step's divisor is "
+                    "unknown; it must be recorded to account the short batch")
+            spe = s.steps_per_epoch
+            # the short batch is step spe - 1 of every epoch: how many of [first, first + count) are short
+            k0 = first + (spe - 1 - first) % spe
+            shorts = 0 if k0 >= first + count else (first + count - 1 - k0) // spe + 1
+            r = s.dataset_size % b
+            expected = set()
+            if shorts:
+                expected.add(r if s.last_batch == KEPT_OWN_SIZE else b)
+            if count > shorts:
+                expected.add(b)
+            if len(expected) > 1:
+                raise v.ParameterError(
+                    "batch_size", f"steps {first}..{first + count - 1} include the short batch of {r} records, "
+                    "divided by its own size: record that step on its own")
+        if step.divisor is not None and all(abs(step.divisor - d) > 1e-9 * d for d in expected):
+            size = " or ".join(f"{d:g}" for d in sorted(expected))
+            replicas = ""
+            if raw.replicas > 1:
+                how = "sums" if raw.replica_reduction == "sum" else "averages"
+                replicas = (f" ({raw.replicas} replicas each divide their part of the batch by {raw.divisor:g} and "
+                            f"the framework {how} their updates: the effective learning rate is "
+                            f"{min(expected) / step.divisor:.4g} times the one set)")
+            raise v.ParameterError(
+                "batch_size", f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
+                f"batch at step {first} holds {size} records{replicas}")
 
     def check_plan(self, planned: Sequence[StepFacts]) -> None:
         """Rule 1 for a run known in advance (e.g. a learning-rate schedule): with a declared
@@ -516,8 +564,10 @@ class RunRecorder:
         count = v.positive_int("count", count)
         if self._steps == 0:
             self.check(step)
+            if count > 1:
+                self._check_divisor(step, 0, count)
         else:
-            self._check_accountable(step)
+            self._check_accountable(step, self._steps, count)
         step = effective_step(step)  # the ledger holds one-device steps
         if self._ledger and self._ledger[-1][0] == step:
             self._ledger[-1][1] += count
@@ -561,6 +611,12 @@ class RunRecorder:
         if s is None:
             out.append("no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
                        "framework reports, which holds only if its data loader samples that way")
+        elif s.is_random and not s.secret:
+            out.append(f"the {s.sampling} batches are public (secret=False): only the bounds for the record's worst "
+                       "positions apply")
+        elif s.external:
+            out.append(f"the {s.sampling} batches are drawn by the framework; the bound assumes its randomness is "
+                       "unknown to the adversary (not seeded with a public value)")
         elif s.is_random and not s.seed_is_secret:
             out.append(f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
                        "as secret as the data")
@@ -617,7 +673,7 @@ class RunRecorder:
             extra["sampling_probability"] = s.sampling_probability
         return TrainingRunDpEvent(dataset_size=s.dataset_size, batch_size=s.batch_size, sampling=s.sampling,
                                   geometry=geometry, gaussian_initialization=self.gaussian_initialization,
-                                  **extra, **common)
+                                  last_batch=s.last_batch, secret_batches=s.secret, **extra, **common)
 
     # ------------------------------------------------------------- persistence
     def ledger_state(self) -> List[List[Any]]:

@@ -11,20 +11,30 @@ sampling                    schedule
 ``cyclic``                  batch ``j`` of every epoch is records ``j*b .. (j+1)*b - 1`` (data order)
 ``shuffle_partition``       one random permutation drawn *once*, cut into ``n // b`` batches,
                             visited in the same order every epoch
+``reshuffle``               a fresh random permutation every epoch, cut into ``n // b`` batches
+                            (``DataLoader(shuffle=True)``, Keras ``fit(shuffle=True)``)
 ``without_replacement``     each step draws ``b`` distinct records afresh from all ``n``
 ``poisson``                 each record joins each step's batch independently with probability ``q``
 ==========================  ========================================================================
 
-An epoch is ``n // b`` steps (one for ``full``); the partition schedules leave the last
-``n % b`` records of their order out of every epoch (Ye & Shokri 2022, footnote 3).
+An epoch is ``n // b`` steps (one for ``full``); the partition schedules and ``reshuffle``
+leave the last ``n % b`` records of their order out of every epoch (Ye & Shokri 2022,
+footnote 3). ``reshuffle`` may instead keep that short batch (``last_batch``, see
+:data:`LAST_BATCHES`): an epoch is then ``ceil(n / b)`` steps.
 
 **Secret seeds.** A random schedule is only as private as its randomness is secret: the
-analyses of ``shuffle_partition`` (the record's position is uniform), ``without_replacement``
-and ``poisson`` (amplification by sampling) assume the adversary does not know the draw. So
+analyses of ``shuffle_partition`` and ``reshuffle`` that average over the record's position,
+``without_replacement`` and ``poisson`` (amplification by sampling) assume the adversary does
+not know the draw. So
 every random schedule draws a fresh secret seed from :mod:`secrets` unless the caller passes
 one. A seed passed by the caller is their explicit choice and must be kept as private as the
 data (it is stored in checkpoints, which must be too); a published seed makes the batches
-public, and then only the fixed-order (``cyclic``) bounds hold for a partition.
+public: say so with ``secret=False``, and then only the bounds for the worst batch positions
+hold (the fixed-order bounds for a partition, the worst visit pattern for ``reshuffle``).
+
+A framework that draws its own batches (``DataLoader(shuffle=True)``, Keras
+``fit(shuffle=True)``) is described by :meth:`BatchSchedule.framework`: the same law, drawn
+with the framework's randomness, secret or not as the adapter reports.
 
 The batch of global step ``t`` is a function of ``(seed, t)`` alone, so any process can
 compute it and a run resumes anywhere in O(1).
@@ -50,16 +60,30 @@ FULL = "full"
 CYCLIC = "cyclic"
 SHUFFLE_PARTITION = "shuffle_partition"
 WITHOUT_REPLACEMENT = "without_replacement"
+RESHUFFLE = "reshuffle"
 POISSON = "poisson"
 
-SAMPLINGS: Tuple[str, ...] = (FULL, CYCLIC, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT, POISSON)
+SAMPLINGS: Tuple[str, ...] = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, POISSON)
 """Every batch schedule the accountant knows."""
 
 PARTITIONS: Tuple[str, ...] = (CYCLIC, SHUFFLE_PARTITION)
 """Schedules that visit a fixed partition of the records in the same order every epoch."""
 
-RANDOM: Tuple[str, ...] = (SHUFFLE_PARTITION, WITHOUT_REPLACEMENT, POISSON)
+RANDOM: Tuple[str, ...] = (SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, POISSON)
 """Schedules whose batches are random (and need a secret seed)."""
+
+EPOCH_ORDERS: Tuple[str, ...] = (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE)
+"""Schedules that cut an order of the records into batches and use every batch once per epoch."""
+
+DROPPED = "dropped"
+KEPT_OWN_SIZE = "kept_own_size"
+KEPT_BATCH_SIZE = "kept_batch_size"
+LAST_BATCHES: Tuple[str, ...] = (DROPPED, KEPT_OWN_SIZE, KEPT_BATCH_SIZE)
+"""What ``reshuffle`` does with the last ``n % b`` records of each epoch's order: drop them
+(``DataLoader(drop_last=True)``, the default), or keep them as a short last batch whose
+clipped sum and noise are divided by its own size (TF-Privacy / Keras ``fit``) or by the
+fixed ``b`` (Opacus with ``optimizer.expected_batch_size = b``). When ``b`` divides ``n``
+there is no short batch and every value means ``dropped``."""
 
 MAX_STEPS = 10**18
 """More optimiser steps than any training run takes; the hidden-state bounds' limit for
@@ -70,6 +94,7 @@ SAMPLING_DESCRIPTIONS: Dict[str, str] = {
     CYCLIC: "one fixed partition into n//b batches, visited in the same order every epoch",
     SHUFFLE_PARTITION: "one partition drawn at random once, then visited in order every epoch",
     WITHOUT_REPLACEMENT: "each step draws b distinct records afresh",
+    RESHUFFLE: "a fresh random permutation every epoch, cut into n//b batches",
     POISSON: "each record joins each step's batch independently with probability q",
 }
 
@@ -78,6 +103,16 @@ def check_sampling(sampling: Any) -> str:
     if sampling not in SAMPLINGS:
         raise v.ParameterError("sampling", f"must be one of {', '.join(SAMPLINGS)}; got {sampling!r}")
     return sampling
+
+
+def check_last_batch(last_batch: Any, sampling: str, dataset_size: int, batch_size: int) -> str:
+    """Validates ``last_batch`` for a checked schedule; ``dropped`` when ``b`` divides ``n``."""
+    if last_batch not in LAST_BATCHES:
+        raise v.ParameterError("last_batch", f"must be one of {', '.join(LAST_BATCHES)}; got {last_batch!r}")
+    if last_batch != DROPPED and sampling != RESHUFFLE:
+        raise v.ParameterError("last_batch", f"a kept short batch applies to sampling={RESHUFFLE!r} only, "
+                                             f"not {sampling!r}")
+    return last_batch if dataset_size % batch_size else DROPPED
 
 
 def check_schedule(dataset_size: Any, batch_size: Any, sampling: Any) -> Tuple[int, int]:
@@ -102,11 +137,14 @@ def check_schedule(dataset_size: Any, batch_size: Any, sampling: Any) -> Tuple[i
     return n, b
 
 
-def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str) -> int:
+def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str, last_batch: str = DROPPED) -> int:
     """One step for ``full``; ``n // b`` otherwise (a remainder of ``n % b`` records is
-    dropped each epoch by the partition schedules, Ye & Shokri footnote 3)."""
+    dropped each epoch by the partition schedules, Ye & Shokri footnote 3), ``ceil(n / b)``
+    when ``reshuffle`` keeps the short batch."""
     if sampling == FULL:
         return 1
+    if last_batch != DROPPED:
+        return -(-dataset_size // batch_size)
     return max(1, dataset_size // batch_size)
 
 
@@ -142,26 +180,70 @@ class BatchSchedule:
         is the caller's explicit choice and must be kept secret. Deterministic schedules
         take no seed.
       sampling_probability: ``q`` for ``poisson`` (default ``b / n``).
+      last_batch: for ``reshuffle``, what happens to the last ``n % b`` records of each
+        epoch's order (:data:`LAST_BATCHES`; default ``dropped``).
+      secret: whether the draw is secret from the adversary (default). ``False`` says the
+        batches are public (e.g. a published seed): the bounds that average over the
+        record's position no longer apply. ``without_replacement`` and ``poisson`` need a
+        secret draw (no analysis here covers them with public batches).
       share_seed: for several processes that must follow one schedule: called with the
         secret seed drawn here, returns the seed every process uses (e.g. a broadcast from
         the first process); the result is still a secret draw. Only used when ``seed=None``.
 
     The object is immutable; samplers that remember a position wrap it.
 
+    >>> s = BatchSchedule(7, 3, RESHUFFLE, seed=1, last_batch=KEPT_OWN_SIZE)
+    >>> s.steps_per_epoch, [len(s.batch(t)) for t in range(3)]
+    (3, [3, 3, 1])
+    >>> sorted(np.concatenate([s.batch(t) for t in range(3, 6)]).tolist()) == list(range(7))
+    True
     >>> BatchSchedule(6, 2, SHUFFLE_PARTITION, share_seed=lambda drawn: 12345).seed_is_secret
     True
     """
 
     __slots__ = ("dataset_size", "batch_size", "sampling", "seed", "seed_is_secret",
-                 "sampling_probability", "_order")
+                 "sampling_probability", "last_batch", "secret", "external", "_order", "_epoch")
 
     def __init__(self, dataset_size: int, batch_size: int, sampling: str, seed: Optional[int] = None, *,
-                 sampling_probability: Optional[float] = None,
-                 share_seed: Optional[Callable[[int], int]] = None) -> None:
+                 sampling_probability: Optional[float] = None, last_batch: str = DROPPED,
+                 secret: bool = True, share_seed: Optional[Callable[[int], int]] = None) -> None:
+        self._build(dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret, False,
+                    share_seed)
+
+    @classmethod
+    def framework(cls, dataset_size: int, batch_size: int, sampling: str = RESHUFFLE, *,
+                  last_batch: str = DROPPED, secret: bool) -> "BatchSchedule":
+        """The law of batches a framework draws with its own randomness (``reshuffle`` only:
+        ``DataLoader(shuffle=True)``, Keras ``fit(shuffle=True)``). ``secret``: whether that
+        randomness is unknown to the adversary; ``False`` when the framework's generator was
+        seeded with a value that is or may be public (``torch.manual_seed(0)`` in a script).
+        :meth:`batch` is not available: the framework draws the batches.
+
+        >>> s = BatchSchedule.framework(61, 6, last_batch=KEPT_OWN_SIZE, secret=False)
+        >>> s.steps_per_epoch, s.external, s.secret
+        (11, True, False)
+        """
+        if sampling != RESHUFFLE:
+            raise v.ParameterError("sampling", f"a framework's own draws are supported for {RESHUFFLE!r} only, "
+                                               f"got {sampling!r}")
+        out = cls.__new__(cls)
+        out._build(dataset_size, batch_size, sampling, None, None, last_batch, secret, True, None)
+        return out
+
+    def _build(self, dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret,
+               external, share_seed) -> None:
         n, b = check_schedule(dataset_size, batch_size, sampling)
-        if sampling in RANDOM:
-            secret = seed is None
-            if secret:
+        last_batch = check_last_batch(last_batch, sampling, n, b)
+        if not isinstance(secret, bool):
+            raise v.ParameterError("secret", f"must be True or False, got {secret!r}")
+        if not secret and sampling in (WITHOUT_REPLACEMENT, POISSON):
+            raise v.ParameterError(
+                "secret", f"{sampling} with public batches is not covered (its analyses rest on the draw being secret)")
+        if external:
+            seed_secret = False
+        elif sampling in RANDOM:
+            seed_secret = seed is None
+            if seed_secret:
                 seed = draw_secret_seed()
                 seed = seed if share_seed is None else check_seed(share_seed(seed))
             else:
@@ -169,7 +251,7 @@ class BatchSchedule:
         else:
             if seed is not None:
                 raise v.ParameterError("seed", f"sampling={sampling!r} is deterministic and takes no seed, got {seed!r}")
-            secret = False
+            seed_secret = False
         q = None
         if sampling == POISSON:
             q = b / n if sampling_probability is None else v.real("sampling_probability", sampling_probability)
@@ -177,13 +259,10 @@ class BatchSchedule:
                 raise v.ParameterError("sampling_probability", f"must lie in (0, 1], got {sampling_probability!r}")
         elif sampling_probability is not None:
             raise v.ParameterError("sampling_probability", f"applies to sampling='poisson' only, not {sampling!r}")
-        object.__setattr__(self, "dataset_size", n)
-        object.__setattr__(self, "batch_size", b)
-        object.__setattr__(self, "sampling", sampling)
-        object.__setattr__(self, "seed", seed)
-        object.__setattr__(self, "seed_is_secret", secret)
-        object.__setattr__(self, "sampling_probability", q)
-        object.__setattr__(self, "_order", None)
+        for name, value in (("dataset_size", n), ("batch_size", b), ("sampling", sampling), ("seed", seed),
+                            ("seed_is_secret", seed_secret), ("sampling_probability", q), ("last_batch", last_batch),
+                            ("secret", secret), ("external", external), ("_order", None), ("_epoch", None)):
+            object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"{type(self).__name__} is immutable")
@@ -195,17 +274,21 @@ class BatchSchedule:
 
     @property
     def steps_per_epoch(self) -> int:
-        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling)
+        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch)
 
     @property
     def dropped_per_epoch(self) -> int:
-        """Records that take no part in an epoch (``n % b`` for the partition schedules)."""
-        return self.dataset_size % self.batch_size if self.sampling in PARTITIONS else 0
+        """Records that take no part in an epoch (``n % b`` for the partition schedules and
+        ``reshuffle`` unless it keeps the short batch)."""
+        if self.sampling in EPOCH_ORDERS and self.last_batch == DROPPED:
+            return self.dataset_size % self.batch_size
+        return 0
 
     @property
     def fixed_batch_size(self) -> bool:
-        """Every batch holds exactly ``batch_size`` records (all but ``poisson``)."""
-        return self.sampling != POISSON
+        """Every batch holds exactly ``batch_size`` records (all but ``poisson`` and a kept
+        short batch)."""
+        return self.sampling != POISSON and self.last_batch == DROPPED
 
     def order(self) -> np.ndarray:
         """The record order a partition schedule cuts into batches (computed once)."""
@@ -216,6 +299,19 @@ class BatchSchedule:
             order = np.arange(n) if self.sampling == CYCLIC else _rng(self.seed).permutation(n)
             object.__setattr__(self, "_order", order)
         return self._order
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The permutation ``reshuffle`` cuts into batches in ``epoch`` (0-based): one stream
+        per ``(seed, epoch)``, so any epoch is reached in O(n)."""
+        if self.sampling != RESHUFFLE:
+            return self.order()
+        if self.external:
+            raise v.ParameterError("schedule", "the framework draws these batches; this schedule only describes them")
+        cached = self._epoch
+        if cached is None or cached[0] != epoch:
+            cached = (epoch, _rng(self.seed, int(epoch)).permutation(self.dataset_size))
+            object.__setattr__(self, "_epoch", cached)
+        return cached[1]
 
     def partition(self) -> np.ndarray:
         """The batches of one epoch of a partition schedule, shape ``(n // b, b)``."""
@@ -229,9 +325,11 @@ class BatchSchedule:
         n, b, s = self.dataset_size, self.batch_size, self.sampling
         if s == FULL:
             return np.arange(n)
-        if s in PARTITIONS:
-            j = int(step) % self.steps_per_epoch
-            return self.order()[j * b:(j + 1) * b]
+        if s in EPOCH_ORDERS:
+            epoch, j = divmod(int(step), self.steps_per_epoch)
+            return self.epoch_order(epoch)[j * b:(j + 1) * b]  # a kept short batch is the tail
+        if self.external:
+            raise v.ParameterError("schedule", "the framework draws these batches; this schedule only describes them")
         rng = _rng(self.seed, int(step))  # one stream per step: O(1) to resume anywhere
         if s == WITHOUT_REPLACEMENT:
             return rng.choice(n, b, replace=False)
@@ -245,6 +343,12 @@ class BatchSchedule:
                "seed": self.seed}
         if self.sampling == POISSON:
             out["sampling_probability"] = self.sampling_probability
+        if self.last_batch != DROPPED:
+            out["last_batch"] = self.last_batch
+        if not self.secret:
+            out["secret"] = False
+        if self.external:
+            out["external"] = True
         return out
 
     @classmethod
@@ -268,12 +372,20 @@ class BatchSchedule:
         if missing:
             raise v.ParameterError("schedule", f"missing {', '.join(missing)}")
         sampling = check_sampling(state["sampling"])
+        extra = dict(last_batch=state.get("last_batch", DROPPED), secret=state.get("secret", True))
+        if state.get("external", False):
+            return cls.framework(state["dataset_size"], state["batch_size"], sampling, **extra)
         schedule = cls(state["dataset_size"], state["batch_size"], sampling,
                        state["seed"] if sampling in RANDOM else None,
-                       sampling_probability=state.get("sampling_probability"))
+                       sampling_probability=state.get("sampling_probability"), **extra)
         if seed_is_secret and schedule.is_random:
             object.__setattr__(schedule, "seed_is_secret", True)
         return schedule
+
+    def same_law(self, other: "BatchSchedule") -> bool:
+        """The same schedule up to the draw itself (seed, secrecy, who draws)."""
+        keys = ("sampling", "dataset_size", "batch_size", "sampling_probability", "last_batch")
+        return isinstance(other, BatchSchedule) and all(getattr(self, k) == getattr(other, k) for k in keys)
 
     def same_schedule(self, other: "BatchSchedule") -> bool:
         return isinstance(other, BatchSchedule) and self.describe() == other.describe()
@@ -285,10 +397,15 @@ class BatchSchedule:
         return hash(tuple(sorted(self.describe().items())))
 
     def __repr__(self) -> str:
-        seed = "" if self.seed is None else (", seed=<secret>" if self.seed_is_secret else f", seed={self.seed}")
+        if self.external:
+            seed = ", drawn by the framework"
+        else:
+            seed = "" if self.seed is None else (", seed=<secret>" if self.seed_is_secret else f", seed={self.seed}")
         q = "" if self.sampling != POISSON else f", q={self.sampling_probability:.6g}"
+        last = "" if self.last_batch == DROPPED else f", last_batch={self.last_batch!r}"
+        public = "" if self.secret else ", public"
         return (f"BatchSchedule(dataset_size={self.dataset_size}, batch_size={self.batch_size}, "
-                f"sampling={self.sampling!r}{seed}{q})")
+                f"sampling={self.sampling!r}{seed}{q}{last}{public})")
 
 
 def poisson_sizes(sampling_probability: float, dataset_size: Optional[int] = None) -> Tuple[int, int]:

@@ -10,7 +10,7 @@ from hidden_state_accountants.audit import audit
 from hidden_state_accountants.cli import main
 from hidden_state_accountants.exact import exact_pair
 
-SAMPLINGS = ["full", "cyclic", "shuffle_partition", "without_replacement", "poisson"]
+SAMPLINGS = ["full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement", "poisson"]
 
 
 def make(sampling, construction, z=0.6, steps=40, lr=0.5, m=0.5, D=0.3):
@@ -149,23 +149,34 @@ def _main_audit_too_long():
 
 
 def _loop_reference(run, sign, reps, construction, rng):
-    """The step-by-step simulation (the construction's definition)."""
-    lr, C, b = run.learning_rate, run.clip_norm, run.batch_size
+    """The step-by-step simulation (the construction's definition): the record differs from the
+    others by ``x C`` (the worst pair: ``x = 2`` in D, 0 in D'; Poisson and the constrained
+    construction: ``x = +-1``), the others' common contribution dropped; its batch in an epoch
+    is ``slot // b`` for a uniform slot (unused past the last batch unless a short batch is kept,
+    which is divided by its own size with ``kept_own_size``)."""
+    lr, C, b, n = run.learning_rate, run.clip_norm, run.batch_size, run.dataset_size
     noise = run.noise_multiplier * C / b
     m = run.geometry.strong_convexity if construction == "strongly_convex" else 0.0
     half = None if construction == "strongly_convex" else run.geometry.diameter / 2
+    x = sign if construction == "constrained" or run.sampling == "poisson" else (2.0 if sign > 0 else 0.0)
     l = run.steps_per_epoch
+    slot_batch = lambda: rng.integers(0, n, reps) // b
     position = (np.full(reps, l - 1) if run.sampling == "cyclic"
-                else rng.integers(0, l, reps) if run.sampling == "shuffle_partition" else None)
+                else slot_batch() if run.sampling == "shuffle_partition" else None)
     theta = np.zeros(reps)
     for t in range(run.steps):
+        scale = 1.0
+        if run.sampling == "reshuffle" and t % l == 0:
+            position = slot_batch()  # a fresh permutation every epoch
+        if run.sampling == "reshuffle" and run.last_batch == "kept_own_size" and t % l == l - 1:
+            scale = b / (n % b)  # the short batch: its sum and noise divided by n mod b
         if run.sampling == "full":
             inc = np.ones(reps)
         elif position is not None:
             inc = position == t % l
         else:
             inc = rng.random(reps) < run.sampling_rate
-        theta = theta - lr * (m * theta + (sign * C / b) * inc + noise * rng.standard_normal(reps))
+        theta = theta - lr * (m * theta + scale * ((x * C / b) * inc + noise * rng.standard_normal(reps)))
         if half is not None:
             np.clip(theta, -half, half, out=theta)
     return theta
@@ -182,6 +193,31 @@ def test_vectorised_simulation_has_the_law_of_the_step_loop(sampling, constructi
         slow = _loop_reference(run, 1.0, 20000, construction, np.random.default_rng(2))
         assert stats.ks_2samp(fast, slow).pvalue > 1e-3, (sampling, lr)
         assert abs(fast.mean() - slow.mean()) < 5 * slow.std() / math.sqrt(20000) + 1e-12
+
+
+@pytest.mark.parametrize("last_batch", ["kept_own_size", "kept_batch_size"])
+def test_reshuffle_with_a_kept_short_batch_has_the_law_of_the_step_loop(last_batch):
+    run = TrainingRunDpEvent(dataset_size=63, batch_size=6, steps=25, noise_multiplier=0.6, clip_norm=1.0,
+                             learning_rate=0.5, sampling="reshuffle", last_batch=last_batch,
+                             geometry=LossGeometry(strong_convexity=0.3, smoothness=0.5))
+    for sign in (1.0, -1.0):
+        fast = audit_module.simulate(run, sign, 20000, "strongly_convex", np.random.default_rng(1))
+        slow = _loop_reference(run, sign, 20000, "strongly_convex", np.random.default_rng(2))
+        assert stats.ks_2samp(fast, slow).pvalue > 1e-3
+    result = audit(run, repetitions=20000, seed=1)
+    assert result.consistent and result.analysis.startswith("si_reshuffle")
+
+
+def test_the_audit_simulates_the_worst_known_pair():
+    """Issue 11: the audit's pair is the doubled-shift one: with enough runs its lower bound
+    exceeds the exact value of the weaker +C/-C pair that the audit and the README used."""
+    from hidden_state_accountants.exact import exact_pair
+
+    run = make("shuffle_partition", "strongly_convex", z=1.0, steps=40)
+    result = audit(run, repetitions=400000, delta=1e-2, seed=0)
+    assert result.consistent
+    assert result.epsilon_lower > 1.2 * exact_pair(run, construction="mirror").epsilon(1e-2)  # 1.32 > 1.2 * 0.98
+    assert result.epsilon_lower <= exact_pair(run).epsilon(1e-2)  # 1.42
 
 
 def test_clip_map_composition_equals_the_step_loop():

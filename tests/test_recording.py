@@ -218,7 +218,7 @@ def test_replicas_that_each_take_the_whole_step_are_refused_with_the_reason():
     # TF-Privacy's optimizer under MirroredStrategy: each of 2 replicas divides its 5
     # records' clipped sum and all the noise by 5, and Keras sums the two updates
     with pytest.raises(ParameterError, match=r"^batch_size: the update divides the clipped sum by 5 but the "
-                                             r"schedule's batches hold 10 records \(2 replicas each divide their "
+                                             r"schedule's batch at step 0 holds 10 records \(2 replicas each divide their "
                                              r"part of the batch by 5 and the framework sums their updates: the "
                                              r"effective learning rate is 2 times the one set\)"):
         recorder(geometry=None).record(step(divisor=5, replicas=2))

@@ -43,7 +43,7 @@ def test_extreme_noise_on_the_table1_run(z, finite):
     assert eps >= 0 and (math.isfinite(eps) == finite)
 
 
-@pytest.mark.parametrize("sampling", ["full", "cyclic", "shuffle_partition", "without_replacement"])
+@pytest.mark.parametrize("sampling", ["full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement"])
 @pytest.mark.parametrize("z", [5e-324, 1e-300])
 def test_vanishing_noise_gives_infinity_on_every_schedule(sampling, z):
     b = 600 if sampling == "full" else 60
@@ -52,6 +52,28 @@ def test_vanishing_noise_gives_infinity_on_every_schedule(sampling, z):
         eps = epsilon(dataset_size=600, batch_size=b, steps=50, noise_multiplier=z, clip_norm=1e-300,
                       learning_rate=0.1, sampling=sampling, geometry=geometry)
         assert eps == math.inf
+
+
+@pytest.mark.parametrize("last_batch", ["dropped", "kept_own_size", "kept_batch_size"])
+@pytest.mark.parametrize("steps,z,lr_m", [(10**18, 2.0, 0.5), (10**7, 1.0, 1e-7), (10**6 + 3, 0.3, 1 - 1e-12),
+                                          (7, 1e300, 0.5), (10**12, 1e-3, 0.1), (3, 2.0, 1e-300)])
+def test_reshuffle_at_extreme_inputs_is_finite_and_quick(steps, z, lr_m, last_batch):
+    """Issue 11: any length (partial last epochs, 10^18 steps), tiny and huge noise, c near 0
+    and 1, n/b huge: a finite epsilon (or infinity), quickly, never a crash."""
+    import time
+
+    for n, b in ((61, 6), (10**9 + 7, 10)):
+        start = time.monotonic()
+        kw = dict(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0, learning_rate=0.5,
+                  sampling="reshuffle", last_batch=last_batch,
+                  geometry=LossGeometry(strong_convexity=2 * lr_m, smoothness=max(2 * lr_m, 1.0)))
+        report = HiddenStateAccountant().compose(TrainingRunDpEvent(**kw)).explain(1e-5)
+        assert report.epsilon >= 0 and not math.isnan(report.epsilon)
+        assert math.isfinite(report.epsilon) or z < 1e-2
+        assert time.monotonic() - start < 20
+        for public in (True, False):
+            sp = dict(kw, sampling="shuffle_partition", last_batch="dropped", secret_batches=public)
+            assert HiddenStateAccountant().compose(TrainingRunDpEvent(**sp)).get_epsilon(1e-5) >= 0
 
 
 def test_vanishing_renyi_divergence_is_not_negative():
@@ -166,10 +188,13 @@ def test_dp_accounting_generic_tests_pass():
 
 # --------------------------------------------------------------------- ground truth
 def test_exact_pair_epsilon_beyond_709():
-    pair = MixturePair(shifts=np.array([20.0]), weights=np.array([1.0]), sd=0.5)  # mu = 80
+    pair = MixturePair([80.0], [0.0], [0.0], [0.0])  # mu = 80
     eps = pair.epsilon(1e-5)
     assert 3000 < eps < 4000 and math.isfinite(eps)
     assert pair.delta(eps) <= 1e-5
+    mixture = MixturePair([60.0, 80.0], np.log([0.5, 0.5]), [0.0], [0.0])  # the worst pair's shape
+    eps = mixture.epsilon(1e-5)
+    assert 1500 < eps < 4000 and mixture.delta(eps) <= 1e-5 * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("z,finite", [(1e-154, False), (1e300, True), (1.7e308, True)])

@@ -92,7 +92,7 @@ def test_tf_privacys_own_optimizer_under_mirrored_is_refused_with_the_reason(mir
     refused = mirrored["run_tf_privacy"]
     assert refused["iterations"] == 0  # before any step
     assert refused["refused"] == (
-        "batch_size: the update divides the clipped sum by 50 but the schedule's batches hold 100 records (2 "
+        "batch_size: the update divides the clipped sum by 50 but the schedule's batch at step 0 holds 100 records (2 "
         "replicas each divide their part of the batch by 50 and the framework sums their updates: the effective "
         "learning rate is 2 times the one set)")
 

@@ -96,7 +96,7 @@ def test_statement_can_include_every_analysis():
     [
         (dict(num_epochs=0.3), "num_epochs"),  # 6.6 steps: not whole
         (dict(learning_rate=2.5), "learning_rate"),  # >= 2/M
-        (dict(sampling="reshuffle"), "sampling"),
+        (dict(sampling="reshufle"), "sampling"),
         (dict(batch_size=2000), "batch_size"),
         (dict(learning_rate=[0.5] * 3), "learning_rate"),  # 3 values for 660 steps
     ],

@@ -45,6 +45,21 @@ def need_strong_convexity(run: TrainingRunDpEvent) -> Optional[str]:
     return None
 
 
+def need_secret_batches(run: TrainingRunDpEvent) -> Optional[str]:
+    """The analyses that average over the record's random position need the draw secret."""
+    if not run.secret_batches:
+        return ("the batches' randomness is public (secret_batches=False): an adversary knows the record's "
+                "positions, so only the bounds for the worst position apply")
+    return None
+
+
+def log_abs_one_minus(x: float) -> float:
+    """``log |1 - x|`` without cancellation for tiny ``x`` (``-inf`` at ``x = 1``)."""
+    if x == 1.0:
+        return -math.inf
+    return math.log1p(-x) if x < 1.0 else math.log(x - 1.0)
+
+
 def need_diameter(run: TrainingRunDpEvent) -> Optional[str]:
     if run.geometry.diameter is None:
         return "needs projection onto a bounded convex set (declare its diameter)"

@@ -25,7 +25,7 @@ from hidden_state_accountants.analyses import long_composition
 from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.schedules import CYCLIC, FULL, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
+from hidden_state_accountants.schedules import CYCLIC, FULL, RESHUFFLE, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 CITE = "Bok, Su & Altschuler (2024)"
 # A tau-family whose CLT estimate exceeds this GDP parameter (epsilon in the hundreds) cannot
@@ -46,13 +46,7 @@ def _sensitivity(run: TrainingRunDpEvent) -> float:
 def log_contraction(run: TrainingRunDpEvent) -> float:
     """``log c`` computed without cancellation when ``eta*m`` is tiny."""
     g, lr = run.geometry, run.learning_rate
-
-    def log_abs_one_minus(x: float) -> float:
-        if x == 1.0:
-            return -math.inf
-        return math.log1p(-x) if x < 1.0 else math.log(x - 1.0)
-
-    return max(log_abs_one_minus(lr * g.strong_convexity), log_abs_one_minus(lr * g.smoothness))
+    return max(cm.log_abs_one_minus(lr * g.strong_convexity), cm.log_abs_one_minus(lr * g.smoothness))
 
 
 def _strongly_convex_conditions(run: TrainingRunDpEvent):
@@ -134,19 +128,31 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 
 # ------------------------------------------------------- NoisyCGD (cyclic batches)
-@analysis("bok_thm4.4", f"{CITE}, Thm 4.4 (composition, cyclic batches)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=False, needs="nothing")
+@analysis("bok_thm4.4", f"{CITE}, Thm 4.4 (composition, cyclic batches)", (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE),
+          hidden_state=False, needs="nothing")
 def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.4 (composition): NoisyCGD is ``mu``-GDP with ``mu = L/(b sigma) sqrt(E)``.
 
     A record is used once per epoch; with a partial last epoch the most-visited record
     has ``E = ceil(t / l)`` visits. With a noise schedule, ``mu^2`` is the largest over batch
     positions of the sum of ``(L/(b sigma_t))^2`` over that position's steps.
+
+    ``reshuffle``: a record is used at most once per epoch, at a position that changes, so
+    ``E = ceil(t / l)`` visits of ``G(L/(b sigma))`` each (a kept short batch divided by its
+    own size ``r`` has shift and noise both ``b/r`` times larger: the same ratio); with a noise
+    schedule each epoch contributes its largest ``(L/(b sigma_t))^2``. Conditional on the
+    positions this is the composition above, and a mixture of pairs each dominated by one
+    ``G(mu)`` is dominated by it (joint convexity).
     """
     l = run.steps_per_epoch
     if isinstance(run.noise_multiplier, tuple):
         with np.errstate(divide="ignore", over="ignore"):
             per_step = np.square(2.0 / np.asarray(run.noise_multiplier))
-        if l >= per_step.size:  # every position used at most once; no array of size l
+        if run.sampling == RESHUFFLE:
+            padded = np.zeros(-(-per_step.size // l) * l)
+            padded[:per_step.size] = per_step
+            mu = math.sqrt(float(np.sum(np.max(padded.reshape(-1, l), axis=1))))
+        elif l >= per_step.size:  # every position used at most once; no array of size l
             mu = math.sqrt(float(np.max(per_step)))
         else:
             mu = math.sqrt(float(np.max(np.bincount(np.arange(per_step.size) % l, weights=per_step))))
@@ -170,16 +176,20 @@ def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     reason = _strongly_convex_conditions(run)
     if reason:
         return NotApplicable(reason=reason)
-    l, E, lc = run.steps_per_epoch, cm.epochs_visited(run), log_contraction(run)
-    unit = _unit(run.noise_multiplier)
-    if lc == -math.inf or E == 1:
-        extra = 0.0
-    else:  # in log space: each factor under- or overflows when c is within 1e-300 of 1
-        x = l * (E - 1) * lc
-        log_extra = ((2 * l - 2) * lc + math.log(-math.expm1(2 * lc)) - 2 * math.log(-math.expm1(l * lc))
-                     + math.log(-math.expm1(x)) - math.log1p(math.exp(x)))
-        extra = math.exp(log_extra)
-    return GdpBound(mu=unit * math.sqrt(1 + extra), monotone_in_steps=True)
+    energy = thm_4_5_energy(run.steps_per_epoch, cm.epochs_visited(run), log_contraction(run))
+    return GdpBound(mu=_unit(run.noise_multiplier) * math.sqrt(energy), monotone_in_steps=True)
+
+
+def thm_4_5_energy(l: int, epochs: int, lc: float) -> float:
+    """Thm 4.5's ``(mu b sigma / L)^2 = 1 + c^{2l-2} (1-c^2)/(1-c^l)^2 (1-c^{l(E-1)})/(1+c^{l(E-1)})``
+    from ``lc = log c``, in log space (each factor under- or overflows when ``c`` is within
+    ``1e-300`` of 1)."""
+    if lc == -math.inf or epochs <= 1:
+        return 1.0
+    x = l * (epochs - 1) * lc
+    log_extra = ((2 * l - 2) * lc + math.log(-math.expm1(2 * lc)) - 2 * math.log(-math.expm1(l * lc))
+                 + math.log(-math.expm1(x)) - math.log1p(math.exp(x)))
+    return 1.0 + math.exp(log_extra)
 
 
 @analysis("bok_thm4.6", f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=True, needs="D, lr <= 2/M, E >= D b/(lr L)")

@@ -77,7 +77,14 @@ def get(name: str) -> AnalysisInfo:
 
 def _load() -> None:
     # the analysis modules register on import; importing them here keeps the order fixed
-    from hidden_state_accountants.analyses import altschuler_talwar, bok, chourasia, composition, ye_shokri  # noqa: F401
+    from hidden_state_accountants.analyses import (  # noqa: F401
+        altschuler_talwar,
+        bok,
+        chourasia,
+        composition,
+        shifted_interpolation,
+        ye_shokri,
+    )
 
 
 __all__ = ["AnalysisInfo", "analysis", "all_analyses", "analyses_for", "get", "SAMPLINGS"]

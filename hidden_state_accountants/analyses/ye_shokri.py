@@ -153,8 +153,9 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     with the log-average as a ``logsumexp`` (footnote 4 computes a shifted version of the
     same quantity). ``K = ceil(t/l)``: at a partial last epoch the number of steps after a
     record's last visit is still uniform on ``0..l-1`` and the first term grows with ``K``.
+    The average over the position needs the partition secret.
     """
-    reason = _conditions(run)
+    reason = _conditions(run) or cm.need_secret_batches(run)
     if reason:
         return NotApplicable(reason=reason)
     orders = np.asarray(ctx.orders, dtype=float)

@@ -23,12 +23,14 @@ the end); its cost is reported separately.
 
     python benchmarks/bench_opacus_overhead.py --dataset digits
     python benchmarks/bench_opacus_overhead.py --dataset synthetic
+    python benchmarks/bench_opacus_overhead.py --device cuda --clock wall --output figures.txt
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 from typing import Dict, List
@@ -145,13 +147,32 @@ def components(setups, device: torch.device, repeats: int = 7, number: int = 300
     return out
 
 
+class _Tee:
+    """Writes what the benchmark prints to stdout and to ``--output`` as well."""
+
+    def __init__(self, path):
+        self.path, self.parts = path, []
+
+    def write(self, text):
+        self.parts.append(text)
+        return sys.__stdout__.write(text)
+
+    def flush(self):
+        sys.__stdout__.flush()
+
+    def save(self):
+        with open(self.path, "w") as f:
+            f.write("".join(self.parts))
+
+
 def main(argv=None) -> Dict[str, object]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
     p.add_argument("--batch-size", type=int, default=None, help="default: 100 (digits), 256 (synthetic)")
     p.add_argument("--steps", type=int, default=3000, help="timed steps per variant (interleaved)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: less noise)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (CUDA needs --clock wall)")
+    p.add_argument("--output", default=None, metavar="FILE", help="also write the printed figures to FILE")
     p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                    help="cpu: the thread's CPU time (robust to other load); wall: time.perf_counter")
     p.add_argument("--json", action="store_true")
@@ -160,6 +181,8 @@ def main(argv=None) -> Dict[str, object]:
         warnings.filterwarnings("ignore", message=notice)  # Opacus' notices and the sampler's remainder note
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: CUDA is not available (torch {torch.__version__})")
     b = a.batch_size or (100 if a.dataset == "digits" else 256)
     ds = dataset(a.dataset)
 
@@ -196,6 +219,11 @@ def main(argv=None) -> Dict[str, object]:
     eps = engine.get_epsilon(1e-5)
     t_eps = time.perf_counter() - t0
 
+    tee = _Tee(a.output) if a.output else None
+    if tee is not None:
+        sys.stdout = tee
+    if device.type == "cuda":
+        print(f"CUDA device: {torch.cuda.get_device_name(device)}")
     print(f"dataset={a.dataset} n={len(ds)} d={ds.tensors[0].shape[1]} batch_size={b} steps={a.steps} "
           f"threads={a.threads} device={a.device} clock={a.clock} torch={torch.__version__}")
     print(f"{'variant':<10} {'median us/step':>15} {'vs plain':>9}   (95% interval)")
@@ -217,6 +245,9 @@ def main(argv=None) -> Dict[str, object]:
            "get_epsilon_ms": t_eps * 1e3}
     if a.json:
         print(json.dumps(out))
+    if tee is not None:
+        sys.stdout = sys.__stdout__
+        tee.save()
     return out
 
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_sbcd_vs_opacus.py                      # CPU, defaults
     .venv/bin/python benchmarks/bench_sbcd_vs_opacus.py --device cuda        # on a GPU
+    .venv/bin/python benchmarks/bench_sbcd_vs_opacus.py --output table.md    # the table to a file too
     .venv/bin/python benchmarks/bench_sbcd_vs_opacus.py --n 20000 --width 512 --depth 3 --batch 1000
 
 Every method runs in its own fresh Python process (``--worker``) so that peak memory is its
@@ -106,6 +107,24 @@ def worker(args) -> dict:
     return out
 
 
+class _Tee:
+    """Writes what the benchmark prints to stdout and to ``--output`` as well."""
+
+    def __init__(self, path):
+        self.path, self.parts = path, []
+
+    def write(self, text):
+        self.parts.append(text)
+        return sys.__stdout__.write(text)
+
+    def flush(self):
+        sys.__stdout__.flush()
+
+    def save(self):
+        with open(self.path, "w") as f:
+            f.write("".join(self.parts))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=20000)
@@ -115,18 +134,26 @@ def main():
     p.add_argument("--batch", type=int, default=1000)
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--methods", default="dp-sbcd,opacus,sgd")
+    p.add_argument("--output", default=None, metavar="FILE", help="also write the table to FILE")
     p.add_argument("--worker", dest="method", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.method:
         print(json.dumps(worker(args)))
         return
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: CUDA is not available (torch {torch.__version__})")
     rows = []
     for m in args.methods.split(","):
-        cmd = [sys.executable, __file__, "--worker", m] + [a for a in sys.argv[1:] if not a.startswith("--methods")]
+        cmd = [sys.executable, __file__, "--worker", m] + _without(sys.argv[1:], ("--methods", "--output"))
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    out = _Tee(args.output) if args.output else None
+    if out is not None:
+        sys.stdout = out
     print(f"MLP {args.features}-" + "-".join([str(args.width)] * args.depth) + f"-10, n = {args.n}, batch = {args.batch}, "
           f"device = {args.device}, threads = {args.threads}, median of {args.epochs} epochs after 1 warm-up")
     cuda = args.device.startswith("cuda")
@@ -140,6 +167,24 @@ def main():
         if cuda:
             line += f" {r['peak_cuda_mb']:.0f} |"
         print(line)
+    if cuda:
+        print(f"\nCUDA device: {torch.cuda.get_device_name(torch.device(args.device))}")
+    if out is not None:
+        sys.stdout = sys.__stdout__
+        out.save()
+
+
+def _without(argv, options):
+    """``argv`` without ``options`` (as ``--opt value`` or ``--opt=value``)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in options:
+            skip = True
+        elif not a.startswith(tuple(o + "=" for o in options)):
+            kept.append(a)
+    return kept
 
 
 if __name__ == "__main__":

@@ -9,6 +9,14 @@ each epoch. Ends with the test accuracy and the model-card privacy statement.
     python examples/tf_logistic_regression.py [--epochs 30] [--noise-multiplier 2.0]
     python examples/tf_logistic_regression.py --distributed   # MirroredStrategy, two logical CPUs
     python examples/tf_logistic_regression.py --backup-dir DIR  # kill it, run it again: it resumes
+    python examples/tf_logistic_regression.py --keras-shuffle  # plain model.fit(x, y, shuffle=True)
+
+With ``--keras-shuffle`` the model trains on the arrays with Keras' own per-epoch shuffle
+(``model.fit(x, y, batch_size=b, shuffle=True)``, no ``batched_dataset``): the callback
+accounts it as ``reshuffle``, drawn by Keras, with the short last batch (``n % b`` records)
+kept and divided by its own size as TF-Privacy does. Its randomness is secret only if
+TensorFlow's random seed is not set: with ``--seed`` the permutations are public and the
+report gives the worst-pattern bound, and says so.
 
 With ``--distributed`` the model trains under ``tf.distribute.MirroredStrategy`` on two logical
 CPU devices (each replica computes half of every batch); the package's optimizer takes the same
@@ -54,10 +62,14 @@ def main(argv=None) -> dict:
     p.add_argument("--backup-dir", default=None,
                    help="back up after every epoch (BackupAndRestore); the same command resumes an interrupted "
                         "run, with the callback's ledger and batch schedule (keep DIR as private as the data)")
+    p.add_argument("--keras-shuffle", action="store_true",
+                   help="train with model.fit(x, y, batch_size=b, shuffle=True), accounted as 'reshuffle'")
     p.add_argument("--seed", type=int, default=None,
                    help="fix every seed for a reproducible demo; a known seed voids the guarantee "
                         "(the noise and the partition become predictable), so the default draws secret ones")
     args = p.parse_args(argv)
+    if args.keras_shuffle:
+        args.sampling = "reshuffle"
     strategy = two_cpu_strategy() if args.distributed else tf.distribute.get_strategy()
     if args.seed is not None:
         tf.keras.utils.set_random_seed(args.seed)
@@ -94,11 +106,15 @@ def main(argv=None) -> dict:
     )
     # a random schedule draws a secret seed unless --seed fixes it (then the statement says so)
     seed = args.seed if args.sampling in RANDOM else None
-    train = batched_dataset(x_train, y_train, batch_size, args.sampling, seed=seed)
     callbacks = [privacy]
     if args.backup_dir:  # listed after the privacy callback, so its history is backed up too
         callbacks.append(tf.keras.callbacks.BackupAndRestore(args.backup_dir))
-    history = model.fit(train, epochs=args.epochs, callbacks=callbacks, verbose=2)
+    if args.keras_shuffle:  # Keras' own shuffle; public if --seed set TensorFlow's random seed
+        history = model.fit(x_train.astype(np.float32), y_train, batch_size=batch_size, shuffle=True,
+                            epochs=args.epochs, callbacks=callbacks, verbose=2)
+    else:
+        train = batched_dataset(x_train, y_train, batch_size, args.sampling, seed=seed)
+        history = model.fit(train, epochs=args.epochs, callbacks=callbacks, verbose=2)
 
     _, accuracy = model.evaluate(x_test.astype(np.float32), y_test, verbose=0)
     eps = history.history["epsilon"][-1]
@@ -109,7 +125,9 @@ def main(argv=None) -> dict:
     print()
     print(privacy.privacy_statement())  # states the reasons and notes the claim rests on
     return {"accuracy": accuracy, "epsilon": eps, "epsilon_composition": comp,
-            "epochs": len(history.history["epsilon"]), "replicas": strategy.num_replicas_in_sync}
+            "epochs": len(history.history["epsilon"]), "replicas": strategy.num_replicas_in_sync,
+            "analysis": privacy.report.analysis, "steps": privacy.steps,
+            "last_batch": privacy.run_event().last_batch, "secret_batches": privacy.run_event().secret_batches}
 
 
 def two_cpu_strategy() -> tf.distribute.Strategy:

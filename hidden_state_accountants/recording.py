@@ -469,9 +469,11 @@ class RunRecorder:
                     f"{s.sampling} schedule; take one optimiser step per batch")
             self._check_divisor(raw, self._steps if first is None else first, count)
 
-    def check(self, step: StepFacts) -> None:
-        """The checks of the first step, usable before any step runs (rule 1)."""
-        self._check_accountable(step)
+    def check(self, step: StepFacts, position: Optional[int] = None) -> None:
+        """The checks of the first step, usable before any step runs (rule 1); ``position``:
+        the step's index in the run (default: the next one), which fixes whether it is a
+        kept short batch."""
+        self._check_accountable(step, position)
         step = effective_step(step)
         if self.geometry is None:
             return
@@ -534,22 +536,36 @@ class RunRecorder:
                 "batch_size", f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
                 f"batch at step {first} holds {size} records{replicas}")
 
-    def check_plan(self, planned: Sequence[StepFacts]) -> None:
+    def check_plan(self, planned: Sequence[StepFacts], start: Optional[int] = None,
+                   counts: Optional[Sequence[int]] = None) -> None:
         """Rule 1 for a run known in advance (e.g. a learning-rate schedule): with a declared
         geometry, a plan that already departs from the analysed update is an error now,
-        before any step, instead of a fallback later."""
+        before any step, instead of a fallback later.
+
+        ``planned[i]`` is taken ``counts[i]`` times (default once each), and the plan is the
+        steps from ``start`` on (default: the next step), so a kept short batch's divisor is
+        checked where the schedule puts it."""
         planned = list(planned)
         if not planned:
             return
-        self.check(planned[0])
-        for step in set(planned[1:]):
-            self._check_accountable(step)
+        counts = [1] * len(planned) if counts is None else [v.positive_int("counts", c) for c in counts]
+        if len(counts) != len(planned):
+            raise v.ParameterError("counts", f"needs one count per planned step ({len(planned)}), got {len(counts)}")
+        if start is None:
+            start = self._steps
+        elif isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise v.ParameterError("start", f"must be an integer >= 0, got {start!r}")
+        self.check(planned[0], start)
+        position = start
+        for step, count in zip(planned, counts):
+            self._check_accountable(step, position, count)
+            position += count
         if self.geometry is None:
             return
         probe = RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
                             assume_convex_model=self.assume_convex_model)
-        probe._ledger = [[effective_step(s), 1] for s in planned]
-        probe._steps = len(planned)
+        probe._ledger = [[effective_step(s), c] for s, c in zip(planned, counts)]
+        probe._steps = sum(counts)
         reasons = probe.reasons()
         if reasons:
             raise v.ParameterError(

@@ -53,6 +53,7 @@ def test_example_main_prints_and_saves_the_plot(example, tmp_path, capsys):
     assert "epoch   2  hidden-state eps" in text and "final: hidden-state epsilon" in text
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_example_trains_on_cuda(example):
     res = example.train(epochs=4, progress=False, device="cuda")

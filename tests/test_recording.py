@@ -265,3 +265,24 @@ def test_a_planned_departure_is_an_error_before_training():
         rec.check_plan([step(learning_rate=0.5), step(learning_rate=0.4)])
     rec.check_plan([step(), step()])  # a constant plan is fine
     recorder(geometry=None).check_plan([step(learning_rate=0.5), step(learning_rate=0.4)])  # composition only
+
+
+def test_a_plan_with_a_kept_short_batch_is_checked_at_the_schedule_positions():
+    """Keras' fit keeps a short last batch divided by its own size (kept_own_size): a plan
+    holding that step is valid where the schedule puts it (the last step of every epoch) and
+    refused anywhere else; before positions were known every planned step was checked as the
+    next one, refusing every such plan."""
+    schedule = BatchSchedule(23, 5, "reshuffle", last_batch="kept_own_size")  # 4 full batches and 3 records
+    rec = RunRecorder(schedule=schedule, geometry=GEOM, model=LINEAR)
+    full, short = step(divisor=5), step(divisor=3)
+    rec.check_plan([full, short, full, short], counts=[4, 1, 4, 1])  # two epochs
+    rec.check_plan([short, full], start=4, counts=[1, 4])  # a resumed run: the last step, then an epoch
+    with pytest.raises(ParameterError, match="^batch_size: the update divides the clipped sum by 3"):
+        rec.check_plan([full, short], counts=[3, 1])  # the short batch one step early
+    with pytest.raises(ParameterError, match="^counts: needs one count per planned step"):
+        rec.check_plan([full, short], counts=[4])
+    with pytest.raises(ParameterError, match="^start: must be an integer >= 0"):
+        rec.check_plan([full], start=-1)
+    rec.record(full, 4)
+    rec.record(short)
+    assert rec.run().last_batch == "kept_own_size"

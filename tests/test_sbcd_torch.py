@@ -499,6 +499,7 @@ def test_noise_has_the_stated_variance():
     assert var == pytest.approx(2 * 2 * 0.1 * 0.5, rel=0.15)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_runs_on_cuda():
     X, y = _digits(300)

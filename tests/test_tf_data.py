@@ -107,7 +107,8 @@ def test_full_yields_every_record_once():
     "kwargs, parameter",
     [
         (dict(batch_size=B, sampling="poisson"), "sampling"),
-        (dict(batch_size=B, sampling="reshuffle"), "sampling"),
+        (dict(batch_size=B, sampling="reshuffle", last_batch="kept_batch_size"), "last_batch"),  # not TF-Privacy
+        (dict(batch_size=B, sampling="cyclic", last_batch="kept_own_size"), "last_batch"),
         (dict(batch_size=N + 1, sampling="cyclic"), "batch_size"),
         (dict(batch_size=B, sampling="full"), "batch_size"),
         (dict(batch_size=12, sampling="shuffle_partition"), "batch_size"),  # one batch only

@@ -69,3 +69,33 @@ def test_example_distributed_mode_reports_the_one_device_run():
         warnings.simplefilter("ignore")
         expected = HiddenStateAccountant().compose(run).get_epsilon(1e-5)
     assert result["replicas"] == 2 and result["epsilon"] == pytest.approx(expected, rel=1e-12)
+
+
+def _reshuffle_epsilon(epochs, secret):
+    run = TrainingRunDpEvent(
+        dataset_size=1437, batch_size=64, steps=epochs * 23, noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5,
+        sampling="reshuffle", last_batch="kept_own_size", secret_batches=secret,
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+    return HiddenStateAccountant().compose(run).explain(1e-5)
+
+
+def test_example_keras_shuffle_is_accounted_as_reshuffle(capsys):
+    """Plain fit(x, y, batch_size=64, shuffle=True): 1437 = 22 * 64 + 29, the short batch kept."""
+    import tensorflow as tf
+
+    tf.random.set_seed(None)  # no global seed left over from another test: Keras' shuffle is secret
+    result = _load().main(["--epochs", "2", "--keras-shuffle"])
+    out = " ".join(capsys.readouterr().out.split())
+    expected = _reshuffle_epsilon(2, secret=True)
+    assert result["steps"] == 46 and result["last_batch"] == "kept_own_size" and result["secret_batches"]
+    assert result["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
+    assert result["analysis"] == expected.analysis == "si_reshuffle_average"
+    assert "Keras draws a new random permutation of the records every epoch (secret" in out
+    # --seed sets TensorFlow's global seed: the permutations are public, the worst pattern is reported
+    result = _load().main(["--epochs", "2", "--keras-shuffle", "--seed", "0"])
+    out = " ".join(capsys.readouterr().out.split())
+    public = _reshuffle_epsilon(2, secret=False)
+    assert result["epsilon"] == pytest.approx(public.epsilon, rel=1e-12) and public.epsilon > expected.epsilon
+    assert result["analysis"] == "si_reshuffle_worst" and "public (secret=False)" in out
+    assert result["secret_batches"] is False
+    tf.random.set_seed(None)

@@ -233,8 +233,8 @@ def test_plain_fit_on_arrays_is_refused_with_what_it_does(data):
     model = logistic()
     err = refused(model, callback(), *data, batch_size=B)
     assert err.parameter == "data"
-    assert "new random permutation of the records every epoch" in str(err)
-    assert "the 'shuffle_partition' bounds need exactly that schedule" in str(err)
+    # Keras' shuffle is the reshuffle schedule drawn by Keras, not the declared shuffle_partition
+    assert "sampling='reshuffle', drawn by the framework" in str(err) and "'shuffle_partition'" in str(err)
     # with a short last batch (120 = 7 * 16 + 8)
     err = refused(logistic(), HiddenStatePrivacyCallback(
         geometry=GEOMETRY, sampling="cyclic", dataset_size=N, batch_size=16, delta=DELTA, verbose=0),
@@ -259,6 +259,9 @@ def test_other_data_is_refused_with_the_reason(data):
     reshuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N).batch(B, drop_remainder=True)
     err = refused(logistic(), callback(), reshuffled)
     assert err.parameter == "data" and "not returned by batched_dataset" in str(err)
+    assert "batched_dataset(x, y, b, 'reshuffle')" in str(err)  # how to fix it
+    err = refused(logistic(), callback("reshuffle"), reshuffled)  # also when reshuffle is declared
+    assert err.parameter == "data" and "shuffle(" in str(err)
     infinite = batched_dataset(x, y, B, "shuffle_partition").repeat()
     err = refused(logistic(), callback(), infinite, steps_per_epoch=SPE)
     assert err.parameter == "data" and "an infinite tf.data.Dataset" in str(err)

@@ -12,7 +12,9 @@ for every other framework:
   Keras combines them, whether the optimizer splits its step over them);
 * the model's layers as ``ModelFacts``;
 * what ``model.fit`` trains on as ``BatchSourceFacts``: a :func:`batched_dataset` of the
-  declared schedule, or something else, which is refused with what it is.
+  declared schedule, Keras' own per-epoch shuffle of arrays (``fit(x, y, batch_size=b,
+  shuffle=True)``: ``reshuffle`` drawn by Keras, secret unless TensorFlow's random seed was
+  set), or something else, which is refused with what it is.
 
 At the end of every epoch it writes ``epsilon`` (the best valid bound for the steps taken)
 and ``epsilon_composition`` (every iterate released) into the epoch's logs, so the progress
@@ -52,9 +54,15 @@ from hidden_state_accountants.recording import (
     seal_state,
     unseal_state,
 )
-from hidden_state_accountants.schedules import check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule, steps_per_epoch
 
-from .data import check_dataset_sampling, continue_batch_source, fit_batch_source, share_batch_source_across_workers
+from .data import (
+    check_dataset_last_batch,
+    check_dataset_sampling,
+    continue_batch_source,
+    fit_batch_source,
+    share_batch_source_across_workers,
+)
 from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
@@ -101,13 +109,22 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         for no hidden-state claim (composition only; a ``CompositionFallbackWarning`` says
         so). If every trainable variable carries an :class:`L2BallProjection` and
         ``geometry.diameter`` is ``None``, the projection's diameter is used.
-      sampling: the batch schedule: ``"full"``, ``"cyclic"``, ``"shuffle_partition"`` or
-        ``"without_replacement"``. ``fit`` must train on a :func:`batched_dataset` of it
-        (``fit(x, y, batch_size=n)`` also counts as ``full``, and
-        ``fit(x, y, batch_size=b, shuffle=False)`` with ``b`` dividing ``n`` as ``cyclic``).
+      sampling: the batch schedule: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``,
+        ``"reshuffle"`` or ``"without_replacement"``. ``fit`` must train on a
+        :func:`batched_dataset` of it (``fit(x, y, batch_size=n)`` also counts as ``full``,
+        ``fit(x, y, batch_size=b, shuffle=False)`` with ``b`` dividing ``n`` as ``cyclic``, and
+        ``fit(x, y, batch_size=b, shuffle=True)``, Keras' default, as ``reshuffle`` drawn by
+        Keras: its short last batch is kept and divided by its own size, and its permutations
+        are public if TensorFlow's random seed was set, e.g. by ``tf.random.set_seed`` or
+        ``tf.keras.utils.set_random_seed``; the report then says so and only the worst-pattern
+        bound applies).
       dataset_size: ``n``, the number of training records.
       batch_size: ``b``.
       delta: the target delta.
+      last_batch: for ``reshuffle``, what each epoch does with the last ``n % b`` records:
+        ``None`` (the default) takes what the data does (``fit(shuffle=True)`` keeps them as a
+        short batch, ``kept_own_size``; a :func:`batched_dataset` drops them unless told
+        otherwise); ``"dropped"`` or ``"kept_own_size"`` must match the data.
       target_epsilon: optional budget. Training stops at the end of the last epoch after
         which one more epoch would exceed it; if not even the next epoch fits when ``fit``
         starts, :class:`PrivacyBudgetExceeded` is raised before any step.
@@ -141,6 +158,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         target_epsilon: Optional[float] = None,
         assume_convex_model: bool = False,
         verbose: int = 1,
+        last_batch: Optional[str] = None,
     ):
         super().__init__()
         self.sampling = check_dataset_sampling(sampling)
@@ -151,7 +169,12 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.delta = v.probability("delta", delta)
         self.target_epsilon = None if target_epsilon is None else v.positive_float("target_epsilon", target_epsilon)
         self.dataset_size, self.batch_size = check_schedule(dataset_size, batch_size, sampling)
-        self.steps_per_epoch = steps_per_epoch(self.dataset_size, self.batch_size, sampling)
+        if last_batch is not None:
+            last_batch = check_last_batch(check_dataset_last_batch(last_batch), sampling, self.dataset_size,
+                                          self.batch_size)
+        self.last_batch = last_batch
+        # as declared; once fit starts, the run's schedule's (a short batch the data keeps adds a step)
+        self.steps_per_epoch = steps_per_epoch(self.dataset_size, self.batch_size, sampling, last_batch or DROPPED)
         self.declared_geometry = geometry
         self.geometry = geometry  # with the projection's diameter once training starts
         self.assume_convex_model = assume_convex_model
@@ -164,6 +187,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.report: Optional[PrivacyReport] = None
         self.stopped_reason: Optional[str] = None
         self._facts: Optional[StepFacts] = None  # this fit's step, learning rate aside
+        self._short_facts: Optional[StepFacts] = None  # a kept short batch's step, if the schedule has one
+        self._source_description: Optional[str] = None  # what fit trains on, when the framework draws it
         self._schedule = None  # a LearningRateSchedule, or None for a variable learning rate
         self._lr_marks: List[Tuple[int, float]] = []  # (first step, value) of a variable rate
         self._report_steps = -1
@@ -214,17 +239,25 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         source = fit_batch_source(model)
         schedule = self.recorder.schedule if self.recorder is not None else self._declared_schedule(source.schedule)
         check_batch_source(schedule, source, self.steps)
+        self.steps_per_epoch = schedule.steps_per_epoch
+        if source.schedule is not None and source.schedule.external:
+            self._source_description = source.description
         diameter, others = projection_facts(model)
         self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, replicas=replicas,
                                  projection_diameter=diameter, other_constraints=others)
+        short = schedule.dataset_size % schedule.batch_size if schedule.last_batch != DROPPED else 0
+        # the short batch's step as the optimizer takes it (TF-Privacy divides by the records it gets)
+        self._short_facts = step_facts(settings, 1.0, batch_size=short, replicas=replicas, projection_diameter=diameter,
+                                       other_constraints=others) if short else None
         self._read_learning_rate_source(opt)
         if self.recorder is None:
             self.recorder = RunRecorder(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
                                         assume_convex_model=self.assume_convex_model)
         planned = (self.params or {}).get("epochs") or 0
-        plan = [f for f, _ in self._upcoming(self.steps, self.steps + max(planned, 1) * self.steps_per_epoch)]
-        last = self.recorder.ledger[-1:]  # a change from the run so far is known now, too
-        self.recorder.check_plan([s for s, _ in last] + plan)
+        plan = self._upcoming(self.steps, self.steps + max(planned, 1) * self.steps_per_epoch)
+        last = [(s, 1) for s, _ in self.recorder.ledger[-1:]]  # a change from the run so far is known now, too
+        self.recorder.check_plan([s for s, _ in last + plan], start=self.steps - len(last),
+                                 counts=[c for _, c in last + plan])
         if self.declared_geometry is not None:
             self.geometry = check_geometry(self.declared_geometry,
                                            weight_decay=effective_step(self._facts).weight_decay,
@@ -319,8 +352,12 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return self._report().epsilon if self.steps else 0.0
 
     def notes(self) -> List[str]:
-        """What the claim rests on beyond the numbers (a seed you chose, a convexity you asserted)."""
-        return self.recorder.notes() if self.recorder else []
+        """What the claim rests on beyond the numbers (a seed you chose, a convexity you
+        asserted, batches drawn by Keras and whether their randomness is secret)."""
+        out = self.recorder.notes() if self.recorder else []
+        if self._source_description:
+            out.append(f"batches: {self._source_description}")
+        return out
 
     def run_event(self) -> TrainingRunDpEvent:
         """The core event for the steps taken so far (with the reason when no hidden-state
@@ -401,6 +438,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             raise bad(f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, batch_size={held[2]}, but this "
                       f"callback was declared with sampling={declared[0]!r}, dataset_size={declared[1]}, "
                       f"batch_size={declared[2]}")
+        if self.last_batch is not None and schedule.last_batch != self.last_batch:
+            raise bad(f"is a run with last_batch={schedule.last_batch!r}, but this callback was declared with "
+                      f"last_batch={self.last_batch!r}")
         probe = RunRecorder(schedule=schedule)
         try:
             probe.load_ledger_state(payload["ledger"])
@@ -443,13 +483,15 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
 
     # ----------------------------------------------------------------- internals
     def _declared_schedule(self, data_schedule: Optional[BatchSchedule]) -> BatchSchedule:
-        """The data's schedule when it is the declared one (its seed is the data's), else
-        the declared schedule for the core to compare with."""
+        """The data's schedule when it is the declared one (its seed, or the framework's draw
+        and whether that is secret, are the data's), else the declared schedule for the core
+        to compare with."""
         declared = (self.dataset_size, self.batch_size, self.sampling)
         if data_schedule is not None and (data_schedule.dataset_size, data_schedule.batch_size,
-                                          data_schedule.sampling) == declared:
+                                          data_schedule.sampling) == declared \
+                and self.last_batch in (None, data_schedule.last_batch):
             return data_schedule
-        return BatchSchedule(*declared)
+        return BatchSchedule(*declared, last_batch=self.last_batch or DROPPED)
 
     def _read_learning_rate_source(self, opt) -> None:
         lr = opt._get_hyper("learning_rate")
@@ -503,9 +545,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return np.array([at(i) for i in range(start, stop)], dtype=np.float32)
 
     def _upcoming(self, start: int, stop: int) -> Iterable[Tuple[StepFacts, int]]:
-        """``(facts, count)`` runs of the steps ``start .. stop - 1`` of this fit."""
-        return [(attr.evolve(self._facts, learning_rate=lr), len(list(group)))
-                for lr, group in itertools.groupby(self._lr_range(start, stop))]
+        """``(facts, count)`` runs of the steps ``start .. stop - 1`` of this fit (a kept
+        short batch, the last step of every epoch, with its own divisor)."""
+        spe, short = self.steps_per_epoch, self._short_facts
+        keys = zip(self._lr_range(start, stop),
+                   (short is not None and t % spe == spe - 1 for t in range(start, stop)))
+        return [(attr.evolve(short if is_short else self._facts, learning_rate=lr), len(list(group)))
+                for (lr, is_short), group in itertools.groupby(keys)]
 
     def _sync(self) -> None:
         """Records the steps the optimizer has taken since the last call."""
@@ -542,9 +588,16 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         g = "none (composition only)" if geom is None else f"m={geom.strong_convexity:g}, M={geom.smoothness:g}, D={d}"
         budget = f", target_epsilon={self.target_epsilon:g}" if self.target_epsilon is not None else ""
         replicas = f" on {self.replicas} replicas" if self.replicas > 1 else ""
+        if schedule.last_batch != DROPPED:
+            left = f"a short batch of {self.dataset_size % self.batch_size} records kept ({schedule.last_batch})"
+        else:
+            left = f"{schedule.dropped_per_epoch} records dropped per epoch"
+        drawn = ""
+        if schedule.external:
+            drawn = ", drawn by Keras" + ("" if schedule.secret else ", public")
         return (f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
-                f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling} "
-                f"({self.steps_per_epoch} steps/epoch, {schedule.dropped_per_epoch} records dropped per epoch); "
+                f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling}"
+                f"{drawn} ({self.steps_per_epoch} steps/epoch, {left}); "
                 f"geometry: {g}; delta={self.delta:g}{budget}")
 
 

@@ -1,18 +1,27 @@
 """``tf.data`` pipelines of the core's batch schedules, and what ``model.fit`` actually feeds.
 
-``model.fit(x, y, batch_size=b)`` draws a new permutation every epoch and keeps a short last
-batch: none of the analysed schedules. :func:`batched_dataset` yields exactly the batches of
-a core :class:`~hidden_state_accountants.BatchSchedule` (``schedule.batch(step)``), and
-remembers which schedule each dataset it returned follows, so that
-:class:`HiddenStatePrivacyCallback` can verify that ``fit`` trains on such a dataset
-(:func:`fit_batch_source`).
+:func:`batched_dataset` yields exactly the batches of a core
+:class:`~hidden_state_accountants.BatchSchedule` (``schedule.batch(step)``), and remembers
+which schedule each dataset it returned follows, so that :class:`HiddenStatePrivacyCallback`
+can verify that ``fit`` trains on such a dataset (:func:`fit_batch_source`).
+
+``model.fit(x, y, batch_size=b, shuffle=True)`` (Keras' default) draws a fresh uniform
+permutation of the records every epoch (``tf.random.shuffle`` in its data adapter) and keeps a
+short last batch of ``n % b`` records, which TF-Privacy divides by its own size: the
+``reshuffle`` schedule with ``last_batch="kept_own_size"``, drawn by Keras
+(:meth:`BatchSchedule.framework <hidden_state_accountants.BatchSchedule.framework>`). Whether
+that draw is secret is read from the shuffle op itself: TensorFlow seeds a random op from the
+operating system only when neither a global seed (``tf.random.set_seed``,
+``tf.keras.utils.set_random_seed``) nor an op seed is set, i.e. when both of its seed attributes
+are 0; otherwise the permutations are a function of a seed that is typically in the script,
+and are reported as public (``secret=False``).
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
-from typing import Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import attr
 import numpy as np
@@ -20,11 +29,23 @@ import tensorflow as tf
 
 from hidden_state_accountants import BatchSchedule, ParameterError
 from hidden_state_accountants.recording import BatchSourceFacts
-from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SAMPLINGS, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
+from hidden_state_accountants.schedules import (
+    CYCLIC,
+    DROPPED,
+    FULL,
+    KEPT_BATCH_SIZE,
+    KEPT_OWN_SIZE,
+    LAST_BATCHES,
+    POISSON,
+    RESHUFFLE,
+    SAMPLINGS,
+    SHUFFLE_PARTITION,
+    WITHOUT_REPLACEMENT,
+)
 
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
-DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT)
+DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT)
 """Schedules :func:`batched_dataset` produces. ``poisson`` batches have a random size, which
 Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
 
@@ -35,6 +56,18 @@ def check_dataset_sampling(sampling) -> str:
                  "divides by the realised size)" if sampling == POISSON else "")
         raise ParameterError("sampling", f"must be one of {', '.join(DATASET_SAMPLINGS)}, got {sampling!r}{extra}")
     return sampling
+
+
+def check_dataset_last_batch(last_batch) -> str:
+    """A ``last_batch`` that TF-Privacy can train on: it divides every batch by its own size,
+    so a kept short batch is ``kept_own_size`` (never ``kept_batch_size``)."""
+    if last_batch not in LAST_BATCHES:
+        raise ParameterError("last_batch", f"must be one of {', '.join(LAST_BATCHES)}, got {last_batch!r}")
+    if last_batch == KEPT_BATCH_SIZE:
+        raise ParameterError(
+            "last_batch", f"{KEPT_BATCH_SIZE!r} is not what TF-Privacy does: its optimizers divide every batch by "
+            f"its own size; use {KEPT_OWN_SIZE!r} to keep the short batch, or {DROPPED!r}")
+    return last_batch
 
 
 class _Source:
@@ -51,16 +84,18 @@ class _Source:
 
     @property
     def next_step(self) -> int:
-        """The step whose batch the dataset hands out next."""
-        if self.schedule.sampling != WITHOUT_REPLACEMENT:
+        """The step whose batch the dataset hands out next (fixed partitions restart at
+        their first batch; fresh draws, per step or per epoch, go on)."""
+        if self.schedule.sampling not in (WITHOUT_REPLACEMENT, RESHUFFLE):
             return 0
         return self.first_step + self.epochs_started * self.schedule.steps_per_epoch
 
-    def next_epoch(self) -> np.ndarray:
-        """The ``(steps_per_epoch, b)`` indices of the next epoch: ``schedule.batch(step)`` row by row."""
+    def next_epoch(self) -> List[np.ndarray]:
+        """The indices of the next epoch's batches: ``schedule.batch(step)`` one by one (a
+        kept short batch is the last, shorter one)."""
         spe, start = self.schedule.steps_per_epoch, self.next_step
         self.epochs_started += 1
-        return np.stack([self.schedule.batch(t) for t in range(start, start + spe)]).astype(np.int64)
+        return [self.schedule.batch(t).astype(np.int64) for t in range(start, start + spe)]
 
     def continue_run(self, schedule: BatchSchedule, steps: int) -> None:
         """Makes a dataset that has not been iterated yet continue ``schedule`` (a restored
@@ -72,8 +107,9 @@ class _Source:
         mine = self.schedule
         if self.epochs_started:
             return  # the core compares the batches it hands out next with the run's
-        same_kind = (mine.dataset_size, mine.batch_size, mine.sampling) == (
-            schedule.dataset_size, schedule.batch_size, schedule.sampling)
+        same_kind = (mine.dataset_size, mine.batch_size, mine.sampling, mine.last_batch) == (
+            schedule.dataset_size, schedule.batch_size, schedule.sampling, schedule.last_batch) \
+            and not schedule.external
         if not same_kind:
             return
         if mine.seed != schedule.seed and not mine.seed_is_secret:
@@ -96,8 +132,8 @@ def partition_indices(dataset_size: int, batch_size: int, sampling: str, seed: O
     [[0, 1, 2], [3, 4, 5]]
     """
     check_dataset_sampling(sampling)
-    if sampling == WITHOUT_REPLACEMENT:
-        raise ParameterError("sampling", "'without_replacement' has no fixed partition")
+    if sampling in (WITHOUT_REPLACEMENT, RESHUFFLE):
+        raise ParameterError("sampling", f"{sampling!r} has no fixed partition")
     schedule = BatchSchedule(dataset_size, batch_size, sampling, seed)
     return schedule.batch(0)[None, :] if sampling == FULL else schedule.partition()
 
@@ -108,33 +144,43 @@ def batched_dataset(
     batch_size: int,
     sampling: str,
     seed: Optional[int] = None,
+    *,
+    last_batch: str = DROPPED,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(features, labels)`` batches of a core batch schedule.
 
     Args:
       features: array-like with the records along axis 0 (numpy array or tensor).
       labels: array-like with the same first dimension.
-      batch_size: ``b``; every batch has exactly ``b`` records (``full`` needs ``b == n``).
-      sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"`` or ``"without_replacement"``.
-      seed: for ``shuffle_partition`` and ``without_replacement``, ``None`` (the default)
-        draws a secret seed; an integer is your explicit choice, reproducible, and must be kept
-        as secret as the data (a published seed makes the batches known; the privacy
-        statement then says the seed was chosen by the user). Deterministic schedules take no
-        seed.
+      batch_size: ``b``; every batch has exactly ``b`` records (``full`` needs ``b == n``),
+        except a kept short batch of ``reshuffle``.
+      sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``, ``"reshuffle"`` or
+        ``"without_replacement"``.
+      seed: for ``shuffle_partition``, ``reshuffle`` and ``without_replacement``, ``None``
+        (the default) draws a secret seed; an integer is your explicit choice, reproducible,
+        and must be kept as secret as the data (a published seed makes the batches known; the
+        privacy statement then says the seed was chosen by the user). Deterministic schedules
+        take no seed.
+      last_batch: for ``reshuffle``, ``"dropped"`` (the default: the last ``n % b`` records of
+        each epoch's permutation are left out) or ``"kept_own_size"`` (they form a short last
+        batch, which TF-Privacy divides by its own size).
 
     Returns:
       A finite dataset of ``steps_per_epoch`` batches that Keras iterates once per epoch: the
       ``k``-th iteration yields ``schedule.batch(k * steps_per_epoch + j)`` for every ``j``,
       where ``schedule`` is :func:`dataset_schedule` of the result. ``full``, ``cyclic`` and
       ``shuffle_partition`` yield the same ``n // b`` batches in the same order every epoch
-      (the ``n % b`` records left over are never used); ``without_replacement`` yields fresh
+      (the ``n % b`` records left over are never used); ``reshuffle`` cuts a fresh secret
+      permutation into batches every epoch (permutation ``k`` for the ``k``-th epoch of the
+      run, so a resumed run goes on with new ones); ``without_replacement`` yields fresh
       draws of ``b`` distinct records every step.
 
     Pass it to ``model.fit`` as it is (no ``batch_size``, ``shuffle``, ``steps_per_epoch``,
     ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object. When
     the callback continues a run (a restored state, or a second ``fit``), a dataset that has
     not been iterated yet continues the run's schedule: its fresh secret seed (which no step
-    used) is replaced by the run's, and ``without_replacement`` starts at the run's step.
+    used) is replaced by the run's, and ``reshuffle`` and ``without_replacement`` start at
+    the run's step.
 
     >>> import numpy as np
     >>> ds = batched_dataset(np.zeros((7, 2)), np.arange(7), 3, "cyclic")
@@ -142,6 +188,7 @@ def batched_dataset(
     [[0, 1, 2], [3, 4, 5]]
     """
     check_dataset_sampling(sampling)
+    check_dataset_last_batch(last_batch)
     x = tf.convert_to_tensor(features)
     y = tf.convert_to_tensor(labels)
     if x.shape.rank is None or x.shape.rank < 1 or x.shape[0] is None:
@@ -149,9 +196,10 @@ def batched_dataset(
     if y.shape.rank is None or y.shape.rank < 1 or y.shape[0] != x.shape[0]:
         raise ParameterError(
             "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}")
-    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed))
+    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch))
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
+    size = b if schedule.fixed_batch_size else None  # a kept short batch is shorter
 
     if schedule.is_random:
         # one epoch of index rows computed when Keras starts iterating (not when it creates
@@ -160,7 +208,7 @@ def batched_dataset(
         def rows():
             yield from source.next_epoch()
 
-        idx = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec((b,), tf.int64))
+        idx = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec((size,), tf.int64))
         idx = idx.apply(tf.data.experimental.assert_cardinality(spe))
     else:  # deterministic: the same batches every epoch
         idx = tf.data.Dataset.from_tensor_slices(schedule.batch(0)[None, :] if sampling == FULL
@@ -215,8 +263,8 @@ def share_batch_source_across_workers(model) -> None:
             "seed=None on every worker (worker 0's secret seed is then used by all)")
     if mine != chief:
         shared = BatchSchedule.from_description(
-            {"sampling": s.sampling, "dataset_size": s.dataset_size, "batch_size": s.batch_size, "seed": chief[3]},
-            seed_is_secret=bool(chief[4]))
+            {"sampling": s.sampling, "dataset_size": s.dataset_size, "batch_size": s.batch_size, "seed": chief[3],
+             "last_batch": s.last_batch}, seed_is_secret=bool(chief[4]))
         source.continue_run(shared, source.first_step)
 
 
@@ -259,7 +307,26 @@ def _fit_data_handler(model):
         del frame
 
 
-def _array_source(adapter) -> BatchSourceFacts:
+def _shuffle_seeds(dataset) -> List[Tuple[int, int]]:
+    """``(seed, seed2)`` of every ``RandomShuffle`` op in the functions of ``dataset`` and
+    the datasets it is built from (Keras' per-epoch permutation is one of them)."""
+    found, pending, seen = [], [dataset], set()
+    while pending:
+        ds = pending.pop()
+        if id(ds) in seen:
+            continue
+        seen.add(id(ds))
+        wrapper = getattr(ds, "_map_func", None)
+        graph = getattr(getattr(wrapper, "function", None), "graph", None)
+        for op in graph.get_operations() if graph is not None else ():
+            if op.type in ("RandomShuffle", "RandomShuffleV2"):
+                found.append((int(op.get_attr("seed")), int(op.get_attr("seed2"))))
+        pending += [d for d in [getattr(ds, "_input_dataset", None)] + list(getattr(ds, "_datasets", None) or [])
+                    if isinstance(d, tf.data.Dataset)]
+    return found
+
+
+def _array_source(adapter, strategy=None) -> BatchSourceFacts:
     """The schedule of ``fit`` on arrays (Keras' TensorLikeDataAdapter)."""
     b, partial, shuffle = adapter._batch_size, adapter._partial_batch_size, adapter._shuffle
     n = (adapter._size - (1 if partial else 0)) * b + partial
@@ -268,17 +335,37 @@ def _array_source(adapter) -> BatchSourceFacts:
         return BatchSourceFacts(schedule=BatchSchedule(n, n, FULL), description=what)
     if shuffle is False and not partial and n // b >= 2:  # data order, whole batches: cyclic
         return BatchSourceFacts(schedule=BatchSchedule(n, b, CYCLIC), description=what, next_step=0)
-    # none of the core's schedules: say what Keras does (a core schedule for a fresh
-    # permutation every epoch, once there is one, is returned from the first branch below)
-    if shuffle is True:
-        what += ": a new random permutation of the records every epoch"
-    elif shuffle == "batch":
+    short = f", with a short last batch of {partial} records" if partial else ""
+    if shuffle is True and b < n:
+        # a fresh uniform permutation every epoch (tf.random.shuffle), the short batch its tail,
+        # divided by its own size by TF-Privacy: reshuffle, drawn by Keras
+        seeds = _shuffle_seeds(adapter._dataset)
+        if len(seeds) != 1:
+            return BatchSourceFacts(schedule=None, description=(
+                f"{what}: a new random permutation every epoch, but Keras' shuffle op could not be read "
+                f"({len(seeds)} found), so whether its randomness is secret is unknown"))
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._num_workers > 1:
+            return BatchSourceFacts(schedule=None, description=(
+                f"{what} under MultiWorkerMirroredStrategy: every worker draws its own permutation and feeds its "
+                "shard of it, so the global batches are not cut from one permutation"))
+        seed, seed2 = seeds[0]
+        secret = seed == 0 and seed2 == 0  # TensorFlow then seeds the op from the operating system
+        randomness = ("secret: not seeded, TensorFlow seeds the op from the operating system" if secret else
+                      f"public: seeded (seed={seed}, seed2={seed2}) by tf.random.set_seed / "
+                      "keras.utils.set_random_seed or an op seed, so the permutations follow from that seed")
+        last = KEPT_OWN_SIZE if partial else DROPPED
+        kept = ", kept and divided by its own size" if partial else ""
+        return BatchSourceFacts(
+            schedule=BatchSchedule.framework(n, b, RESHUFFLE, last_batch=last, secret=secret),
+            description=f"{what}: Keras draws a new random permutation of the records every epoch ({randomness})"
+                        f"{short}{kept}",
+            next_step=0)  # every fit starts a new epoch
+    # none of the core's schedules: say what Keras does
+    if shuffle == "batch":
         what += ": a shuffle in chunks of the batch size every epoch"
     else:
         what += ": data order"
-    if partial:
-        what += f", with a short last batch of {partial} records"
-    return BatchSourceFacts(schedule=None, description=what)
+    return BatchSourceFacts(schedule=None, description=what + short)
 
 
 def fit_batch_source(model) -> BatchSourceFacts:
@@ -297,7 +384,7 @@ def fit_batch_source(model) -> BatchSourceFacts:
     user_steps = getattr(handler, "_steps_per_epoch", None)
     name = type(adapter).__name__
     if name == "TensorLikeDataAdapter":
-        facts = _array_source(adapter)
+        facts = _array_source(adapter, model.distribute_strategy)
     elif name == "DatasetAdapter":
         dataset = adapter._dataset
         source = _SOURCES.get(dataset) if isinstance(dataset, tf.data.Dataset) else None
@@ -306,7 +393,9 @@ def fit_batch_source(model) -> BatchSourceFacts:
             kind = {-1: "an infinite ", -2: "a "}.get(size, f"a {size}-batch ")
             facts = BatchSourceFacts(
                 schedule=None, description=f"{kind}tf.data.Dataset not returned by batched_dataset, whose batches "
-                "are unknown (e.g. shuffle() draws a new order every epoch)")
+                "cannot be verified (e.g. shuffle() is a uniform permutation only with a buffer of every record, "
+                "and its seeds and any map() in the pipeline are not checked); use batched_dataset(x, y, b, "
+                "'reshuffle') for a fresh permutation every epoch, or model.fit(x, y, batch_size=b, shuffle=True)")
         else:
             facts = BatchSourceFacts(schedule=source.schedule, description="the batched_dataset",
                                      next_step=source.next_step)

@@ -25,7 +25,7 @@ from hidden_state_accountants import (
 )
 from hidden_state_accountants.accountant import PrivacyReport
 from hidden_state_accountants.recording import NO_GEOMETRY, RunRecorder, StepFacts
-from hidden_state_accountants.schedules import FULL, POISSON, SAMPLING_DESCRIPTIONS
+from hidden_state_accountants.schedules import DROPPED, FULL, KEPT_OWN_SIZE, POISSON, SAMPLING_DESCRIPTIONS
 
 _WIDTH = 80
 
@@ -42,6 +42,8 @@ def compute_hidden_state_privacy_statement(
     sampling: str,
     geometry: Optional[LossGeometry],
     include_analyses: bool = False,
+    last_batch: str = DROPPED,
+    secret_batches: bool = True,
 ) -> str:
     """Produces a privacy report summarising the DP guarantee of a finished training run.
 
@@ -55,7 +57,8 @@ def compute_hidden_state_privacy_statement(
       number_of_examples: ``n``, the number of training examples.
       batch_size: ``b``, examples per step (one example per microbatch).
       num_epochs: epochs trained; ``num_epochs * steps_per_epoch`` must be a whole number of
-        steps (``steps_per_epoch = n // b``, 1 for ``full``).
+        steps (``steps_per_epoch = n // b``, 1 for ``full``, ``ceil(n / b)`` when the short
+        batch is kept).
       noise_multiplier: ``z``.
       delta: the target delta.
       l2_norm_clip: ``C``.
@@ -64,11 +67,20 @@ def compute_hidden_state_privacy_statement(
       geometry: the declared :class:`LossGeometry`, or ``None`` (composition only).
       include_analyses: append the accountant's table of every analysis and why the others
         do not apply.
+      last_batch: for ``reshuffle``, ``"dropped"`` (the default) or ``"kept_own_size"``: the
+        last ``n % b`` records of every epoch form a short batch that TF-Privacy divides by its
+        own size, as ``model.fit(x, y, batch_size=b, shuffle=True)`` does.
+      secret_batches: ``False`` when the batches' randomness is public (e.g. Keras' shuffle
+        after ``tf.random.set_seed``): only the worst-position bounds apply.
 
     Returns:
       Text precisely articulating the guarantee, with the numbers.
     """
-    schedule = BatchSchedule(number_of_examples, batch_size, sampling)  # its seed plays no part in the numbers
+    from .data import check_dataset_last_batch
+
+    check_dataset_last_batch(last_batch)
+    # its seed plays no part in the numbers
+    schedule = BatchSchedule(number_of_examples, batch_size, sampling, last_batch=last_batch, secret=secret_batches)
     steps = float(num_epochs) * schedule.steps_per_epoch
     if not (math.isfinite(steps) and steps >= 1 and steps.is_integer()):
         raise ParameterError(
@@ -82,9 +94,14 @@ def compute_hidden_state_privacy_statement(
             raise ParameterError("learning_rate", f"needs one value per step ({int(steps)} steps)")
     recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=geometry is not None)
     declared = dict(weight_decay=geometry.strong_convexity, projection_diameter=geometry.diameter) if geometry else {}
-    for lr, count in runs:
+    spe, short = schedule.steps_per_epoch, schedule.dataset_size % schedule.batch_size
+    kept = schedule.last_batch != DROPPED
+    per_step = (lr for lr, count in runs for _ in range(count))
+    # a kept short batch (the last step of every epoch) is divided by its own size, as TF-Privacy does
+    divisors = ((short if kept and t % spe == spe - 1 else schedule.batch_size) for t in itertools.count())
+    for (lr, divisor), group in itertools.groupby(zip(per_step, divisors)):
         recorder.record(StepFacts(noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr,
-                                  divisor=schedule.batch_size, **declared), count)
+                                  divisor=divisor, **declared), len(list(group)))
     # the text states why no hidden-state claim is made, so no warning is added
     return statement_for_run(recorder.run(warn=False), delta, notes=recorder.notes(),
                              include_analyses=include_analyses)
@@ -120,7 +137,13 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, notes: List[str], in
         f"({run.steps} steps)."
     )]
     schedule = f"Batch schedule '{run.sampling}': {SAMPLING_DESCRIPTIONS[run.sampling]}"
-    if run.sampling != FULL and n % b:
+    if run.sampling != FULL and n % b and run.last_batch == KEPT_OWN_SIZE:
+        schedule += (f", plus a short last batch of the {n % b} examples left over ({n} mod {b}) every epoch, "
+                     "divided by its own size")
+    elif run.sampling != FULL and n % b and run.last_batch != DROPPED:
+        schedule += (f", plus a short last batch of the {n % b} examples left over ({n} mod {b}) every epoch, "
+                     f"divided by {b}")
+    elif run.sampling != FULL and n % b:
         schedule += f"; the {n % b} examples left over ({n} mod {b}) are dropped each epoch"
     paragraphs.append(_fill(schedule + "."))
 

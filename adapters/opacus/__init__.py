@@ -14,7 +14,7 @@ Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. 
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant
+from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
 from .facts import model_facts, step_facts
 from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
@@ -51,6 +51,7 @@ __all__ = [
     "WithoutReplacementBatchSampler",
     "FullBatchSampler",
     "sampler_from_state_dict",
+    "sampler_from_checkpoint",
     "ProjectionHook",
     "FeatureClip",
     "clip_features",

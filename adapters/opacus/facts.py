@@ -27,7 +27,7 @@ from hidden_state_accountants.recording import LayerFacts, ModelFacts, StepFacts
 
 from .hooks import PROJECTION_ATTR, FeatureClip
 
-__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts"]
+__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model"]
 
 
 # ---------------------------------------------------------------------------- steps
@@ -95,7 +95,8 @@ _RANDOM_FUNCTIONS = {  # functions and tensor methods that draw randomness
     "random_", "cauchy_", "geometric_", "log_normal_"}
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model inside Opacus' ``GradSampleModule`` and (DP)DDP wrappers."""
     while True:
         if isinstance(model, AbstractGradSampleModule):
             model = model._module
@@ -184,7 +185,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
     """
     if not isinstance(model, nn.Module):
         raise v.ParameterError("model", f"must be a torch.nn.Module, got {type(model).__name__}")
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layers = _read(model, "")
     what = f"the {type(model).__name__} model"
     if layers is None:

@@ -174,9 +174,22 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores the position after checking the schedule is the same one."""
+        if not isinstance(state, dict):
+            raise v.ParameterError("sampler", f"the state must be a dict from state_dict(), got {type(state).__name__}")
         mine, theirs = self.describe(), {k: state.get(k) for k in self.describe()}
         if mine != theirs:
-            raise v.ParameterError("sampler", f"checkpoint holds the schedule {theirs}, this sampler is {mine}")
+            hint = ""
+            if self.schedule.seed_is_secret and {k for k in mine if mine[k] != theirs[k]} == {"seed"}:
+                # the usual mistake: the resumed script built its sampler with seed=None again
+                hint = ("; this sampler drew a fresh secret seed (seed=None), so it cannot continue the "
+                        "checkpoint's schedule: to resume, build the sampler from the checkpoint with "
+                        "hidden_state_accountants.opacus.sampler_from_checkpoint(torch.load(path)) (it keeps "
+                        "the stored seed secret and the position) and hand that sampler to the DataLoader "
+                        "and to configure()")
+            raise v.ParameterError("sampler", f"checkpoint holds the schedule {_redacted(theirs)}, this sampler is "
+                                              f"{_redacted(mine)}{hint}")
+        if "position" not in state:
+            raise v.ParameterError("sampler", "the state has no position")
         self.set_position(state["position"])
 
     def __repr__(self) -> str:
@@ -243,15 +256,23 @@ _CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSam
                                     WithoutReplacementBatchSampler, FullBatchSampler)}
 
 
+def _redacted(description: Dict[str, Any]) -> Dict[str, Any]:
+    """A schedule description fit for an error message: a seed is a secret, never printed."""
+    return {k: ("<seed>" if k == "seed" and x is not None else x) for k, x in description.items()}
+
+
 def sampler_from_state_dict(state: Dict[str, Any], *, num_replicas: Optional[int] = None,
-                            rank: Optional[int] = None) -> HiddenStateBatchSampler:
+                            rank: Optional[int] = None, seed_is_secret: bool = False) -> HiddenStateBatchSampler:
     """Rebuilds a sampler (schedule and position) from :meth:`HiddenStateBatchSampler.state_dict`.
 
-    The stored seed becomes an explicit one (it was written down, so the report says so)."""
+    The stored seed becomes an explicit one (it was written down, so the report says so) unless
+    ``seed_is_secret=True``, for a state of a secretly seeded sampler that has been kept as
+    private as the data (the accountant's sealed checkpoints record which it was)."""
     cls = _CLASSES.get(state.get("class")) if isinstance(state, dict) else None
     if cls is None:
-        raise v.ParameterError("sampler", f"unknown sampler state {state!r}")
-    schedule = BatchSchedule.from_description(state)
+        what = state.get("class") if isinstance(state, dict) else type(state).__name__
+        raise v.ParameterError("sampler", f"unknown sampler state (class {what!r})")
+    schedule = BatchSchedule.from_description(state, seed_is_secret=seed_is_secret)
     if schedule.sampling != cls.sampling:
         raise v.ParameterError("sampler", f"{cls.__name__} has sampling {cls.sampling!r}, the state says {schedule.sampling!r}")
     s = cls.__new__(cls)  # not __init__: the remainder warning was given when the sampler was first made

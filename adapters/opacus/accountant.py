@@ -46,7 +46,7 @@ from hidden_state_accountants.recording import (
 )
 from hidden_state_accountants.schedules import BatchSchedule
 
-from .facts import model_facts, optimizer_facts, step_facts, step_values, unwrap_model
+from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values, unwrap_model
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 __all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "sampler_from_checkpoint"]
@@ -97,6 +97,7 @@ class OpacusHiddenStateAccountant(IAccountant):
     def __init__(self) -> None:
         self.geometry: Optional[LossGeometry] = None
         self.sampler: Optional[HiddenStateBatchSampler] = None
+        self.loader_schedule: Optional[BatchSchedule] = None  # DataLoader(shuffle=True): torch draws it
         self.model: Optional[ModelFacts] = None
         self.assume_convex_model = False
         self.gaussian_initialization = False
@@ -155,6 +156,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         optimizer: Optional[DPOptimizer] = None,
         assume_convex_model: bool = False,
         gaussian_initialization: bool = False,
+        data_loader=None,
     ) -> "OpacusHiddenStateAccountant":
         """Declares what Opacus cannot see; call before training (and before loading a checkpoint).
 
@@ -173,6 +175,11 @@ class OpacusHiddenStateAccountant(IAccountant):
           assume_convex_model: accept the geometry for any model on your word that the loss is
             convex in the trainable parameters (the report says so).
           gaussian_initialization: declares Chourasia et al.'s initialisation (see the core).
+          data_loader: instead of ``sampler``, the ``DataLoader`` itself: one over a sampler of
+            this package, or a plain ``DataLoader(dataset, batch_size=b, shuffle=True,
+            drop_last=...)``, recognised as ``sampling="reshuffle"`` drawn by torch (a kept short
+            batch is divided by ``b``; its randomness counts as secret only after
+            :func:`~.samplers.secret_shuffle`, see :func:`~.facts.loader_facts`). One process only.
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
@@ -184,9 +191,30 @@ class OpacusHiddenStateAccountant(IAccountant):
         if sampler is not None and not isinstance(sampler, HiddenStateBatchSampler):
             raise v.ParameterError(
                 "sampler", f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
-                "(DataLoader(shuffle=True) reshuffles every epoch, a schedule no analysis here covers)")
+                "(for DataLoader(shuffle=True) pass the loader as data_loader=...)")
+        loader_schedule = None
+        if data_loader is not None:
+            if sampler is not None:
+                raise v.ParameterError("data_loader", "give the sampler or the data loader, not both")
+            source = loader_facts(data_loader)
+            if isinstance(data_loader.batch_sampler, HiddenStateBatchSampler):
+                sampler = data_loader.batch_sampler
+            elif source.schedule is None:
+                raise v.ParameterError(
+                    "data_loader", f"its batches follow no schedule of this package ({source.description}); use "
+                    "DataLoader(dataset, batch_size=b, shuffle=True) or batch_sampler=<a sampler of this package>, "
+                    "and make_private(..., poisson_sampling=False)")
+            else:
+                dist = torch.distributed
+                if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                    raise v.ParameterError(
+                        "data_loader", "a plain DataLoader(shuffle=True) is not sharded across ranks (every rank "
+                        "would draw its own permutation of all records); use ReshuffleBatchSampler, which every "
+                        "rank follows with a shared secret seed")
+                loader_schedule = source.schedule
+        schedule = sampler.schedule if sampler is not None else loader_schedule
         facts = None if model is None else model_facts(model)
-        recorder = RunRecorder(schedule=None if sampler is None else sampler.schedule, geometry=geometry,
+        recorder = RunRecorder(schedule=schedule, geometry=geometry,
                                model=facts, assume_convex_model=assume_convex_model,
                                gaussian_initialization=gaussian_initialization)
         if optimizer is not None:
@@ -194,18 +222,24 @@ class OpacusHiddenStateAccountant(IAccountant):
             if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
                 raise v.ParameterError("optimizer", "must be the DPOptimizer that this accountant's PrivacyEngine."
                                        "make_private returned (its steps are recorded here)")
-            if sampler is not None:
-                # Opacus' sample rate is 1 / len(data_loader): the loader must run the sampler's epoch
-                check_batch_source(sampler.schedule, BatchSourceFacts(
-                    schedule=sampler.schedule, description="Opacus' data loader",
+            if schedule is not None:
+                # Opacus' sample rate is 1 / len(data_loader): the loader must run the schedule's epoch
+                check_batch_source(schedule, BatchSourceFacts(
+                    schedule=schedule, description="Opacus' data loader",
                     steps_per_epoch=round(1 / hook.sample_rate)))
-                optimizer.expected_batch_size = sampler.batch_size / getattr(optimizer, "world_size", 1)
+                optimizer.expected_batch_size = schedule.batch_size / getattr(optimizer, "world_size", 1)
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
         self.geometry, self.sampler, self.model = geometry, sampler, facts
+        self.loader_schedule = loader_schedule
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
         self._recorder = recorder
         self._watch_model(model)
         return self
+
+    @property
+    def schedule(self) -> Optional[BatchSchedule]:
+        """The batch schedule accounted: the sampler's, the recognised loader's, or ``None`` (Poisson)."""
+        return self.sampler.schedule if self.sampler is not None else self.loader_schedule
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
@@ -226,14 +260,15 @@ class OpacusHiddenStateAccountant(IAccountant):
         projection to come (the training run is checked for it). Without a sampler there is
         nothing to carry: the fresh accountant calibrates for Opacus' Poisson rate.
         """
-        if self.sampler is None:
+        schedule = self.schedule
+        if schedule is None:
             return {}
         base = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         step = StepFacts(noise_multiplier=0.0, clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
-                         divisor=self.sampler.batch_size,
+                         divisor=schedule.batch_size,
                          projection_diameter=None if self.geometry is None else self.geometry.diameter,
                          **optimizer_facts(base))
-        spec = HiddenStateCalibration(schedule=self.sampler.schedule, geometry=self.geometry, model=self.model,
+        spec = HiddenStateCalibration(schedule=schedule, geometry=self.geometry, model=self.model,
                                       assume_convex_model=self.assume_convex_model,
                                       gaussian_initialization=self.gaussian_initialization, step=step)
         spec.recorder().check(step)  # contradictions surface now, not inside Opacus' search
@@ -325,6 +360,8 @@ class OpacusHiddenStateAccountant(IAccountant):
             "sampler": None if self.sampler is None else {
                 **self.sampler.describe(), "position": len(self),
                 "seed_is_secret": self.sampler.schedule.seed_is_secret},
+            # DataLoader(shuffle=True): the law only (torch draws it; a fresh secret seed continues it)
+            "loader_schedule": None if self.loader_schedule is None else self.loader_schedule.describe(),
         })
         return out
 
@@ -397,12 +434,33 @@ class OpacusHiddenStateAccountant(IAccountant):
                 raise bad(f"puts its sampler at position {position!r} but its ledger has {steps} steps (the "
                           "sampler continues at the batch after the last one trained on)")
 
-        if self.sampler is not None:  # configured: the checkpoint must be of this configuration
-            if saved is None:
-                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling)")
-            position = self.sampler.position
-            self.sampler.load_state_dict(saved)  # checks it is the same schedule
-            self.sampler.set_position(position)  # moved only once everything holds
+        stored_loader = payload["loader_schedule"]
+        if stored_loader is not None:
+            if saved is not None:
+                raise bad("has both a sampler and a DataLoader schedule")
+            try:
+                stored_loader = BatchSchedule.from_description(stored_loader)
+            except v.ParameterError as err:
+                raise bad(f"has an invalid DataLoader schedule ({err})") from None
+            if not stored_loader.external:
+                raise bad("has a DataLoader schedule not drawn by the framework")
+        loader_schedule = stored_loader
+        if self.loader_schedule is not None:  # configured with DataLoader(shuffle=True)
+            if stored_loader is None:
+                raise v.ParameterError("data_loader", "the checkpoint was not taken with DataLoader(shuffle=True) "
+                                                      "batches; it cannot continue this loader")
+            # the loader starts a fresh epoch: the run must have stopped at an epoch's end
+            check_batch_source(stored_loader, BatchSourceFacts(
+                schedule=self.loader_schedule, description="the DataLoader (which starts a fresh epoch)",
+                next_step=0), steps)
+        if self.sampler is not None or self.loader_schedule is not None:  # configured: must be this configuration
+            if saved is None and self.sampler is not None:
+                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
+                                                  "or a DataLoader(shuffle=True))")
+            if self.sampler is not None:
+                position = self.sampler.position
+                self.sampler.load_state_dict(saved)  # checks it is the same schedule
+                self.sampler.set_position(position)  # moved only once everything holds
             if self.geometry != geometry:
                 raise v.ParameterError("geometry", f"the checkpoint was taken with {geometry}, this accountant "
                                        f"is configured with {self.geometry}")
@@ -422,7 +480,8 @@ class OpacusHiddenStateAccountant(IAccountant):
             except v.ParameterError as err:
                 raise bad(f"has an invalid sampler ({err})") from None
             config = (geometry, payload["assume_convex_model"], payload["gaussian_initialization"])
-        recorder = RunRecorder(schedule=None if sampler is None else sampler.schedule, geometry=config[0],
+        recorder = RunRecorder(schedule=sampler.schedule if sampler is not None else loader_schedule,
+                               geometry=config[0],
                                model=model, assume_convex_model=config[1], gaussian_initialization=config[2])
         try:
             _replay(recorder, payload["ledger"])
@@ -434,7 +493,7 @@ class OpacusHiddenStateAccountant(IAccountant):
             raise bad("has an Opacus history that is not its ledger's")
         # everything holds: apply
         self.geometry, self.assume_convex_model, self.gaussian_initialization = config
-        self.model, self._recorder = model, recorder
+        self.model, self._recorder, self.loader_schedule = model, recorder, loader_schedule
         if self.sampler is not None:
             self.sampler.set_position(steps)
         self.sampler = sampler
@@ -443,7 +502,7 @@ class OpacusHiddenStateAccountant(IAccountant):
     def _load_history_only(self, history, bad) -> None:
         """Opacus' own format, ``[(noise_multiplier, sample_rate, steps), ...]``: steps known only
         by noise and rate, which only Poisson composition covers."""
-        if self.sampler is not None:
+        if self.schedule is not None:
             raise v.ParameterError("sampler", "the checkpoint holds only Opacus' history (no hidden-state ledger "
                                               "or batch schedule); it cannot continue the configured sampler")
         entries = _as_history(history)
@@ -519,7 +578,8 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
 
 
 _STATE_FORMAT = "hidden_state_accountants.opacus"
-_STATE_KEYS = ("steps", "ledger", "geometry", "model", "assume_convex_model", "gaussian_initialization", "sampler")
+_STATE_KEYS = ("steps", "ledger", "geometry", "model", "assume_convex_model", "gaussian_initialization", "sampler",
+               "loader_schedule")
 
 
 def _replay(recorder: RunRecorder, ledger) -> None:

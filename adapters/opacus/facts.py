@@ -3,6 +3,9 @@
 Nothing here judges: :mod:`hidden_state_accountants.recording` decides what the facts back.
 
 * :func:`step_facts`: one DP optimizer step as :class:`~hidden_state_accountants.recording.StepFacts`.
+* :func:`loader_facts`: where a ``DataLoader``'s batches come from, as
+  :class:`~hidden_state_accountants.recording.BatchSourceFacts` (a sampler of this package, or
+  ``DataLoader(shuffle=True)``: the ``reshuffle`` law drawn by torch).
 * :func:`model_facts`: a model's structure as :class:`~hidden_state_accountants.recording.ModelFacts`,
   read from ``nn.Sequential`` containers or, for custom ``forward`` code, from a ``torch.fx`` trace.
 
@@ -23,11 +26,13 @@ from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 from torch import nn
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.recording import LayerFacts, ModelFacts, StepFacts
+from hidden_state_accountants.recording import BatchSourceFacts, LayerFacts, ModelFacts, StepFacts
+from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSchedule
 
 from .hooks import PROJECTION_ATTR, FeatureClip
+from .samplers import HiddenStateBatchSampler, has_secret_generator
 
-__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model"]
+__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts"]
 
 
 # ---------------------------------------------------------------------------- steps
@@ -83,6 +88,51 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
     and averages over ranks: the divisor is their product.
     """
     return StepFacts(**step_values(optimizer, sample_rate, accumulation=accumulation))
+
+
+# ---------------------------------------------------------------------------- batches
+def loader_facts(data_loader) -> BatchSourceFacts:
+    """Where ``data_loader``'s batches come from.
+
+    * ``batch_sampler`` a sampler of this package: its schedule, at its position.
+    * ``DataLoader(dataset, batch_size=b, shuffle=True, drop_last=...)`` (torch's
+      ``RandomSampler``, without replacement, under a ``BatchSampler``): a fresh permutation
+      every epoch, :meth:`BatchSchedule.framework` ``reshuffle``; with ``drop_last=False`` the
+      short last batch is kept and Opacus divides it, like every batch, by its fixed
+      ``expected_batch_size`` (``last_batch="kept_batch_size"``). Its randomness is secret only
+      if the sampler draws from a generator :func:`~.samplers.secret_shuffle` seeded; otherwise it
+      comes from torch's global generator (or one the user seeded), which scripts seed publicly.
+    * anything else (Opacus' Poisson ``DPDataLoader``, a ``DistributedSampler``, a fixed order,
+      sampling with replacement): ``schedule=None`` with a description.
+
+    >>> from torch.utils.data import DataLoader
+    >>> facts = loader_facts(DataLoader(list(range(10)), batch_size=3, shuffle=True))
+    >>> facts.schedule
+    BatchSchedule(dataset_size=10, batch_size=3, sampling='reshuffle', drawn by the framework, last_batch='kept_batch_size', public)
+    """
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    if not isinstance(data_loader, DataLoader):
+        raise v.ParameterError("data_loader", f"must be a torch DataLoader, got {type(data_loader).__name__}")
+    bs = data_loader.batch_sampler
+    if isinstance(bs, HiddenStateBatchSampler):
+        return BatchSourceFacts(schedule=bs.schedule, description=f"the DataLoader's {type(bs).__name__}",
+                                steps_per_epoch=len(data_loader), next_step=bs.position)
+    rs = getattr(bs, "sampler", None)
+    if type(bs) is BatchSampler and type(rs) is RandomSampler:
+        n = len(rs.data_source)
+        if rs.replacement or rs.num_samples != n:
+            return BatchSourceFacts(schedule=None, description=(
+                f"a RandomSampler with replacement={rs.replacement}, num_samples={rs.num_samples} of {n} records"))
+        secret = has_secret_generator(data_loader)
+        schedule = BatchSchedule.framework(n, bs.batch_size, last_batch=DROPPED if bs.drop_last else KEPT_BATCH_SIZE,
+                                           secret=secret)
+        where = ("a generator seeded secretly by secret_shuffle" if secret else
+                 "torch's global generator or one seeded by the script")
+        return BatchSourceFacts(schedule=schedule, steps_per_epoch=len(data_loader), description=(
+            f"DataLoader(batch_size={bs.batch_size}, shuffle=True, drop_last={bs.drop_last}) drawing from {where}"))
+    what = type(bs).__name__ if rs is None else f"{type(bs).__name__} over a {type(rs).__name__}"
+    return BatchSourceFacts(schedule=None, description=f"a DataLoader with a {what}")
 
 
 # ---------------------------------------------------------------------------- models

@@ -65,10 +65,18 @@ def step_values(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
     k = optimizer.accumulated_iterations if accumulation is None else accumulation
     ebs = optimizer.expected_batch_size
     projection = getattr(optimizer, PROJECTION_ATTR, None)
+    world = int(getattr(optimizer, "world_size", 1))
+    # Opacus' Distributed*Optimizer: every rank divides its clipped sum by expected_batch_size,
+    # only rank 0 adds noise (the total variance of one draw: a 1/world share each), the ranks
+    # all-reduce the gradients (averaged for "mean") and one base-optimizer step, weight_decay
+    # included, follows on the combined gradient.
+    replicas = dict(replicas=world, replica_reduction="mean" if optimizer.loss_reduction == "mean" else "sum",
+                    replica_share=world, l2_after_reduction=True) if world > 1 else {}
     return dict(
         noise_multiplier=optimizer.noise_multiplier,
         clip_norm=optimizer.max_grad_norm,
-        divisor=None if ebs is None else ebs * getattr(optimizer, "world_size", 1),
+        divisor=ebs,
+        **replicas,
         projection_diameter=None if projection is None else projection.diameter,
         clipping=_clipping(optimizer),
         loss_reduction=optimizer.loss_reduction,
@@ -84,8 +92,11 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
 
     ``sample_rate`` is Opacus' (``1 / len(data_loader)``); ``accumulation`` defaults to the
     batches accumulated since the last step (pass ``1`` before training, to read the plan).
-    Opacus divides the noisy sum by ``expected_batch_size`` on each of ``world_size`` ranks
-    and averages over ranks: the divisor is their product.
+    Under ``DifferentiallyPrivateDistributedDataParallel`` each of ``world_size`` ranks divides
+    its clipped sum by ``expected_batch_size``, rank 0 adds the noise and the ranks average
+    their gradients: the facts say so (``replicas``, ``replica_reduction``, ``replica_share``,
+    ``l2_after_reduction``) and the core's ``effective_step`` is the one-process step they add
+    up to, so a divisor that does not match the global batch is refused with that explanation.
     """
     return StepFacts(**step_values(optimizer, sample_rate, accumulation=accumulation))
 

@@ -117,6 +117,10 @@ class StepFacts:
       replica_share: each replica adds ``1/replica_share`` of the noise variance
         ``(noise_multiplier * clip_norm)^2`` and of the L2 term ``weight_decay * theta``
         (1: each adds them in full, as an optimizer that knows nothing of replicas does).
+      l2_after_reduction: the L2 term ``weight_decay * theta`` is applied once, to the combined
+        update (the replicas reduce their noisy gradients and one optimizer step follows, e.g.
+        Opacus' ``DistributedDPOptimizer``), not by each replica; ``replica_share`` then
+        concerns the noise only.
     """
 
     noise_multiplier: float = attr.ib(converter=float)
@@ -136,6 +140,12 @@ class StepFacts:
     replicas: int = attr.ib(default=1)
     replica_reduction: str = attr.ib(default="sum")
     replica_share: int = attr.ib(default=1)
+    l2_after_reduction: bool = attr.ib(default=False)
+
+    @l2_after_reduction.validator
+    def _check_flag(self, attribute, value):
+        if not isinstance(value, bool):
+            raise v.ParameterError(attribute.name, f"must be True or False, got {value!r}")
 
     @replicas.validator
     @replica_share.validator
@@ -227,15 +237,25 @@ def effective_step(step: StepFacts) -> StepFacts:
     >>> s = effective_step(split)  # each replica: half the noise variance and the L2 term, / b
     >>> s.noise_multiplier, s.divisor, s.weight_decay, s.replicas
     (1.0, 100.0, 0.01, 1)
+
+    With ``l2_after_reduction`` the L2 term is the one applied after the replicas combine
+    (``k (R/s)`` scales the noisy gradients only):
+
+    >>> opacus = StepFacts(noise_multiplier=1, clip_norm=1, learning_rate=0.1, divisor=50, weight_decay=0.01,
+    ...                    replicas=2, replica_reduction="mean", replica_share=2, l2_after_reduction=True)
+    >>> s = effective_step(opacus)  # noise on one rank, each rank / its 50 records, gradients averaged
+    >>> s.noise_multiplier, s.divisor, s.weight_decay
+    (1.0, 100.0, 0.01)
     """
     replicas = step.replicas
     if replicas == 1 and step.replica_share == 1:
-        return step
+        return attr.evolve(step, l2_after_reduction=False) if step.l2_after_reduction else step
     k = 1.0 if step.replica_reduction == "sum" else 1.0 / replicas
     ratio = replicas / step.replica_share  # exactly 1.0 when the replicas share the step evenly
     wd = step.weight_decay
-    wd = tuple(k * x * ratio for x in wd) if isinstance(wd, tuple) else k * wd * ratio
-    return attr.evolve(step, replicas=1, replica_reduction="sum", replica_share=1,
+    if not step.l2_after_reduction:
+        wd = tuple(k * x * ratio for x in wd) if isinstance(wd, tuple) else k * wd * ratio
+    return attr.evolve(step, replicas=1, replica_reduction="sum", replica_share=1, l2_after_reduction=False,
                        noise_multiplier=step.noise_multiplier * math.sqrt(ratio),
                        divisor=None if step.divisor is None else step.divisor / k, weight_decay=wd)
 

@@ -590,7 +590,7 @@ def test_checkpoint_resume_reports_exactly_the_uninterrupted_run(tmp_path):
     assert resumed.accountant.training_run() == whole.accountant.training_run()
     assert resumed.get_epsilon(DELTA) == whole.get_epsilon(DELTA)
     assert resumed.accountant.state_dict() == whole.accountant.state_dict()
-    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 2
+    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 3
     for pa, pb in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(pa, pb), "same batches and noise: the same model"
 
@@ -644,5 +644,168 @@ def test_load_refuses_a_different_configuration():
         geom.load_state_dict(state)
     with pytest.raises(ValueError, match="rdp"):
         hso.OpacusHiddenStateAccountant().load_state_dict({"mechanism": "rdp", "history": []})
-    with pytest.raises(ValueError, match="version 2"):
-        hso.OpacusHiddenStateAccountant().load_state_dict({**state, "hidden_state": {**state["hidden_state"], "version": 1}})
+    old = {k: x for k, x in state["hidden_state"].items() if k not in ("digest", "format", "steps")}
+    with pytest.raises(ParameterError, match="^checkpoint: .*version 2 without an integrity digest"):
+        hso.OpacusHiddenStateAccountant().load_state_dict({**state, "hidden_state": {**old, "version": 2}})
+
+
+# ------------------------------------------------- checkpoints that cannot lie (issue 10)
+def _trained_state(steps=13, sampler=None):
+    """An accountant state after ``steps`` steps (2 epochs and one batch for 13) of a
+    shuffle-partition run with a geometry."""
+    s = hso.ShufflePartitionBatchSampler(N, 10, seed=5) if sampler is None else sampler
+    engine, model, opt, loader = _configured(s)
+    it = iter(loader)
+    for _ in range(steps):
+        try:
+            xb, yb = next(it)
+        except StopIteration:
+            it = iter(loader)
+            xb, yb = next(it)
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+    assert len(engine.accountant) == steps
+    return engine, model, opt, engine.accountant.state_dict()
+
+
+def _configured(sampler, seed=0):
+    engine, model, opt, loader = private(sampler, seed=seed)
+    hook = hso.ProjectionHook(opt, radius=3.0, l2_regularization=0.05)
+    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model,
+                                optimizer=opt)
+    return engine, model, opt, loader
+
+
+def _edit(state, fn, reseal):
+    """A deep copy of ``state`` with ``fn`` applied to its (unsealed) payload; resealed with a
+    recomputed digest when ``reseal`` (a forger who knows the format)."""
+    import copy
+
+    from hidden_state_accountants.recording import seal_state
+
+    state = copy.deepcopy(state)
+    payload = {k: x for k, x in state["hidden_state"].items() if k != "digest"}
+    fn(payload, state)
+    state["hidden_state"] = seal_state(payload) if reseal else {**payload, "digest": state["hidden_state"]["digest"]}
+    return state
+
+
+def _forged_entry(p, _):
+    p["ledger"].append([{**p["ledger"][0][0], "sample_rate": 0.5, "clip_norm": None}, 3])
+
+
+_EDITS = {  # what the issue found loading silently, and what raised a raw TypeError/KeyError
+    "empty ledger": (lambda p, _: p.update(ledger=[]), "says 13 steps were taken but its ledger accounts 0"),
+    "forged entry": (_forged_entry, "says 13 steps were taken but its ledger accounts 16"),
+    "fractional count": (lambda p, _: p["ledger"][0].__setitem__(1, 12.5), "count must be a positive integer"),
+    "position 25": (lambda p, _: p["sampler"].__setitem__("position", 25), "position 25 but its ledger has 13"),
+    "changed noise": (lambda p, _: p["ledger"][0][0].__setitem__("noise_multiplier", 20.0),
+                      "Opacus history that is not its ledger's"),
+    "missing ledger": (lambda p, _: p.pop("ledger"), "lacks ledger"),
+    "missing position": (lambda p, _: p["sampler"].pop("position"), "position None"),
+    "steps not a number": (lambda p, _: p.update(steps="13"), "steps='13'"),
+    "sampler of another class": (lambda p, _: p["sampler"].update({"class": "CyclicBatchSampler"}),
+                                 "invalid sampler"),
+    "geometry of the wrong type": (lambda p, _: p.update(geometry=[1, 2]), "invalid geometry"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(_EDITS))
+def test_an_edited_checkpoint_is_refused_by_its_digest(edit):
+    *_, state = _trained_state()
+    fn, _ = _EDITS[edit]
+    for target in (hso.OpacusHiddenStateAccountant(),
+                   hso.OpacusHiddenStateAccountant().configure(sampler=hso.ShufflePartitionBatchSampler(N, 10, seed=5))):
+        with pytest.raises(ParameterError, match="^checkpoint: its digest does not match"):
+            target.load_state_dict(_edit(state, fn, reseal=False))
+        assert len(target) == 0
+
+
+@pytest.mark.parametrize("edit", sorted(_EDITS))
+def test_an_inconsistent_checkpoint_is_refused_even_with_a_valid_digest(edit):
+    *_, state = _trained_state()
+    fn, message = _EDITS[edit]
+    fresh = hso.OpacusHiddenStateAccountant()
+    with pytest.raises(ParameterError, match="^checkpoint: ") as err:
+        fresh.load_state_dict(_edit(state, fn, reseal=True))
+    assert message in str(err.value)
+    assert len(fresh) == 0 and fresh.sampler is None, "nothing was loaded"
+
+
+def test_an_inconsistent_history_or_foreign_state_is_refused():
+    *_, state = _trained_state()
+    acc = hso.OpacusHiddenStateAccountant()
+    with pytest.raises(ParameterError, match="^checkpoint: .*Opacus history that is not its ledger's"):
+        acc.load_state_dict({**state, "history": [(2.0, 0.1, 25)]})
+    with pytest.raises(ParameterError, match="^checkpoint: .*not a list of"):
+        acc.load_state_dict({"mechanism": "hidden_state", "history": [(2.0, 0.1)]})
+    with pytest.raises(ParameterError, match="^checkpoint: .*history that does not hold"):
+        acc.load_state_dict({"mechanism": "hidden_state", "history": [(2.0, 0.1, 2.5)]})
+    with pytest.raises(ParameterError, match="^checkpoint: has no digest"):
+        acc.load_state_dict({**state, "hidden_state": {k: x for k, x in state["hidden_state"].items() if k != "digest"}})
+    with pytest.raises(ParameterError, match="^checkpoint: .*'rdp'"):
+        acc.load_state_dict({"mechanism": "rdp", "history": []})
+    with pytest.raises(ParameterError, match="^checkpoint: .*'list'"):
+        acc.load_state_dict([])
+    configured = hso.OpacusHiddenStateAccountant().configure(sampler=hso.CyclicBatchSampler(N, 10))
+    with pytest.raises(ParameterError, match="^sampler: the checkpoint holds only Opacus' history"):
+        configured.load_state_dict({"mechanism": "hidden_state", "history": [(2.0, 0.1, 3)]})
+    acc.load_state_dict({"mechanism": "hidden_state", "history": [[2.0, 0.1, 3]]})  # Opacus' own format loads
+    assert acc.history == [(2.0, 0.1, 3)]
+
+
+def test_a_sound_checkpoint_still_loads_and_keeps_the_seed_secrecy():
+    *_, state = _trained_state(sampler=hso.ShufflePartitionBatchSampler(N, 10))  # secret seed
+    fresh = hso.OpacusHiddenStateAccountant()
+    fresh.load_state_dict(state)
+    assert len(fresh) == 13 and fresh.sampler.position == 13 and fresh.sampler.schedule.seed_is_secret
+    assert fresh.state_dict() == state
+
+
+def test_a_refused_load_checkpoint_leaves_the_model_weights_as_they_were(tmp_path):
+    engine, model, opt, _ = _trained_state(sampler=hso.CyclicBatchSampler(N, 10))
+    path = tmp_path / "cyclic.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=opt)
+    s = hso.ShufflePartitionBatchSampler(N, 10, seed=1)
+    other, model2, opt2, _ = _configured(s, seed=7)
+    before = {k: t.clone() for k, t in model2.state_dict().items()}
+    assert any(not torch.equal(before[k], t) for k, t in model.state_dict().items()), "different weights to begin with"
+    with pytest.raises(ParameterError, match="^sampler: checkpoint holds the schedule"):
+        other.load_checkpoint(path=path, module=model2, optimizer=opt2)
+    after = model2.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "the refused load left the weights as they were"
+    assert len(other.accountant) == 0 and s.position == 0
+    # the same engine then loads a checkpoint of its own schedule, weights and all
+    s_ok = hso.ShufflePartitionBatchSampler(N, 10, seed=5)
+    mine, model3, opt3, _ = _trained_state(sampler=s_ok)
+    path_ok = tmp_path / "sp.pt"
+    mine.save_checkpoint(path=path_ok, module=model3, optimizer=opt3)
+    s3 = hso.ShufflePartitionBatchSampler(N, 10, seed=5)
+    third, model4, opt4, _ = _configured(s3, seed=7)
+    third.load_checkpoint(path=path_ok, module=model4, optimizer=opt4)
+    assert all(torch.equal(a, b) for a, b in zip(model3.parameters(), model4.parameters()))
+    assert len(third.accountant) == 13 and s3.position == 13
+
+
+def test_a_fresh_secret_seed_is_refused_with_how_to_resume(tmp_path):
+    engine, model, opt, state = _trained_state(sampler=hso.ShufflePartitionBatchSampler(N, 10))
+    path = tmp_path / "ckpt.pt"
+    engine.save_checkpoint(path=path, module=model, optimizer=opt)
+    again = hso.OpacusHiddenStateAccountant().configure(sampler=hso.ShufflePartitionBatchSampler(N, 10))
+    with pytest.raises(ParameterError, match="fresh secret seed.*sampler_from_checkpoint") as err:
+        again.load_state_dict(state)
+    assert str(engine.accountant.sampler.seed) not in str(err.value), "the seed is never printed"
+    # following the message resumes the run
+    sampler = hso.sampler_from_checkpoint(torch.load(path, weights_only=False))
+    assert sampler.position == 13 and sampler.schedule.seed_is_secret
+    assert sampler.describe() == engine.accountant.sampler.describe()
+    resumed, model2, opt2, _ = _configured(sampler)
+    resumed.load_checkpoint(path=path, module=model2, optimizer=opt2)
+    assert resumed.accountant.state_dict() == state
+    poisson = hso.OpacusHiddenStateAccountant()
+    poisson.history = [(2.0, 0.1, 3)]
+    with pytest.raises(ParameterError, match="^checkpoint: holds no batch sampler"):
+        hso.sampler_from_checkpoint({"privacy_accountant_state_dict": poisson.state_dict()})
+    with pytest.raises(ParameterError, match="^checkpoint: holds no hidden-state accountant state"):
+        hso.sampler_from_checkpoint({"privacy_accountant_state_dict": {"mechanism": "rdp", "history": []}})

@@ -14,16 +14,19 @@ Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. 
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant
-from .facts import model_facts, step_facts
+from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .facts import loader_facts, model_facts, step_facts
 from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
     CyclicBatchSampler,
     FullBatchSampler,
     HiddenStateBatchSampler,
+    ReshuffleBatchSampler,
     ShufflePartitionBatchSampler,
     WithoutReplacementBatchSampler,
+    has_secret_generator,
     sampler_from_state_dict,
+    secret_shuffle,
 )
 
 
@@ -48,13 +51,18 @@ __all__ = [
     "HiddenStateBatchSampler",
     "CyclicBatchSampler",
     "ShufflePartitionBatchSampler",
+    "ReshuffleBatchSampler",
     "WithoutReplacementBatchSampler",
+    "secret_shuffle",
+    "has_secret_generator",
     "FullBatchSampler",
     "sampler_from_state_dict",
+    "sampler_from_checkpoint",
     "ProjectionHook",
     "FeatureClip",
     "clip_features",
     "PROJECTION_ATTR",
     "model_facts",
+    "loader_facts",
     "step_facts",
 ]

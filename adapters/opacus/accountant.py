@@ -23,9 +23,11 @@ the recorder's event. All numbers are under REPLACE_ONE adjacency.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 import attr
+import torch
 from opacus.accountants.accountant import IAccountant
 from opacus.optimizers import DPOptimizer
 
@@ -39,16 +41,18 @@ from hidden_state_accountants.recording import (
     StepFacts,
     check_batch_source,
     check_position,
+    seal_state,
+    unseal_state,
 )
 from hidden_state_accountants.schedules import BatchSchedule
 
-from .facts import model_facts, optimizer_facts, step_facts, step_values
+from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values, unwrap_model
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
-__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM"]
+__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "sampler_from_checkpoint"]
 
 MECHANISM = "hidden_state"
-STATE_VERSION = 2
+STATE_VERSION = 3  # 3: sealed with the core's digest, with the steps and the seed's secrecy
 _CALIBRATION_KWARG = "hidden_state_calibration"
 _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
@@ -93,12 +97,16 @@ class OpacusHiddenStateAccountant(IAccountant):
     def __init__(self) -> None:
         self.geometry: Optional[LossGeometry] = None
         self.sampler: Optional[HiddenStateBatchSampler] = None
+        self.loader_schedule: Optional[BatchSchedule] = None  # DataLoader(shuffle=True): torch draws it
         self.model: Optional[ModelFacts] = None
         self.assume_convex_model = False
         self.gaussian_initialization = False
         self._recorder = RunRecorder(schedule=None)
         self._facts: Tuple[Any, Optional[StepFacts]] = (None, None)  # the last step read, by its raw values
         self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
+        self._model_hook = None  # see _watch_model
+        self._weights_before_load = None
+        self._restoring = False
 
     # ------------------------------------------------------------------- IAccountant
     @classmethod
@@ -111,14 +119,7 @@ class OpacusHiddenStateAccountant(IAccountant):
     @property
     def history(self) -> List[Tuple[float, float, int]]:
         """Opacus' view of the ledger: ``(noise_multiplier, sample_rate, steps)`` runs."""
-        out: List[Tuple[float, float, int]] = []
-        for step, count in self._recorder.ledger:
-            key = (step.noise_multiplier, step.sample_rate)
-            if out and out[-1][:2] == key:
-                out[-1] = (*key, out[-1][2] + count)
-            else:
-                out.append((*key, count))
-        return out
+        return _history(self._recorder)
 
     @history.setter
     def history(self, value) -> None:
@@ -155,6 +156,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         optimizer: Optional[DPOptimizer] = None,
         assume_convex_model: bool = False,
         gaussian_initialization: bool = False,
+        data_loader=None,
     ) -> "OpacusHiddenStateAccountant":
         """Declares what Opacus cannot see; call before training (and before loading a checkpoint).
 
@@ -173,6 +175,11 @@ class OpacusHiddenStateAccountant(IAccountant):
           assume_convex_model: accept the geometry for any model on your word that the loss is
             convex in the trainable parameters (the report says so).
           gaussian_initialization: declares Chourasia et al.'s initialisation (see the core).
+          data_loader: instead of ``sampler``, the ``DataLoader`` itself: one over a sampler of
+            this package, or a plain ``DataLoader(dataset, batch_size=b, shuffle=True,
+            drop_last=...)``, recognised as ``sampling="reshuffle"`` drawn by torch (a kept short
+            batch is divided by ``b``; its randomness counts as secret only after
+            :func:`~.samplers.secret_shuffle`, see :func:`~.facts.loader_facts`). One process only.
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
@@ -184,9 +191,30 @@ class OpacusHiddenStateAccountant(IAccountant):
         if sampler is not None and not isinstance(sampler, HiddenStateBatchSampler):
             raise v.ParameterError(
                 "sampler", f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
-                "(DataLoader(shuffle=True) reshuffles every epoch, a schedule no analysis here covers)")
+                "(for DataLoader(shuffle=True) pass the loader as data_loader=...)")
+        loader_schedule = None
+        if data_loader is not None:
+            if sampler is not None:
+                raise v.ParameterError("data_loader", "give the sampler or the data loader, not both")
+            source = loader_facts(data_loader)
+            if isinstance(data_loader.batch_sampler, HiddenStateBatchSampler):
+                sampler = data_loader.batch_sampler
+            elif source.schedule is None:
+                raise v.ParameterError(
+                    "data_loader", f"its batches follow no schedule of this package ({source.description}); use "
+                    "DataLoader(dataset, batch_size=b, shuffle=True) or batch_sampler=<a sampler of this package>, "
+                    "and make_private(..., poisson_sampling=False)")
+            else:
+                dist = torch.distributed
+                if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                    raise v.ParameterError(
+                        "data_loader", "a plain DataLoader(shuffle=True) is not sharded across ranks (every rank "
+                        "would draw its own permutation of all records); use ReshuffleBatchSampler, which every "
+                        "rank follows with a shared secret seed")
+                loader_schedule = source.schedule
+        schedule = sampler.schedule if sampler is not None else loader_schedule
         facts = None if model is None else model_facts(model)
-        recorder = RunRecorder(schedule=None if sampler is None else sampler.schedule, geometry=geometry,
+        recorder = RunRecorder(schedule=schedule, geometry=geometry,
                                model=facts, assume_convex_model=assume_convex_model,
                                gaussian_initialization=gaussian_initialization)
         if optimizer is not None:
@@ -194,17 +222,24 @@ class OpacusHiddenStateAccountant(IAccountant):
             if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
                 raise v.ParameterError("optimizer", "must be the DPOptimizer that this accountant's PrivacyEngine."
                                        "make_private returned (its steps are recorded here)")
-            if sampler is not None:
-                # Opacus' sample rate is 1 / len(data_loader): the loader must run the sampler's epoch
-                check_batch_source(sampler.schedule, BatchSourceFacts(
-                    schedule=sampler.schedule, description="Opacus' data loader",
+            if schedule is not None:
+                # Opacus' sample rate is 1 / len(data_loader): the loader must run the schedule's epoch
+                check_batch_source(schedule, BatchSourceFacts(
+                    schedule=schedule, description="Opacus' data loader",
                     steps_per_epoch=round(1 / hook.sample_rate)))
-                optimizer.expected_batch_size = sampler.batch_size / getattr(optimizer, "world_size", 1)
+                optimizer.expected_batch_size = schedule.batch_size / getattr(optimizer, "world_size", 1)
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
         self.geometry, self.sampler, self.model = geometry, sampler, facts
+        self.loader_schedule = loader_schedule
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
         self._recorder = recorder
+        self._watch_model(model)
         return self
+
+    @property
+    def schedule(self) -> Optional[BatchSchedule]:
+        """The batch schedule accounted: the sampler's, the recognised loader's, or ``None`` (Poisson)."""
+        return self.sampler.schedule if self.sampler is not None else self.loader_schedule
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
@@ -225,14 +260,15 @@ class OpacusHiddenStateAccountant(IAccountant):
         projection to come (the training run is checked for it). Without a sampler there is
         nothing to carry: the fresh accountant calibrates for Opacus' Poisson rate.
         """
-        if self.sampler is None:
+        schedule = self.schedule
+        if schedule is None:
             return {}
         base = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         step = StepFacts(noise_multiplier=0.0, clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
-                         divisor=self.sampler.batch_size,
+                         divisor=schedule.batch_size,
                          projection_diameter=None if self.geometry is None else self.geometry.diameter,
                          **optimizer_facts(base))
-        spec = HiddenStateCalibration(schedule=self.sampler.schedule, geometry=self.geometry, model=self.model,
+        spec = HiddenStateCalibration(schedule=schedule, geometry=self.geometry, model=self.model,
                                       assume_convex_model=self.assume_convex_model,
                                       gaussian_initialization=self.gaussian_initialization, step=step)
         spec.recorder().check(step)  # contradictions surface now, not inside Opacus' search
@@ -240,6 +276,7 @@ class OpacusHiddenStateAccountant(IAccountant):
 
     # ---------------------------------------------------------------------- recording
     def _record(self, optim: DPOptimizer, sample_rate: float) -> None:
+        self._weights_before_load = None  # a load of the weights alone: nothing to put back
         try:
             if self.sampler is not None:
                 check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
@@ -302,13 +339,16 @@ class OpacusHiddenStateAccountant(IAccountant):
 
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self, destination=None):
-        """Ledger and configuration in plain Python types (``torch.save``-able; it holds the
-        sampler's seed, so keep it as private as the data)."""
+        """Ledger and configuration in plain Python types (``torch.save``-able), sealed with the
+        core's integrity digest (:func:`~hidden_state_accountants.recording.seal_state`). It holds
+        the sampler's seed: keep it as private as the data."""
         out = {} if destination is None else destination
         out["mechanism"] = self.mechanism()
         out["history"] = self.history
-        out["hidden_state"] = {
+        out["hidden_state"] = seal_state({
+            "format": _STATE_FORMAT,
             "version": STATE_VERSION,
+            "steps": len(self),
             "ledger": self._recorder.ledger_state(),
             "geometry": None if self.geometry is None else attr.asdict(self.geometry),
             "model": None if self.model is None else {
@@ -317,43 +357,254 @@ class OpacusHiddenStateAccountant(IAccountant):
             "assume_convex_model": self.assume_convex_model,
             "gaussian_initialization": self.gaussian_initialization,
             # the schedule continues at the number of batches trained on, whatever was prefetched
-            "sampler": None if self.sampler is None else {**self.sampler.describe(), "position": len(self)},
-        }
+            "sampler": None if self.sampler is None else {
+                **self.sampler.describe(), "position": len(self),
+                "seed_is_secret": self.sampler.schedule.seed_is_secret},
+            # DataLoader(shuffle=True): the law only (torch draws it; a fresh secret seed continues it)
+            "loader_schedule": None if self.loader_schedule is None else self.loader_schedule.describe(),
+        })
         return out
 
     def load_state_dict(self, state_dict) -> None:
         """Restores the ledger; a configured accountant keeps its configuration (checked to be the
         checkpoint's) and moves its sampler to the steps trained, an unconfigured one takes the
-        checkpoint's. A state with only Opacus' ``history`` loads like Opacus' accountants."""
-        if not state_dict or "history" not in state_dict or state_dict.get("mechanism") != self.mechanism():
-            got = None if not state_dict else state_dict.get("mechanism")
-            raise ValueError(f"state_dict of {got} (with a history) cannot be loaded into the {self.mechanism()} accountant")
+        checkpoint's. A state with only Opacus' ``history`` loads like Opacus' accountants (into
+        an accountant without a sampler).
+
+        Everything is checked before anything changes: the digest (a hand-edited or corrupted
+        state is refused), the format and types, the ledger against the claim (replayed through
+        the core's :class:`RunRecorder`), the sampler's position against the ledger's steps and
+        Opacus' ``history`` against the ledger. If the accountant was configured with the model
+        and the refused state came through ``PrivacyEngine.load_checkpoint`` (which loads the
+        model's weights first), the weights are put back as they were before the load.
+
+        Raises:
+          ParameterError: ``checkpoint`` (or ``sampler``, ``geometry``) with what does not hold.
+        """
+        try:
+            self._load_checked(state_dict)
+        except Exception:
+            self._restore_weights()
+            raise
+        finally:
+            self._weights_before_load = None
+
+    def _load_checked(self, state_dict) -> None:
+        def bad(what: str) -> v.ParameterError:
+            return v.ParameterError("checkpoint", f"the hidden-state accountant state {what}")
+
+        if not isinstance(state_dict, dict) or "history" not in state_dict or \
+                state_dict.get("mechanism") != self.mechanism():
+            got = state_dict.get("mechanism") if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise bad(f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} accountant loads here")
         hs = state_dict.get("hidden_state")
         if hs is None:
-            self.history = state_dict["history"]
+            self._load_history_only(state_dict["history"], bad)
             return
-        if not isinstance(hs, dict) or hs.get("version") != STATE_VERSION:
-            raise ValueError(f"the 'hidden_state' entry must be of version {STATE_VERSION}")
-        geometry = None if hs["geometry"] is None else LossGeometry(**hs["geometry"])
-        saved = hs["sampler"]
-        if self.sampler is not None:  # configured: the checkpoint must be of this configuration
+        if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
+            raise bad(f"has version {hs.get('version')!r} without an integrity digest; this version of the package "
+                      f"reads version {STATE_VERSION} (sealed)")
+        payload = unseal_state(hs, "checkpoint")
+        if payload.get("format") != _STATE_FORMAT or payload.get("version") != STATE_VERSION:
+            raise bad(f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this version of "
+                      f"the package reads {_STATE_FORMAT!r} version {STATE_VERSION}")
+        missing = sorted(set(_STATE_KEYS) - set(payload))
+        if missing:
+            raise bad(f"lacks {', '.join(missing)}")
+        steps = payload["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise bad(f"has steps={steps!r}; must be an integer >= 0")
+        for flag in ("assume_convex_model", "gaussian_initialization"):
+            if not isinstance(payload[flag], bool):
+                raise bad(f"has {flag}={payload[flag]!r}; must be true or false")
+        try:
+            geometry = None if payload["geometry"] is None else LossGeometry(**payload["geometry"])
+            model = payload["model"]
+            model = None if model is None else ModelFacts(
+                layers=[LayerFacts(**layer) for layer in model["layers"]], complete=model["complete"],
+                description=model["description"])
+        except (TypeError, ValueError, KeyError) as err:
+            raise bad(f"has an invalid geometry or model ({err})") from None
+        saved = payload["sampler"]
+        if saved is not None:
+            if not isinstance(saved, dict) or not isinstance(saved.get("seed_is_secret"), bool):
+                raise bad("has a sampler entry without seed_is_secret")
+            position = saved.get("position")
+            if position != steps or isinstance(position, bool) or not isinstance(position, int):
+                raise bad(f"puts its sampler at position {position!r} but its ledger has {steps} steps (the "
+                          "sampler continues at the batch after the last one trained on)")
+
+        stored_loader = payload["loader_schedule"]
+        if stored_loader is not None:
+            if saved is not None:
+                raise bad("has both a sampler and a DataLoader schedule")
+            try:
+                stored_loader = BatchSchedule.from_description(stored_loader)
+            except v.ParameterError as err:
+                raise bad(f"has an invalid DataLoader schedule ({err})") from None
+            if not stored_loader.external:
+                raise bad("has a DataLoader schedule not drawn by the framework")
+        loader_schedule = stored_loader
+        if self.loader_schedule is not None:  # configured with DataLoader(shuffle=True)
+            if stored_loader is None:
+                raise v.ParameterError("data_loader", "the checkpoint was not taken with DataLoader(shuffle=True) "
+                                                      "batches; it cannot continue this loader")
+            # the loader starts a fresh epoch: the run must have stopped at an epoch's end
+            check_batch_source(stored_loader, BatchSourceFacts(
+                schedule=self.loader_schedule, description="the DataLoader (which starts a fresh epoch)",
+                next_step=0), steps)
+        if self.sampler is not None or self.loader_schedule is not None:  # configured: must be this configuration
+            if saved is None and self.sampler is not None:
+                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
+                                                  "or a DataLoader(shuffle=True))")
+            if self.sampler is not None:
+                position = self.sampler.position
+                self.sampler.load_state_dict(saved)  # checks it is the same schedule
+                self.sampler.set_position(position)  # moved only once everything holds
             if self.geometry != geometry:
                 raise v.ParameterError("geometry", f"the checkpoint was taken with {geometry}, this accountant "
                                        f"is configured with {self.geometry}")
-            if saved is None:
-                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling)")
-            self.sampler.load_state_dict(saved)  # checks it is the same schedule, continues it
+            for name in ("assume_convex_model", "gaussian_initialization"):
+                if getattr(self, name) != payload[name]:
+                    raise v.ParameterError(name, f"the checkpoint was taken with {name}={payload[name]}, this "
+                                                 f"accountant is configured with {getattr(self, name)}")
+            if self.model is not None and model is not None and self.model != model:
+                raise v.ParameterError("model", f"the checkpoint was taken with {model.description or 'a model'} "
+                                                f"of another structure than the configured one")
+            sampler, model = self.sampler, self.model
+            config = (self.geometry, self.assume_convex_model, self.gaussian_initialization)
         else:
-            model = hs["model"]
-            self.sampler = None if saved is None else sampler_from_state_dict(saved)
-            self.geometry, self.assume_convex_model = geometry, bool(hs["assume_convex_model"])
-            self.gaussian_initialization = bool(hs["gaussian_initialization"])
-            self.model = None if model is None else ModelFacts(
-                layers=[LayerFacts(**layer) for layer in model["layers"]], complete=model["complete"],
-                description=model["description"])
-            self._recorder = RunRecorder(
-                schedule=None if self.sampler is None else self.sampler.schedule, geometry=geometry,
-                model=self.model, assume_convex_model=self.assume_convex_model,
-                gaussian_initialization=self.gaussian_initialization)
-        self._recorder.load_ledger_state(hs["ledger"])
+            try:
+                sampler = None if saved is None else sampler_from_state_dict(
+                    {k: x for k, x in saved.items() if k != "seed_is_secret"}, seed_is_secret=saved["seed_is_secret"])
+            except v.ParameterError as err:
+                raise bad(f"has an invalid sampler ({err})") from None
+            config = (geometry, payload["assume_convex_model"], payload["gaussian_initialization"])
+        recorder = RunRecorder(schedule=sampler.schedule if sampler is not None else loader_schedule,
+                               geometry=config[0],
+                               model=model, assume_convex_model=config[1], gaussian_initialization=config[2])
+        try:
+            _replay(recorder, payload["ledger"])
+        except v.ParameterError as err:
+            raise bad(f"has a ledger that does not hold ({err})") from None
+        if recorder.steps != steps:
+            raise bad(f"says {steps} steps were taken but its ledger accounts {recorder.steps}")
+        if _history(recorder) != _as_history(state_dict["history"]):
+            raise bad("has an Opacus history that is not its ledger's")
+        # everything holds: apply
+        self.geometry, self.assume_convex_model, self.gaussian_initialization = config
+        self.model, self._recorder, self.loader_schedule = model, recorder, loader_schedule
+        if self.sampler is not None:
+            self.sampler.set_position(steps)
+        self.sampler = sampler
         self._cache = (None, None)
+
+    def _load_history_only(self, history, bad) -> None:
+        """Opacus' own format, ``[(noise_multiplier, sample_rate, steps), ...]``: steps known only
+        by noise and rate, which only Poisson composition covers."""
+        if self.schedule is not None:
+            raise v.ParameterError("sampler", "the checkpoint holds only Opacus' history (no hidden-state ledger "
+                                              "or batch schedule); it cannot continue the configured sampler")
+        entries = _as_history(history)
+        if entries is None:
+            raise bad(f"has a history that is not a list of (noise_multiplier, sample_rate, steps): {history!r}")
+        recorder = RunRecorder(schedule=None)
+        try:
+            for z, q, count in entries:
+                recorder.record(StepFacts(noise_multiplier=z, sample_rate=q), count)
+        except v.ParameterError as err:
+            raise bad(f"has a history that does not hold ({err})") from None
+        self._recorder, self._cache = recorder, (None, None)
+
+    # --------------------------------------------------- the model's weights on a refused load
+    def _watch_model(self, model) -> None:
+        """``PrivacyEngine.load_checkpoint`` loads the model's weights before this accountant's
+        state: keep a copy of them when a load starts, so a refused state can put them back."""
+        if self._model_hook is not None:
+            self._model_hook.remove()
+            self._model_hook = None
+        if model is None:
+            return
+        target = unwrap_model(model)
+        me = weakref.ref(self)
+
+        def before_load(module, *args, **kwargs) -> None:
+            acc = me()
+            if acc is not None and acc._weights_before_load is None and not acc._restoring:
+                with torch.no_grad():
+                    acc._weights_before_load = (module, {k: t.detach().clone() for k, t in module.state_dict().items()})
+
+        self._model_hook = target.register_load_state_dict_pre_hook(before_load)
+
+    def _restore_weights(self) -> None:
+        saved = self._weights_before_load
+        if saved is None:
+            return
+        module, weights = saved
+        self._restoring = True
+        try:
+            module.load_state_dict(weights)
+        finally:
+            self._restoring = False
+
+
+def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
+                            rank: Optional[int] = None) -> HiddenStateBatchSampler:
+    """The batch sampler of a checkpointed run, at the step where it stopped: how to resume a run
+    whose sampler drew a secret seed (``seed=None``), which a new process cannot draw again.
+
+    ``checkpoint`` is what ``PrivacyEngine.save_checkpoint`` wrote (``torch.load(path)``) or the
+    accountant's :meth:`~OpacusHiddenStateAccountant.state_dict`. The digest is checked; the
+    seed stays secret if it was drawn secretly (the checkpoint holds it: keep it as private as
+    the data)::
+
+        checkpoint = torch.load(path, weights_only=False)
+        sampler = sampler_from_checkpoint(checkpoint)
+        loader = DataLoader(dataset, batch_sampler=sampler)
+        ...  # make_private(..., poisson_sampling=False), configure(sampler=sampler, ...)
+        engine.load_checkpoint(path=path, module=model, optimizer=optimizer)
+    """
+    state = checkpoint.get("privacy_accountant_state_dict", checkpoint) if isinstance(checkpoint, dict) else None
+    hs = state.get("hidden_state") if isinstance(state, dict) else None
+    if hs is None:
+        raise v.ParameterError("checkpoint", "holds no hidden-state accountant state (saved with another accountant, "
+                                             "or with Opacus' history only)")
+    payload = unseal_state(hs, "checkpoint")
+    saved = payload.get("sampler")
+    if not isinstance(saved, dict) or not isinstance(saved.get("seed_is_secret"), bool):
+        raise v.ParameterError("checkpoint", "holds no batch sampler (the run used Poisson sampling)")
+    return sampler_from_state_dict({k: x for k, x in saved.items() if k != "seed_is_secret"},
+                                   num_replicas=num_replicas, rank=rank, seed_is_secret=saved["seed_is_secret"])
+
+
+_STATE_FORMAT = "hidden_state_accountants.opacus"
+_STATE_KEYS = ("steps", "ledger", "geometry", "model", "assume_convex_model", "gaussian_initialization", "sampler",
+               "loader_schedule")
+
+
+def _replay(recorder: RunRecorder, ledger) -> None:
+    """Records a stored ledger through ``recorder``, so every entry passes the checks it passed
+    when it was first recorded (types and counts, the claim, the schedule's divisor)."""
+    parsed = RunRecorder(schedule=None)
+    parsed.load_ledger_state(ledger)
+    for step, count in parsed.ledger:
+        recorder.record(step, count)
+
+
+def _history(recorder: RunRecorder) -> List[Tuple[float, float, int]]:
+    out: List[Tuple[float, float, int]] = []
+    for step, count in recorder.ledger:
+        key = (step.noise_multiplier, step.sample_rate)
+        if out and out[-1][:2] == key:
+            out[-1] = (*key, out[-1][2] + count)
+        else:
+            out.append((*key, count))
+    return out
+
+
+def _as_history(history) -> Optional[List[Tuple[Any, Any, Any]]]:
+    """Opacus' history as a list of 3-tuples, or ``None`` when it is not one."""
+    if not isinstance(history, (list, tuple)) or not all(
+            isinstance(h, (list, tuple)) and len(h) == 3 for h in history):
+        return None
+    return [tuple(h) for h in history]

@@ -3,6 +3,9 @@
 Nothing here judges: :mod:`hidden_state_accountants.recording` decides what the facts back.
 
 * :func:`step_facts`: one DP optimizer step as :class:`~hidden_state_accountants.recording.StepFacts`.
+* :func:`loader_facts`: where a ``DataLoader``'s batches come from, as
+  :class:`~hidden_state_accountants.recording.BatchSourceFacts` (a sampler of this package, or
+  ``DataLoader(shuffle=True)``: the ``reshuffle`` law drawn by torch).
 * :func:`model_facts`: a model's structure as :class:`~hidden_state_accountants.recording.ModelFacts`,
   read from ``nn.Sequential`` containers or, for custom ``forward`` code, from a ``torch.fx`` trace.
 
@@ -23,11 +26,13 @@ from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 from torch import nn
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.recording import LayerFacts, ModelFacts, StepFacts
+from hidden_state_accountants.recording import BatchSourceFacts, LayerFacts, ModelFacts, StepFacts
+from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSchedule
 
 from .hooks import PROJECTION_ATTR, FeatureClip
+from .samplers import HiddenStateBatchSampler, has_secret_generator
 
-__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts"]
+__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts"]
 
 
 # ---------------------------------------------------------------------------- steps
@@ -60,10 +65,18 @@ def step_values(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
     k = optimizer.accumulated_iterations if accumulation is None else accumulation
     ebs = optimizer.expected_batch_size
     projection = getattr(optimizer, PROJECTION_ATTR, None)
+    world = int(getattr(optimizer, "world_size", 1))
+    # Opacus' Distributed*Optimizer: every rank divides its clipped sum by expected_batch_size,
+    # only rank 0 adds noise (the total variance of one draw: a 1/world share each), the ranks
+    # all-reduce the gradients (averaged for "mean") and one base-optimizer step, weight_decay
+    # included, follows on the combined gradient.
+    replicas = dict(replicas=world, replica_reduction="mean" if optimizer.loss_reduction == "mean" else "sum",
+                    replica_share=world, l2_after_reduction=True) if world > 1 else {}
     return dict(
         noise_multiplier=optimizer.noise_multiplier,
         clip_norm=optimizer.max_grad_norm,
-        divisor=None if ebs is None else ebs * getattr(optimizer, "world_size", 1),
+        divisor=ebs,
+        **replicas,
         projection_diameter=None if projection is None else projection.diameter,
         clipping=_clipping(optimizer),
         loss_reduction=optimizer.loss_reduction,
@@ -79,10 +92,58 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
 
     ``sample_rate`` is Opacus' (``1 / len(data_loader)``); ``accumulation`` defaults to the
     batches accumulated since the last step (pass ``1`` before training, to read the plan).
-    Opacus divides the noisy sum by ``expected_batch_size`` on each of ``world_size`` ranks
-    and averages over ranks: the divisor is their product.
+    Under ``DifferentiallyPrivateDistributedDataParallel`` each of ``world_size`` ranks divides
+    its clipped sum by ``expected_batch_size``, rank 0 adds the noise and the ranks average
+    their gradients: the facts say so (``replicas``, ``replica_reduction``, ``replica_share``,
+    ``l2_after_reduction``) and the core's ``effective_step`` is the one-process step they add
+    up to, so a divisor that does not match the global batch is refused with that explanation.
     """
     return StepFacts(**step_values(optimizer, sample_rate, accumulation=accumulation))
+
+
+# ---------------------------------------------------------------------------- batches
+def loader_facts(data_loader) -> BatchSourceFacts:
+    """Where ``data_loader``'s batches come from.
+
+    * ``batch_sampler`` a sampler of this package: its schedule, at its position.
+    * ``DataLoader(dataset, batch_size=b, shuffle=True, drop_last=...)`` (torch's
+      ``RandomSampler``, without replacement, under a ``BatchSampler``): a fresh permutation
+      every epoch, :meth:`BatchSchedule.framework` ``reshuffle``; with ``drop_last=False`` the
+      short last batch is kept and Opacus divides it, like every batch, by its fixed
+      ``expected_batch_size`` (``last_batch="kept_batch_size"``). Its randomness is secret only
+      if the sampler draws from a generator :func:`~.samplers.secret_shuffle` seeded; otherwise it
+      comes from torch's global generator (or one the user seeded), which scripts seed publicly.
+    * anything else (Opacus' Poisson ``DPDataLoader``, a ``DistributedSampler``, a fixed order,
+      sampling with replacement): ``schedule=None`` with a description.
+
+    >>> from torch.utils.data import DataLoader
+    >>> facts = loader_facts(DataLoader(list(range(10)), batch_size=3, shuffle=True))
+    >>> facts.schedule
+    BatchSchedule(dataset_size=10, batch_size=3, sampling='reshuffle', drawn by the framework, last_batch='kept_batch_size', public)
+    """
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    if not isinstance(data_loader, DataLoader):
+        raise v.ParameterError("data_loader", f"must be a torch DataLoader, got {type(data_loader).__name__}")
+    bs = data_loader.batch_sampler
+    if isinstance(bs, HiddenStateBatchSampler):
+        return BatchSourceFacts(schedule=bs.schedule, description=f"the DataLoader's {type(bs).__name__}",
+                                steps_per_epoch=len(data_loader), next_step=bs.position)
+    rs = getattr(bs, "sampler", None)
+    if type(bs) is BatchSampler and type(rs) is RandomSampler:
+        n = len(rs.data_source)
+        if rs.replacement or rs.num_samples != n:
+            return BatchSourceFacts(schedule=None, description=(
+                f"a RandomSampler with replacement={rs.replacement}, num_samples={rs.num_samples} of {n} records"))
+        secret = has_secret_generator(data_loader)
+        schedule = BatchSchedule.framework(n, bs.batch_size, last_batch=DROPPED if bs.drop_last else KEPT_BATCH_SIZE,
+                                           secret=secret)
+        where = ("a generator seeded secretly by secret_shuffle" if secret else
+                 "torch's global generator or one seeded by the script")
+        return BatchSourceFacts(schedule=schedule, steps_per_epoch=len(data_loader), description=(
+            f"DataLoader(batch_size={bs.batch_size}, shuffle=True, drop_last={bs.drop_last}) drawing from {where}"))
+    what = type(bs).__name__ if rs is None else f"{type(bs).__name__} over a {type(rs).__name__}"
+    return BatchSourceFacts(schedule=None, description=f"a DataLoader with a {what}")
 
 
 # ---------------------------------------------------------------------------- models
@@ -95,7 +156,8 @@ _RANDOM_FUNCTIONS = {  # functions and tensor methods that draw randomness
     "random_", "cauchy_", "geometric_", "log_normal_"}
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model inside Opacus' ``GradSampleModule`` and (DP)DDP wrappers."""
     while True:
         if isinstance(model, AbstractGradSampleModule):
             model = model._module
@@ -184,7 +246,7 @@ def model_facts(model: nn.Module) -> ModelFacts:
     """
     if not isinstance(model, nn.Module):
         raise v.ParameterError("model", f"must be a torch.nn.Module, got {type(model).__name__}")
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layers = _read(model, "")
     what = f"the {type(model).__name__} model"
     if layers is None:

@@ -9,12 +9,19 @@ sampler                                    ``sampling``
 =========================================  ========================
 :class:`CyclicBatchSampler`                ``"cyclic"``
 :class:`ShufflePartitionBatchSampler`      ``"shuffle_partition"``
+:class:`ReshuffleBatchSampler`             ``"reshuffle"``
 :class:`WithoutReplacementBatchSampler`    ``"without_replacement"``
 :class:`FullBatchSampler`                  ``"full"``
 =========================================  ========================
 
-An epoch is ``n // b`` steps (one for ``full``); the partition samplers leave the last
-``n % b`` records of their order out of every epoch and warn about it once.
+An epoch is ``n // b`` steps (one for ``full``); the partition samplers and
+:class:`ReshuffleBatchSampler` leave the last ``n % b`` records of their order out of every
+epoch and warn about it once (:class:`ReshuffleBatchSampler` may keep them as a short batch).
+
+A plain ``DataLoader(dataset, batch_size=b, shuffle=True)`` draws the same law as
+:class:`ReshuffleBatchSampler` with torch's randomness: the accountant recognises it
+(``configure(data_loader=loader)``); :func:`secret_shuffle` gives its ``RandomSampler`` a
+secretly seeded generator, without which its batches count as public.
 
 **Seeds are secrets.** The random samplers default to ``seed=None``: a fresh seed drawn by the
 core's rule, shared by every rank through ``torch.distributed``. A seed you pass is your explicit
@@ -37,6 +44,7 @@ sampler remembers its :attr:`~HiddenStateBatchSampler.position`) and, under
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -46,20 +54,28 @@ from torch.utils.data import Sampler
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.schedules import (
     CYCLIC,
+    DROPPED,
     FULL,
+    KEPT_BATCH_SIZE,
+    KEPT_OWN_SIZE,
     RANDOM,
+    RESHUFFLE,
     SHUFFLE_PARTITION,
     WITHOUT_REPLACEMENT,
     BatchSchedule,
+    draw_secret_seed,
 )
 
 __all__ = [
     "HiddenStateBatchSampler",
     "CyclicBatchSampler",
     "ShufflePartitionBatchSampler",
+    "ReshuffleBatchSampler",
     "WithoutReplacementBatchSampler",
     "FullBatchSampler",
     "sampler_from_state_dict",
+    "secret_shuffle",
+    "has_secret_generator",
 ]
 
 
@@ -100,7 +116,7 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
     sampling: str = ""
 
     def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None, last_batch: str = DROPPED) -> None:
         num_replicas, rank = _distributed_defaults(num_replicas, rank)
         share = None
         if num_replicas > 1 and self.sampling in RANDOM and seed is None:
@@ -109,12 +125,15 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
                     "seed", "with num_replicas > 1 pass the same seed on every rank, or initialise "
                     "torch.distributed so a secret one can be shared")
             share = _broadcast_from_rank0
-        self._setup(BatchSchedule(dataset_size, batch_size, self.sampling, seed, share_seed=share), num_replicas, rank)
+        self._setup(BatchSchedule(dataset_size, batch_size, self.sampling, seed, share_seed=share,
+                                  last_batch=last_batch), num_replicas, rank)
         if self.dropped_per_epoch:
+            which = ("of each epoch's permutation are left out of that epoch" if self.sampling == RESHUFFLE
+                     else "at the end of the order are left out of every epoch")
             warnings.warn(
                 f"{type(self).__name__}: dataset_size % batch_size = {self.dataset_size} % {self.batch_size} = "
-                f"{self.dropped_per_epoch} records at the end of the order are left out of every epoch "
-                "(as in Ye & Shokri 2022, footnote 3)", UserWarning, stacklevel=3)
+                f"{self.dropped_per_epoch} records {which} (as in Ye & Shokri 2022, footnote 3)",
+                UserWarning, stacklevel=3)
 
     def _setup(self, schedule: BatchSchedule, num_replicas: int, rank: int) -> None:
         if num_replicas > schedule.batch_size:
@@ -174,9 +193,22 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restores the position after checking the schedule is the same one."""
+        if not isinstance(state, dict):
+            raise v.ParameterError("sampler", f"the state must be a dict from state_dict(), got {type(state).__name__}")
         mine, theirs = self.describe(), {k: state.get(k) for k in self.describe()}
         if mine != theirs:
-            raise v.ParameterError("sampler", f"checkpoint holds the schedule {theirs}, this sampler is {mine}")
+            hint = ""
+            if self.schedule.seed_is_secret and {k for k in mine if mine[k] != theirs[k]} == {"seed"}:
+                # the usual mistake: the resumed script built its sampler with seed=None again
+                hint = ("; this sampler drew a fresh secret seed (seed=None), so it cannot continue the "
+                        "checkpoint's schedule: to resume, build the sampler from the checkpoint with "
+                        "hidden_state_accountants.opacus.sampler_from_checkpoint(torch.load(path)) (it keeps "
+                        "the stored seed secret and the position) and hand that sampler to the DataLoader "
+                        "and to configure()")
+            raise v.ParameterError("sampler", f"checkpoint holds the schedule {_redacted(theirs)}, this sampler is "
+                                              f"{_redacted(mine)}{hint}")
+        if "position" not in state:
+            raise v.ParameterError("sampler", "the state has no position")
         self.set_position(state["position"])
 
     def __repr__(self) -> str:
@@ -215,6 +247,37 @@ class ShufflePartitionBatchSampler(HiddenStateBatchSampler):
     sampling = SHUFFLE_PARTITION
 
 
+class ReshuffleBatchSampler(HiddenStateBatchSampler):
+    """A fresh random permutation every epoch, cut into batches (``sampling="reshuffle"``): the
+    law of ``DataLoader(shuffle=True)``, with a secret seed, resumable anywhere and shared across
+    ranks like the other samplers.
+
+    Args:
+      last_batch: the last ``n % b`` records of each epoch's permutation: ``"dropped"`` (default,
+        ``drop_last=True``) or ``"kept_batch_size"``, a short last batch that Opacus divides by
+        its fixed ``expected_batch_size = b`` (as it does every batch; an epoch is then
+        ``ceil(n / b)`` steps). ``"kept_own_size"`` is refused: Opacus never divides by a
+        batch's own size.
+
+    >>> s = ReshuffleBatchSampler(6, 2, seed=3)  # an explicit seed: keep it secret
+    >>> epoch1, epoch2 = list(s), list(s)
+    >>> sorted(i for b in epoch1 for i in b) == sorted(i for b in epoch2 for i in b) == list(range(6))
+    True
+    >>> [len(b) for b in ReshuffleBatchSampler(7, 3, seed=3, last_batch="kept_batch_size")]
+    [3, 3, 1]
+    """
+
+    sampling = RESHUFFLE
+
+    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
+                 last_batch: str = DROPPED, num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+        if last_batch == KEPT_OWN_SIZE:
+            raise v.ParameterError(
+                "last_batch", f"Opacus divides every batch, a short one too, by its fixed expected_batch_size: use "
+                f"{KEPT_BATCH_SIZE!r} (the short batch divided by b) or {DROPPED!r}")
+        super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank, last_batch=last_batch)
+
+
 class WithoutReplacementBatchSampler(HiddenStateBatchSampler):
     """Every step draws ``b`` distinct records afresh from all ``n``
     (``sampling="without_replacement"``); no record is left out of an epoch.
@@ -239,19 +302,66 @@ class FullBatchSampler(HiddenStateBatchSampler):
         super().__init__(dataset_size, dataset_size, None, num_replicas=num_replicas, rank=rank)
 
 
-_CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSampler,
+_CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSampler, ReshuffleBatchSampler,
                                     WithoutReplacementBatchSampler, FullBatchSampler)}
+
+# Generators seeded by secret_shuffle: the only ones whose draws this package knows to be secret.
+_SECRET_GENERATORS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def secret_shuffle(data_loader):
+    """Gives a ``DataLoader(shuffle=True)``'s ``RandomSampler`` a generator seeded secretly (the
+    core's rule: a fresh seed from :mod:`secrets`), so its permutations are unknown to an
+    adversary who knows the script (a ``RandomSampler`` without a generator of its own draws
+    its permutation seeds from torch's global generator, which scripts seed publicly with
+    ``torch.manual_seed``). Returns the loader. Call it before the first epoch. The seed is
+    drawn here and never stored: a resumed run continues with a fresh secret one, which draws
+    the same law.
+
+    >>> import torch
+    >>> from torch.utils.data import DataLoader
+    >>> loader = secret_shuffle(DataLoader(list(range(10)), batch_size=5, shuffle=True, drop_last=True))
+    >>> has_secret_generator(loader)
+    True
+    """
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    bs = getattr(data_loader, "batch_sampler", None)
+    rs = getattr(bs, "sampler", None)
+    if type(bs) is not BatchSampler or type(rs) is not RandomSampler:
+        raise v.ParameterError("data_loader", "must be a DataLoader(dataset, batch_size=b, shuffle=True) (a "
+                                              f"RandomSampler under a BatchSampler), got {type(data_loader).__name__}")
+    g = torch.Generator()
+    g.manual_seed(draw_secret_seed())
+    rs.generator = g
+    _SECRET_GENERATORS.add(g)
+    return data_loader
+
+
+def has_secret_generator(data_loader) -> bool:
+    """Whether the loader's ``RandomSampler`` draws from a generator :func:`secret_shuffle` seeded."""
+    rs = getattr(getattr(data_loader, "batch_sampler", None), "sampler", None)
+    g = getattr(rs, "generator", None)
+    return g is not None and g in _SECRET_GENERATORS
+
+
+def _redacted(description: Dict[str, Any]) -> Dict[str, Any]:
+    """A schedule description fit for an error message: a seed is a secret, never printed."""
+    return {k: ("<seed>" if k == "seed" and x is not None else x) for k, x in description.items()}
 
 
 def sampler_from_state_dict(state: Dict[str, Any], *, num_replicas: Optional[int] = None,
-                            rank: Optional[int] = None) -> HiddenStateBatchSampler:
+                            rank: Optional[int] = None, seed_is_secret: bool = False) -> HiddenStateBatchSampler:
     """Rebuilds a sampler (schedule and position) from :meth:`HiddenStateBatchSampler.state_dict`.
 
-    The stored seed becomes an explicit one (it was written down, so the report says so)."""
+    The stored seed becomes an explicit one (it was written down, so the report says so) unless
+    ``seed_is_secret=True``, for a state of a secretly seeded sampler that has been kept as
+    private as the data (the accountant's sealed checkpoints record which it was)."""
     cls = _CLASSES.get(state.get("class")) if isinstance(state, dict) else None
     if cls is None:
-        raise v.ParameterError("sampler", f"unknown sampler state {state!r}")
-    schedule = BatchSchedule.from_description(state)
+        what = state.get("class") if isinstance(state, dict) else type(state).__name__
+        raise v.ParameterError("sampler", f"unknown sampler state (class {what!r})")
+    schedule = BatchSchedule.from_description(state, seed_is_secret=seed_is_secret)
     if schedule.sampling != cls.sampling:
         raise v.ParameterError("sampler", f"{cls.__name__} has sampling {cls.sampling!r}, the state says {schedule.sampling!r}")
     s = cls.__new__(cls)  # not __init__: the remainder warning was given when the sampler was first made

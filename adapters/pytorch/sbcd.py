@@ -221,6 +221,19 @@ def u_update(a: torch.Tensor, x_next: torch.Tensor) -> torch.Tensor:
     return torch.where(c_neg <= c_pos, u_neg, u_pos)
 
 
+def _refuse_distributed() -> None:
+    """DP-SBCD runs in one process: it holds every record's auxiliary variables and updates
+    them in place, and nothing here splits a batch across ranks, combines their updates or adds
+    the noise once. Under ``torch.distributed`` with several ranks each would train (and add
+    noise to) its own copy, which is not the accounted run: refuse instead of guessing."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise v.ParameterError(
+            "distributed", f"DP-SBCD is not supported under torch.distributed with {dist.get_world_size()} "
+            "processes (each would run and noise its own copy of the training, which is not the accounted "
+            "run); train it in one process")
+
+
 class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
     """DP-SBCD (Algorithm 2) on an ``nn.Sequential`` ReLU network, with its accountant.
 
@@ -274,6 +287,7 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
         device=None,
         paper_assumptions: bool = True,
     ):
+        _refuse_distributed()
         if not isinstance(data, torch.Tensor) or data.dim() < 2:
             raise v.ParameterError("data", "must be a tensor of shape (n, ...)")
         n = int(data.shape[0])
@@ -507,6 +521,7 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
         for g in self.param_groups:
             if g["lr"] != self.step_sizes[0]:
                 raise ValueError("lr: DP-SBCD's step size is fixed at construction (the accountant uses it)")
+        _refuse_distributed()
         t = self._t
         o = self._noise_at(t)
         idx = self.partition[t % self.steps_per_epoch]

@@ -336,7 +336,7 @@ def max_epochs_within_budget(
     v.positive_float("target_epsilon", target_epsilon)
     v.probability("target_delta", target_delta)
     max_epochs = v.positive_int("max_epochs", max_epochs)
-    ctx = Context(**{k: accountant_kwargs[k] for k in ("orders",) if k in accountant_kwargs})
+    ctx = _context(accountant_kwargs)  # the accountant's orders, discretisation and neighbouring relation
     lim, lim_name = limit_epsilon(run, target_delta, ctx)
     evaluations = 1
     if lim <= target_epsilon:

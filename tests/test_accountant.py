@@ -35,9 +35,9 @@ def test_is_a_dp_accounting_privacy_accountant():
         acc.compose(dpa.UnsupportedDpEvent())
 
 
-def test_only_replace_one():
+def test_replace_special_refused():
     with pytest.raises(ValueError, match="neighboring_relation"):
-        HiddenStateAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        HiddenStateAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_SPECIAL)
 
 
 @pytest.mark.parametrize("sampling", ["full", "cyclic", "shuffle_partition", "without_replacement", "poisson"])

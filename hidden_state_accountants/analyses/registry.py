@@ -130,6 +130,7 @@ def _load() -> None:
         bok,
         chourasia,
         composition,
+        poisson_hidden_state,
         shifted_interpolation,
         ye_shokri,
     )

@@ -637,7 +637,7 @@ def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: f
     contraction depends on the batch size (ground truth where the batch-size cap binds, docs/derivations.md D9).
 
     Data part ``d_i(theta) = clip_C(h (theta - x_i))`` (Huber: convex, ``h``-smooth, ``|d_i| <= C``), the
-    others at ``x = 0``, the differing record at ``x = 3C/h`` in D and ``-3C/h`` in D' (REPLACE_ONE) or
+    others at ``x = 0``, the differing record at ``x = 5C/h`` in D and ``-5C/h`` in D' (REPLACE_ONE) or
     absent (ADD_OR_REMOVE_ONE); L2 ``m_reg`` once per step, divisor ``b``. A batch of ``k`` records near 0
     has slope ``1 - lr (m_reg + k h/b)``: expansive once that exceeds 2. The laws are propagated on a
     grid with a Gaussian kernel (accuracy ~1e-6, not certified: compare with a tolerance).
@@ -667,7 +667,7 @@ def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: f
             p = mix @ p
         return p / p.sum()
 
-    far = 3 * C / h
+    far = 5 * C / h
     other = -far if relation == "REPLACE_ONE" else None
     return _grid_epsilon(propagate(far), propagate(other), delta)
 

@@ -184,8 +184,6 @@ def poisson_setup(run: TrainingRunDpEvent, ctx: cm.Context) -> Tuple[Optional[Po
     if m_reg is not None and m_reg > g.strong_convexity:
         return None, (f"l2_regularization {m_reg:g} exceeds the declared strong_convexity {g.strong_convexity:g}; "
                       "the declared geometry must include the L2 term")
-    if m_reg is not None and m_reg >= g.smoothness:
-        return None, f"l2_regularization {m_reg:g} must be below the declared smoothness {g.smoothness:g}"
     m_data = g.strong_convexity - m_reg if m_reg is not None else 0.0
     n, b = run.dataset_size, run.batch_size
     relation = ctx.neighboring_relation

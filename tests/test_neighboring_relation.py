@@ -185,3 +185,20 @@ def test_cli_audit_refuses_add_remove(capsys):
                                     "--sampling", "full", "--smoothness", "1", "--strong-convexity", "0.1",
                                     "--delta", "1e-5", "--neighboring-relation", "add_or_remove_one"])
     assert code == 2 and "neighboring_relation" in err
+
+
+def test_calibration_follows_the_relation():
+    """Calibration uses only the analyses proved for the relation (it used to call every analysis of
+    the schedule directly, which under ADD_OR_REMOVE_ONE would have used replace-one theorems)."""
+    from hidden_state_accountants import calibrate_noise_multiplier
+
+    geom = LossGeometry(smoothness=1.01, strong_convexity=0.01)
+    run = TrainingRunDpEvent(dataset_size=6000, batch_size=60, steps=100, noise_multiplier=1.0, clip_norm=1.0,
+                             learning_rate=0.05, sampling="cyclic", geometry=geom)
+    with pytest.raises(ParameterError, match="neighboring_relation.*not covered under ADD_OR_REMOVE_ONE"):
+        calibrate_noise_multiplier(run, 2.0, 1e-5, neighboring_relation=AR)
+    full = TrainingRunDpEvent(dataset_size=1000, batch_size=1000, steps=100, noise_multiplier=1.0, clip_norm=1.0,
+                              learning_rate=0.05, sampling="full")
+    ar = quiet(lambda: calibrate_noise_multiplier(full, 2.0, 1e-5, neighboring_relation=AR))
+    r1 = quiet(lambda: calibrate_noise_multiplier(full, 2.0, 1e-5))
+    assert ar.noise_multiplier == pytest.approx(r1.noise_multiplier / 2, rel=2e-3)  # sensitivity C vs 2C

@@ -17,7 +17,11 @@ what they back (the policy is stated once, in :mod:`hidden_state_accountants.rec
   Poisson sampling at Opacus' exact sample rate.
 
 ``get_epsilon`` is exactly :class:`~hidden_state_accountants.HiddenStateAccountant`'s number for
-the recorder's event. All numbers are under REPLACE_ONE adjacency.
+the recorder's event, under Opacus' own convention ADD_OR_REMOVE_ONE by default (so that on the
+same run its composition number equals Opacus' RDP/PRV accountants), or the relation given with
+``neighboring_relation``. The package's fixed-size samplers are not covered under
+ADD_OR_REMOVE_ONE (an added record displaces others); with them the default reports REPLACE_ONE
+and says so in the notes. Every report names its relation.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     check_position,
 )
-from hidden_state_accountants.schedules import BatchSchedule
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, parse_relation, schedule_reason
+from hidden_state_accountants.schedules import POISSON, BatchSchedule
 
 from .facts import model_facts, optimizer_facts, step_facts, step_values
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
@@ -86,11 +91,23 @@ class OpacusHiddenStateAccountant(IAccountant):
         model, optimizer, loader = engine.make_private(..., poisson_sampling=False)
         engine.accountant.configure(geometry=..., sampler=sampler, model=model, optimizer=optimizer)
 
-    ``get_epsilon(delta)`` equals ``HiddenStateAccountant().compose(self.training_run())
-    .get_epsilon(delta)``.
+    ``get_epsilon(delta)`` equals ``HiddenStateAccountant(neighboring_relation=self.relation())
+    .compose(self.training_run()).get_epsilon(delta)``.
+
+    Args:
+      neighboring_relation: ``None`` (default): Opacus' ADD_OR_REMOVE_ONE wherever the run's
+        schedule is covered under it (Opacus' Poisson loader, full batch), REPLACE_ONE with a note
+        for this package's fixed-size samplers. ``"REPLACE_ONE"`` / ``"ADD_OR_REMOVE_ONE"``
+        (or dp_accounting's ``NeighboringRelation``): that relation, whatever the schedule.
+
+    With Opacus' default Poisson loader (no sampler), ``configure(geometry=..., model=...,
+    optimizer=..., dataset_size=len(dataset))`` enables the Poisson hidden-state analyses (the
+    weight decay must be declared in the geometry and be positive, or a diameter projected onto).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, neighboring_relation=None) -> None:
+        self.neighboring_relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
+        self.dataset_size: Optional[int] = None
         self.geometry: Optional[LossGeometry] = None
         self.sampler: Optional[HiddenStateBatchSampler] = None
         self.model: Optional[ModelFacts] = None
@@ -142,7 +159,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         return hook_fn
 
     def get_epsilon(self, delta: float, *args, **kwargs) -> float:
-        """Best valid epsilon at ``delta`` (REPLACE_ONE); see :meth:`explain`."""
+        """Best valid epsilon at ``delta`` under :meth:`relation`; see :meth:`explain`."""
         return self.explain(delta, **kwargs).epsilon
 
     # ------------------------------------------------------------------ configuration
@@ -155,6 +172,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         optimizer: Optional[DPOptimizer] = None,
         assume_convex_model: bool = False,
         gaussian_initialization: bool = False,
+        dataset_size: Optional[int] = None,
     ) -> "OpacusHiddenStateAccountant":
         """Declares what Opacus cannot see; call before training (and before loading a checkpoint).
 
@@ -173,6 +191,9 @@ class OpacusHiddenStateAccountant(IAccountant):
           assume_convex_model: accept the geometry for any model on your word that the loss is
             convex in the trainable parameters (the report says so).
           gaussian_initialization: declares Chourasia et al.'s initialisation (see the core).
+          dataset_size: ``len(dataset)``; with Opacus' Poisson loader (no sampler) a geometry needs it
+            (the Poisson hidden-state analyses cap the other records' batch size, whose law depends
+            on ``n``; the divisor is the optimizer's ``expected_batch_size``).
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
@@ -188,7 +209,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         facts = None if model is None else model_facts(model)
         recorder = RunRecorder(schedule=None if sampler is None else sampler.schedule, geometry=geometry,
                                model=facts, assume_convex_model=assume_convex_model,
-                               gaussian_initialization=gaussian_initialization)
+                               gaussian_initialization=gaussian_initialization,
+                               dataset_size=dataset_size if sampler is None else None)
         if optimizer is not None:
             hook = getattr(optimizer, "step_hook", None)
             if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
@@ -203,8 +225,21 @@ class OpacusHiddenStateAccountant(IAccountant):
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
         self.geometry, self.sampler, self.model = geometry, sampler, facts
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
+        self.dataset_size = recorder.dataset_size
         self._recorder = recorder
         return self
+
+    def relation(self, run: Optional[TrainingRunDpEvent] = None):
+        """The neighbouring relation the numbers are reported under (see the class docstring), and
+        the note saying why it is not the default ADD_OR_REMOVE_ONE, if it is not."""
+        if self.neighboring_relation is not None:
+            return self.neighboring_relation, None
+        sampling = run.sampling if run is not None else (POISSON if self.sampler is None else self.sampler.sampling)
+        reason = schedule_reason(ADD_OR_REMOVE_ONE, sampling)
+        if reason:
+            return REPLACE_ONE, (f"reported under REPLACE_ONE, not Opacus' ADD_OR_REMOVE_ONE: the {sampling} schedule "
+                                 f"is {reason}")
+        return ADD_OR_REMOVE_ONE, None
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
@@ -287,12 +322,13 @@ class OpacusHiddenStateAccountant(IAccountant):
         spec = kwargs.pop(_CALIBRATION_KWARG, None)
         recorder = self._run_recorder(spec)
         if not recorder.steps:
-            return HiddenStateAccountant().explain(delta)  # no steps: epsilon 0
+            return HiddenStateAccountant(neighboring_relation=self.relation()[0]).explain(delta)  # no steps: epsilon 0
         run = recorder.run(warn=spec is None)  # the recorder warns once per reason
-        key = (run, float(delta))
+        relation, note = self.relation(run)
+        key = (run, float(delta), relation)
         if self._cache[0] != key:
-            report = HiddenStateAccountant().compose(run).explain(delta)
-            report.notes.extend(recorder.notes())
+            report = HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
+            report.notes.extend(recorder.notes() + ([note] if note else []))
             self._cache = (key, report)
         return self._cache[1]
 
@@ -316,6 +352,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                 "complete": self.model.complete, "description": self.model.description},
             "assume_convex_model": self.assume_convex_model,
             "gaussian_initialization": self.gaussian_initialization,
+            "dataset_size": self.dataset_size,
             # the schedule continues at the number of batches trained on, whatever was prefetched
             "sampler": None if self.sampler is None else {**self.sampler.describe(), "position": len(self)},
         }
@@ -351,9 +388,11 @@ class OpacusHiddenStateAccountant(IAccountant):
             self.model = None if model is None else ModelFacts(
                 layers=[LayerFacts(**layer) for layer in model["layers"]], complete=model["complete"],
                 description=model["description"])
+            self.dataset_size = hs.get("dataset_size")
             self._recorder = RunRecorder(
                 schedule=None if self.sampler is None else self.sampler.schedule, geometry=geometry,
                 model=self.model, assume_convex_model=self.assume_convex_model,
-                gaussian_initialization=self.gaussian_initialization)
+                gaussian_initialization=self.gaussian_initialization,
+                dataset_size=self.dataset_size if self.sampler is None else None)
         self._recorder.load_ledger_state(hs["ledger"])
         self._cache = (None, None)

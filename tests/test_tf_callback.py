@@ -196,6 +196,7 @@ def test_budget_stops_training_at_the_last_epoch_that_fits(data):
     assert hist["epsilon"][-1] <= target
     assert cb.steps == expected * SPE
     assert "one more epoch would reach" in cb.stopped_reason
+    assert "(REPLACE_ONE)" in cb.stopped_reason and "(REPLACE_ONE)" in cb._describe()  # issue 12: named
 
 
 def test_budget_is_rechecked_when_another_callback_changes_the_learning_rate(data):

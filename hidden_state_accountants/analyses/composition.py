@@ -191,7 +191,7 @@ def _poisson_ar_pld_bound(name: str, q: float, counts: Counter, discretization: 
         total = None
         for z, k in counts.items():
             part = add_remove_sampled_gaussian_pld(q, z, d)
-            part = part.self_compose(k) if k > 1 else part
+            part = part.self_compose(k)  # also for k = 1, as dp_accounting does (it truncates tails)
             total = part if total is None else total.compose(part)
         return total, f"q = {q:.6g}, ADD_OR_REMOVE_ONE"
 

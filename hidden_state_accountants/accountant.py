@@ -203,7 +203,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
       neighboring_relation: ``REPLACE_ONE`` (default, the papers' relation) or
         ``ADD_OR_REMOVE_ONE`` (Opacus' and dp_accounting's default), as dp_accounting's
         ``NeighboringRelation`` or its name. Under ADD_OR_REMOVE_ONE the full-batch and Poisson
-        analyses apply with sensitivity ``C`` (docs/derivations.md D1-D6); the fixed-size
+        analyses apply with sensitivity ``C`` (docs/derivations.md sections 6-11); the fixed-size
         schedules of this package do not (an added record displaces others: every analysis is
         listed as not applicable with that reason, so the epsilon is ``inf``), nor does
         ``SampledWithoutReplacementDpEvent`` (as in dp_accounting).
@@ -213,7 +213,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     >>> acc = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE")
     >>> _ = acc.compose(dp_event.GaussianDpEvent(2.0))
     >>> acc.explain(1e-5).neighboring_relation, round(acc.get_epsilon(1e-5), 4)
-    ('ADD_OR_REMOVE_ONE', 1.8197)
+    ('ADD_OR_REMOVE_ONE', 1.9931)
     """
 
     def __init__(

@@ -283,7 +283,7 @@ class PldBound(Bound):
 def with_failure(pld: fdp.PLD, p: float) -> fdp.PLD:
     """The PLD of ``((1-p) A + p a*, (1-p) B + p b*)`` with atoms ``a*``, ``b*`` on disjoint points:
     every finite loss's mass scaled by ``1 - p`` and mass ``p`` moved to ``+infinity``, in both
-    directions. Its ``delta(eps)`` is ``(1 - p) delta_{A,B}(eps) + p`` (docs/derivations.md D1.5).
+    directions. Its ``delta(eps)`` is ``(1 - p) delta_{A,B}(eps) + p`` (docs/derivations.md section 7).
 
     >>> g = fdp.gaussian_pld(1.0, 1e-3)
     >>> abs(fdp.pld_delta(with_failure(g, 1e-3), 1.0) - (0.999 * fdp.pld_delta(g, 1.0) + 1e-3)) < 1e-12
@@ -312,7 +312,7 @@ def with_failure(pld: fdp.PLD, p: float) -> fdp.PLD:
 @dataclass(frozen=True)
 class Cap:
     """A cap ``K`` on the other records' batch size, ``log P(some batch exceeds it)``, and the log
-    Lipschitz constant of every step map given it (docs/derivations.md D1.2-D1.3)."""
+    Lipschitz constant of every step map given it (docs/derivations.md section 7)."""
 
     cap: int
     log_p: float
@@ -327,7 +327,7 @@ class Cap:
 class CappedBound(Bound):
     """A bound for the run conditioned on ``G_K = {every batch holds at most K other records}``,
     plus ``p_K = P(not G_K)``, per candidate cap: ``delta(eps) <= (1 - p_K) delta_K(eps) + p_K``
-    (joint convexity of the hockey-stick divergence; docs/derivations.md D1.5).
+    (joint convexity of the hockey-stick divergence; docs/derivations.md section 7).
 
     There is no unconditional RDP curve unless a candidate has ``p_K = 0`` (the bad event can
     carry expansive steps): :meth:`rdp` returns ``None`` otherwise, so the accountant's pointwise

@@ -160,7 +160,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         (``weight_decay`` of torch / Opacus optimisers), or ``None`` when unknown. The declared
         geometry already includes it; the Poisson hidden-state analyses need it separately, because
         under Poisson sampling the batch size is random and an empty batch contracts only through
-        ``m_reg`` (docs/derivations.md D1.3).
+        ``m_reg`` (docs/derivations.md section 6).
 
     Hidden-state theorems assume a constant step size and noise; with a per-step
     schedule that is not constant only the composition baselines apply.

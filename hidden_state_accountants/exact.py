@@ -634,7 +634,7 @@ def _grid_epsilon(p: np.ndarray, qd: np.ndarray, delta: float) -> float:
 def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: float, C: float, lr: float,
                           m_reg: float, h: float, relation: str, delta: float, grid: int = 1601) -> float:
     """Brute-force last-iterate epsilon of Poisson DP-SGD on a 1-D *non-linear* loss whose step
-    contraction depends on the batch size (ground truth where the batch-size cap binds, docs/derivations.md D9).
+    contraction depends on the batch size (ground truth where the batch-size cap binds, docs/derivations.md section 12).
 
     Data part ``d_i(theta) = clip_C(h (theta - x_i))`` (Huber: convex, ``h``-smooth, ``|d_i| <= C``), the
     others at ``x = 0``, the differing record at ``x = 5C/h`` in D and ``-5C/h`` in D' (REPLACE_ONE) or

@@ -354,7 +354,7 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps:
 
 def _poisson_needs(step: StepFacts) -> List[Tuple[str, str]]:
     """What a Poisson step without a package schedule lacks for a hidden-state claim: the analyses
-    (docs/derivations.md D1) need the exact rate, a fixed whole-number divisor of the clipped sum
+    (docs/derivations.md sections 6-7) need the exact rate, a fixed whole-number divisor of the clipped sum
     (Opacus' expected batch size) and mean reduction."""
     out = []
     if step.sample_rate is None:

@@ -3,7 +3,7 @@
 The values are dp_accounting's ``NeighboringRelation`` members. Under ADD_OR_REMOVE_ONE one record
 moves a step with a fixed divisor ``B`` by at most ``lr C / B`` (present vs absent) instead of
 ``2 lr C / B`` (``+C`` vs ``-C``). Which schedules and analyses carry over is derived in
-docs/derivations.md, section 6 (D6); this module holds the parts every analysis shares.
+docs/derivations.md, section 11; this module holds the parts every analysis shares.
 
 >>> parse_relation("add_or_remove_one").name
 'ADD_OR_REMOVE_ONE'
@@ -33,10 +33,10 @@ REPLACE_ONE = NeighborRel.REPLACE_ONE
 ADD_OR_REMOVE_ONE = NeighborRel.ADD_OR_REMOVE_ONE
 RELATIONS = (REPLACE_ONE, ADD_OR_REMOVE_ONE)
 
-# The schedules whose analyses carry over to ADD_OR_REMOVE_ONE (docs/derivations.md D6.2).
+# The schedules whose analyses carry over to ADD_OR_REMOVE_ONE (docs/derivations.md section 11).
 ADD_REMOVE_SCHEDULES = (FULL, POISSON)
 
-# Why the others do not (docs/derivations.md D6.2): the package's samplers place records by position.
+# Why the others do not (docs/derivations.md section 11): the package's samplers place records by position.
 ADD_REMOVE_UNSUPPORTED = {
     WITHOUT_REPLACEMENT: (
         "not covered under ADD_OR_REMOVE_ONE: with b-of-n sampling without replacement an added record "
@@ -84,7 +84,7 @@ def schedule_reason(relation: NeighborRel, sampling: str) -> Optional[str]:
 
 
 def as_add_remove(run, *, keep_geometry: bool = True):
-    """The add/remove pair of a fixed-divisor run in the replace-one parametrisation (docs/derivations.md D6.1).
+    """The add/remove pair of a fixed-divisor run in the replace-one parametrisation (docs/derivations.md section 11).
 
     Every fixed-schedule analysis reads one record's effect on a step as ``2 C lr / B`` and the noise
     as ``z C / B``. Halving the clip norm and doubling the noise multiplier keeps the noise and makes

@@ -1,4 +1,4 @@
-"""Poisson hidden-state analyses (docs/derivations.md D1-D4) pinned against ground truth.
+"""Poisson hidden-state analyses (docs/derivations.md sections 6-10) pinned against ground truth.
 
 Exact values: :func:`hidden_state_accountants.exact.exact_pair` (linear losses, the worst known
 pairs of each relation); brute force where the batch-size cap binds (a non-linear loss whose large
@@ -94,7 +94,7 @@ def test_binding_cap_adds_its_failure_probability(relation):
 
 
 def test_single_step_add_remove_is_the_sampled_gaussian():
-    """T = 1: the last iterate is the sampled Gaussian; Lemma SI at tau = 0 is exactly it (D1.6)."""
+    """T = 1: the last iterate is the sampled Gaussian; Lemma SI at tau = 0 is exactly it (section 8)."""
     run = run_of(20, 0.3, 2, 1, 1.0, 0.5, 0.2)
     truth = exact.exact_pair(run, relation="ADD_OR_REMOVE_ONE")
     si = bounds_of(run, ADD_OR_REMOVE_ONE)["si_poisson"]
@@ -143,7 +143,7 @@ def test_needs_are_checked():
 def test_mnist_scale_add_remove_below_composition():
     """The Opacus MNIST pattern (n = 60000, b = 256, z = 1, lr = 0.5, m_reg = 0.01): from about 10
     epochs on, the hidden-state bound under ADD_OR_REMOVE_ONE is below the composition number that
-    Opacus' own accountants report, and it stops growing (docs/derivations.md D9)."""
+    Opacus' own accountants report, and it stops growing (docs/derivations.md section 12)."""
     geom = LossGeometry(smoothness=1.01, strong_convexity=0.01)
     out = {}
     for epochs in (10, 50):
@@ -223,7 +223,7 @@ def test_full_grid(setting):
         check(run, rel, orders=ORDERS if run.steps <= 3 else None)
 
 
-# ---------------------------------------------- fixed schedules under ADD_OR_REMOVE_ONE (D6)
+# ---------------------------------------------- fixed schedules under ADD_OR_REMOVE_ONE (section 11)
 @pytest.mark.parametrize("n,T,z,lr,m", [(10, 20, 1.0, 0.5, 0.3), (50, 200, 2.0, 1.0, 0.1), (5, 3, 0.7, 0.2, 0.9)])
 def test_bok_4_2_add_remove_is_the_exact_pair(n, T, z, lr, m):
     """Full batch, divisor n fixed: Bok et al. Thm 4.2 with L = C equals the exact add/remove

@@ -99,7 +99,7 @@ def statement_for_run(run: TrainingRunDpEvent, delta: float, *, notes: Sequence[
 
 
 # The relation of every number the TF-Privacy adapter reports: REPLACE_ONE, the papers' (the
-# package's fixed-size schedules are not covered under ADD_OR_REMOVE_ONE: docs/derivations.md D6).
+# package's fixed-size schedules are not covered under ADD_OR_REMOVE_ONE: docs/derivations.md section 11).
 RELATION = "REPLACE_ONE"
 
 

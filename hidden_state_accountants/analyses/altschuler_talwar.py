@@ -71,7 +71,7 @@ def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return RdpBound(orders=ctx.orders, values=best, note=note)
 
 
-# ------------------------------------------------------------------ Poisson sampling (D3)
+# ------------------------------------------------------------------ Poisson sampling (section 9)
 def sampled_step_rdp(z: float, q: float, relation, orders) -> np.ndarray:
     """RDP of one Poisson-sampled step (noise multiplier ``z`` relative to one record's clip norm).
 
@@ -79,7 +79,7 @@ def sampled_step_rdp(z: float, q: float, relation, orders) -> np.ndarray:
     it bounds both directions). REPLACE_ONE: the pair ``(1-q)N(0)+qN(w1)`` vs ``(1-q)N(0)+qN(w2)``,
     the package's :func:`~hidden_state_accountants.analyses.composition.poisson_replace_one_rdp`
     (joint convexity over the inclusion, and Mironov's weak triangle inequality through the dataset
-    holding both records; docs/derivations.md D3)."""
+    holding both records; docs/derivations.md section 9)."""
     from hidden_state_accountants.analyses.composition import poisson_replace_one_rdp
     from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE
 
@@ -90,7 +90,7 @@ def sampled_step_rdp(z: float, q: float, relation, orders) -> np.ndarray:
 
 
 def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relation, orders):
-    """Lemma SI in Rényi form (docs/derivations.md D3), minimised per order over ``k = T - tau``, the
+    """Lemma SI in Rényi form (docs/derivations.md section 9), minimised per order over ``k = T - tau``, the
     split ``s`` and where the shift is absorbed (``r = 1`` or ``r = k``)::
 
         eps(a) <= (k - r) S(z) + r S(z sqrt(s)) + a mu(k, r, s)^2 / 2,
@@ -130,14 +130,14 @@ def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relat
 @analysis(
     "altschuler_talwar_eq3.3_poisson",
     f"{CITE}, eq. (3.3) form for Poisson batches, re-derived through Lemma SI in Rényi form "
-    "(docs/derivations.md D3); batch-size cap (D1)", ("poisson",),
+    "(docs/derivations.md section 9); batch-size cap (sections 6-7)", ("poisson",),
     hidden_state=True, needs="D or l2_regularization > 0; capped batches' steps non-expansive (contractive without D)",
     add_or_remove="native")
 def eq_3_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    """The Rényi form of eq. (3.3) for Poisson batches (D3), conditioned on the batch-size cap.
+    """The Rényi form of eq. (3.3) for Poisson batches (section 9), conditioned on the batch-size cap.
 
     Reported only as (epsilon, delta) / PLD through the conditional curve with the cap's failure
-    probability added to delta: an RDP curve is exposed only when no cap is needed (D1.5)."""
+    probability added to delta: an RDP curve is exposed only when no cap is needed (section 7)."""
     from hidden_state_accountants.analyses import poisson_hidden_state as ph
 
     s, reason = ph.poisson_setup(run, ctx)

@@ -13,7 +13,7 @@ of norm ``<= C`` (dp_event's docstring); replacing one record changes the sum by
 Under ADD_OR_REMOVE_ONE (``ctx.neighboring_relation``) the sensitivity is ``C``: a
 ``GaussianDpEvent(z)`` is ``G(1/z)``, a Poisson-sampled Gaussian is dp_accounting's own
 add/remove PLD (add and remove directions composed separately, the exact object for this
-relation: docs/derivations.md D2, D5) and RDP; sampling without replacement has no
+relation: docs/derivations.md section 8, section 11) and RDP; sampling without replacement has no
 add/remove statement (as in dp_accounting) and is refused.
 """
 

@@ -1,6 +1,6 @@
 """Hidden-state bounds under Poisson sampling (Opacus' default loader), both neighbouring relations.
 
-Setting (docs/derivations.md D0): every record joins each step's batch independently with
+Setting (docs/derivations.md section 6): every record joins each step's batch independently with
 probability ``q``; the clipped sum is divided by a *fixed* public divisor ``b`` (Opacus: the
 expected batch size); the L2 strength ``m_reg`` (``TrainingRunDpEvent.l2_regularization``,
 torch's ``weight_decay``) is applied once per step outside the batch sum::
@@ -10,17 +10,17 @@ torch's ``weight_decay``) is applied once per step outside the batch sum::
 What differs from the fixed-size schedules is that the batch size is random, so a step's
 contraction is random: a step averaging ``k`` records is ``c(k)``-Lipschitz with
 ``c(k) = max(|1 - lr m_k|, |1 - lr M_k|)``, ``m_k = m_reg + (k/b) m_d``,
-``M_k = m_reg + (k/b)(M - m_reg)``, ``m_d = m - m_reg`` (D1.3). An empty batch contracts only
+``M_k = m_reg + (k/b)(M - m_reg)``, ``m_d = m - m_reg`` (section 6). An empty batch contracts only
 through ``m_reg`` and a large one can be expansive. This is handled by a cap ``K`` on the *other*
 records' batch size (an event of the others alone, which keeps the differing record's inclusion
 an independent ``Bern(q)``): conditioned on ``G_K`` every map is ``c_K = max(c(0), c(K+1))``-
 Lipschitz, and ``P(not G_K) = 1 - (1 - P(Bin(N_o, q) > K))^T`` is added to delta
-(D1.2, D1.5; :class:`~hidden_state_accountants.bounds.CappedBound`). Every cap gives a valid bound;
+(section 7; :class:`~hidden_state_accountants.bounds.CappedBound`). Every cap gives a valid bound;
 the candidates tried are the largest admissible cap and, per delta, the smallest caps whose failure
-probability is a small fraction of delta (D1.4).
+probability is a small fraction of delta (section 7).
 
 This module holds that machinery and the package's own analysis, **Lemma SI** (f-DP,
-docs/derivations.md D2): shifted interpolation (Bok, Su & Altschuler, *Shifted Interpolation for
+docs/derivations.md section 8): shifted interpolation (Bok, Su & Altschuler, *Shifted Interpolation for
 Differential Privacy*, ICML 2024, arXiv:2403.00278, Lemma 3.2 / Thm 3.3) with the auxiliary process
 driven by the first run's step maps, so the differing record enters only through each step's
 sampled pair::
@@ -34,9 +34,9 @@ pair ``g`` is the Poisson replace-one profile (Balle, Barthe & Gaboardi, NeurIPS
 :func:`hidden_state_accountants.fdp.poisson_replace_one_profile`) or, under ADD_OR_REMOVE_ONE,
 dp_accounting's sampled Gaussian with both directions. ``tau = 0`` is plain composition, so the
 bound is never worse than the composition of the same per-step pair. Bok et al.'s Thms 4.9/4.10
-with ``p = q`` are corollaries (D2.4) and add nothing over it, so they are not registered for
-Poisson. The Rényi form ([AT] eq. (3.3), D3) lives in :mod:`.altschuler_talwar`, the Poisson form of
-Ye & Shokri's Thm 4.3 (D4) in :mod:`.ye_shokri`.
+with ``p = q`` are corollaries (section 8) and add nothing over it, so they are not registered for
+Poisson. The Rényi form ([AT] eq. (3.3), section 9) lives in :mod:`.altschuler_talwar`, the Poisson form of
+Ye & Shokri's Thm 4.3 (section 10) in :mod:`.ye_shokri`.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, s
 from hidden_state_accountants.schedules import POISSON
 
 BOK = "Bok, Su & Altschuler (ICML 2024, arXiv:2403.00278)"
-SI_CITATION = (f"Lemma SI (docs/derivations.md D2): shifted interpolation after {BOK} Lemma 3.2 / Thm 3.3 with "
-               "sampled steps; batch-size cap with its failure probability added to delta (D1)")
+SI_CITATION = (f"Lemma SI (docs/derivations.md section 8): shifted interpolation after {BOK} Lemma 3.2 / Thm 3.3 with "
+               "sampled steps; batch-size cap with its failure probability added to delta (sections 6-7)")
 
 # Fractions of delta the cap's failure probability may use; the largest admissible cap is always tried.
 CAP_FRACTIONS = (1e-3, 1e-1, 0.5)
@@ -76,9 +76,9 @@ NEED_L2 = ("needs l2_regularization > 0 declared (under Poisson sampling a step 
            "which contracts only through the L2 term: 1 - lr m_reg)")
 
 
-# =============================================================================== D1: the cap
+# =============================================================================== sections 6-7: the cap
 def log_cap_failure(others: int, q: float, steps: int, cap: int) -> float:
-    """``log P(exists t <= steps: |O_t| > cap)`` with ``|O_t| ~ Bin(others, q)`` i.i.d. (D1.2).
+    """``log P(exists t <= steps: |O_t| > cap)`` with ``|O_t| ~ Bin(others, q)`` i.i.d. (section 7).
 
     Exact for independent steps, ``1 - (1 - sf)^T`` in log space; where scipy's tail underflows,
     ``T exp(-others KL((cap+1)/others || q))`` (Chernoff), an upper bound, never optimistic.
@@ -107,7 +107,7 @@ def log_cap_failure(others: int, q: float, steps: int, cap: int) -> float:
 
 def log_step_lipschitz(lr: float, m_reg: Optional[float], m_data: float, M: float, b: float, k: float) -> float:
     """``log`` of the Lipschitz constant of ``theta -> theta - lr (m_reg theta + (1/b) sum_{k records} d_i)``
-    (Bok et al. Lemma 2.8 for the sum, D0): the Jacobian's spectrum lies in
+    (Bok et al. Lemma 2.8 for the sum, section 6): the Jacobian's spectrum lies in
     ``[1 - lr (m_reg + (k/b)(M - m_reg)), 1 - lr (m_reg + (k/b) m_data)]``. With ``m_reg`` unknown
     (``None``): ``max(1, |1 - lr max(1, k/b) M|)``, valid for every ``m_reg`` in ``[0, m]``."""
     if m_reg is None:
@@ -119,14 +119,14 @@ def log_step_lipschitz(lr: float, m_reg: Optional[float], m_data: float, M: floa
 
 def log_cap_lipschitz(lr, m_reg, m_data, M, b, max_batch) -> float:
     """Largest step Lipschitz constant (log) over batch sizes ``0..max_batch``: ``|1 - lr(u + k v)|``
-    is convex in ``k``, so the maximum sits at an end (D1.3)."""
+    is convex in ``k``, so the maximum sits at an end (section 6)."""
     return max(log_step_lipschitz(lr, m_reg, m_data, M, b, 0.0),
                log_step_lipschitz(lr, m_reg, m_data, M, b, float(max_batch)))
 
 
 def caps(others: int, q: float, steps: int, *, lr: float, m_reg: Optional[float], m_data: float, M: float,
          b: float, admissible: Callable[[float], bool], deltas: Sequence[float] = CAP_DELTAS) -> List[Cap]:
-    """Candidate caps (D1.4): the largest cap whose maps satisfy ``admissible(log_c)``, and for each
+    """Candidate caps (section 7): the largest cap whose maps satisfy ``admissible(log_c)``, and for each
     ``delta`` and fraction in :data:`CAP_FRACTIONS` the smallest cap with so small a failure
     probability, where that gives a smaller contraction. The differing record adds one to a batch."""
     lc = lambda K: log_cap_lipschitz(lr, m_reg, m_data, M, b, K + 1)
@@ -215,14 +215,14 @@ def capped(run: TrainingRunDpEvent, ctx: cm.Context, setup: PoissonSetup, admiss
     return CappedBound(candidates=tuple(cands), relation=ctx.neighboring_relation.name, estimates=estimates)
 
 
-# ====================================================== D2: PLD helpers for Lemma SI
+# ====================================================== section 8: PLD helpers for Lemma SI
 _STEP_CACHE: Dict = {}
 
 
 def sampled_step_pld(z: float, q: float, relation, d: float) -> fdp.PLD:
     """One sampled step, noise multiplier ``z`` relative to one record's clip norm: REPLACE_ONE, the
     Poisson replace-one profile (symmetric); ADD_OR_REMOVE_ONE, dp_accounting's Poisson-subsampled
-    Gaussian (both directions, the exact pair: D2). Cached (PLDs are immutable)."""
+    Gaussian (both directions, the exact pair: section 8). Cached (PLDs are immutable)."""
     key = (float(z), float(q), relation, float(d))
     if key not in _STEP_CACHE:
         if len(_STEP_CACHE) > 64:
@@ -320,17 +320,17 @@ def grid_epsilon(pld: fdp.PLD, delta: float) -> float:
     return max(out, 0.0)
 
 
-# ====================================================== D2: Lemma SI
+# ====================================================== section 8: Lemma SI
 def si_shift_mu(*, k, r, split: float, steps: int, log_c: float, z: float, Dn: Optional[float],
                 rho: float) -> np.ndarray:
-    """GDP parameter of Lemma SI's Gaussian term, in noise units (D2)::
+    """GDP parameter of Lemma SI's Gaussian term, in noise units (section 8)::
 
         mu = c^k Z / (sqrt(1 - split) sqrt(sum_{i<r} c^{2i})),  Z = min(Dn, (rho/z)(1 - c^tau)/(1 - c)),
 
     ``tau = steps - k`` (``Z = 0`` at ``tau = 0``); ``c = 1`` uses ``(rho/z) tau``.
 
-    >>> float(si_shift_mu(k=1, r=1, split=0.5, steps=2, log_c=math.log(0.5), z=1.0, Dn=None, rho=2.0)[0])
-    1.4142135623730951
+    >>> round(float(si_shift_mu(k=1, r=1, split=0.5, steps=2, log_c=math.log(0.5), z=1.0, Dn=None, rho=2.0)[0]), 6)
+    1.414214
     """
     k = np.atleast_1d(np.asarray(k, dtype=float))
     r = np.atleast_1d(np.asarray(r, dtype=float))
@@ -426,12 +426,12 @@ def si_family(*, q: float, z: float, steps: int, log_c: float, Dn: Optional[floa
           needs="l2_regularization > 0 (or D), every capped batch's step c-Lipschitz with c < 1 (c <= 1 with D)",
           add_or_remove="native")
 def si_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    """Lemma SI (docs/derivations.md D2) for Poisson batches, f-DP, both relations.
+    """Lemma SI (docs/derivations.md section 8) for Poisson batches, f-DP, both relations.
 
     Conditions, checked per cap: every step map that can occur given the cap (at most ``K + 1``
     records over the divisor ``b``) is ``c``-Lipschitz with ``c < 1`` without a diameter (this needs
     ``l2_regularization > 0``: an empty batch contracts only through it), ``c <= 1`` with one.
-    The bound is conditioned on the cap and its failure probability is added to delta (D1.5).
+    The bound is conditioned on the cap and its failure probability is added to delta (section 7).
     """
     s, reason = poisson_setup(run, ctx)
     if s is None:

@@ -20,7 +20,7 @@ from hidden_state_accountants.bounds import NotApplicable
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, as_add_remove, schedule_reason
 from hidden_state_accountants.schedules import SAMPLINGS, check_sampling
 
-# How an analysis covers ADD_OR_REMOVE_ONE (docs/derivations.md D5-D6):
+# How an analysis covers ADD_OR_REMOVE_ONE (docs/derivations.md section 11):
 NOT_COVERED = "no"            # proved for REPLACE_ONE only
 NATIVE = "native"             # reads ctx.neighboring_relation itself
 SENSITIVITY_C = "sensitivity_c"  # a fixed-divisor theorem: run on as_add_remove(run) (sensitivity C, M')
@@ -71,7 +71,7 @@ def analysis(name: str, citation: str, schedules, *, hidden_state: bool = True, 
     ``"native"`` (it reads ``ctx.neighboring_relation``), or ``"sensitivity_c"`` (a fixed-divisor
     theorem whose proof uses the neighbours only through the per-step difference and both runs'
     geometry: the registry runs it on :func:`~hidden_state_accountants.relations.as_add_remove`
-    of the run, docs/derivations.md D6.1)."""
+    of the run, docs/derivations.md section 11)."""
     schedules = tuple(check_sampling(s) for s in schedules)
     if add_or_remove not in ADD_REMOVE_MODES:
         raise ValueError(f"add_or_remove must be one of {ADD_REMOVE_MODES}, got {add_or_remove!r}")
@@ -81,7 +81,7 @@ def analysis(name: str, citation: str, schedules, *, hidden_state: bool = True, 
         def run(event, ctx):
             cite = citation
             if add_or_remove == SENSITIVITY_C and ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
-                cite = citation + "; ADD_OR_REMOVE_ONE: sensitivity C, fixed divisor (docs/derivations.md D6)"
+                cite = citation + "; ADD_OR_REMOVE_ONE: sensitivity C, fixed divisor (docs/derivations.md section 11)"
                 try:
                     event = as_add_remove(event, keep_geometry=hidden_state)
                 except v.ParameterError as err:

@@ -356,17 +356,17 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 @analysis(
     "ye_shokri_thm4.3_poisson",
-    f"{CITE}, Thm 4.3 with b/n -> q for Poisson batches (docs/derivations.md D4); batch-size cap (D1)",
+    f"{CITE}, Thm 4.3 with b/n -> q for Poisson batches (docs/derivations.md section 10); batch-size cap (sections 6-7)",
     ("poisson",), hidden_state=True, needs="l2_regularization > 0, lr < 2/(m_reg + M_(K+1))",
     add_or_remove="native")
 def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    """Thm 4.3's recursion for Poisson batches (D4), conditioned on a cap ``K`` on the other
+    """Thm 4.3's recursion for Poisson batches (section 10), conditioned on a cap ``K`` on the other
     records' batch size: ``lambda = m_reg`` (an empty batch is possible), ``beta = M_{K+1} =
     m_reg + ((K+1)/b)(M - m_reg)``, condition ``lr < 2/(lambda + beta)`` so every capped step map is
     ``(1 - lr m_reg)``-Lipschitz, ``rho = (1 - lr m_reg)^2``; the step holding the differing record
     costs ``u_a = 2a/z^2`` (REPLACE_ONE, Cor. 5.3) or ``a/(2 z^2)`` (ADD_OR_REMOVE_ONE). The transfer
     rests on the proof structure the paper's main text describes (Lemma 3.2 per fixed batch
-    sequence, Lemma 4.1, Jensen); see D4 for the caveat."""
+    sequence, Lemma 4.1, Jensen); see section 10 for the caveat."""
     from hidden_state_accountants.analyses import poisson_hidden_state as ph
     from hidden_state_accountants.relations import sensitivity_factor
 

@@ -111,7 +111,7 @@ def test_epsilon_in_logs_equals_the_core_each_epoch(data, sampling):
     # the learning rate the optimizer used, as float32
     assert cb.run_event() == TrainingRunDpEvent(
         dataset_size=N, batch_size=b, steps=3 * spe, noise_multiplier=Z, clip_norm=C,
-        learning_rate=LR, sampling=sampling, geometry=GEOMETRY)
+        learning_rate=LR, sampling=sampling, geometry=GEOMETRY, l2_regularization=L2)
     assert cb.epsilon == hist["epsilon"][-1]
     # fixed-order schedules: the hidden-state bound is in use and beats composition already
     if sampling in ("cyclic", "shuffle_partition"):

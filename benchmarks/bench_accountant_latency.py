@@ -8,6 +8,10 @@ constrained NoisySGD rows use z = 8, D = 0.1, where those bounds are competitive
 are skipped as hopeless, which takes no time).
 Opacus (RDP, PRV) and dp_accounting (PLD) account the Poisson-sampled version of the same
 run under add/remove, as they do in practice. Also reports noise calibration.
+
+Poisson hidden-state rows (issue 12) use the Opacus MNIST pattern instead: n = 60000, expected
+batch b = 256 (q = b/n), z = 1, C = 1, lr = 0.5, weight decay m_reg = 0.01 applied once per step,
+M = 1.01, no diameter, under both neighbouring relations.
 """
 
 from __future__ import annotations
@@ -21,8 +25,16 @@ import dp_accounting as dpa
 
 from hidden_state_accountants import LossGeometry, TrainingRunDpEvent, calibrate_noise_multiplier
 from hidden_state_accountants import rdp as rdp_tools
-from hidden_state_accountants.analyses import altschuler_talwar, bok, chourasia, composition, ye_shokri
+from hidden_state_accountants.analyses import (
+    altschuler_talwar,
+    bok,
+    chourasia,
+    composition,
+    poisson_hidden_state,
+    ye_shokri,
+)
 from hidden_state_accountants.analyses._common import Context
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE
 
 DELTA = 1e-5
 GEOM = LossGeometry(strong_convexity=0.01, smoothness=1.01, diameter=1.0)
@@ -46,6 +58,20 @@ FAMILIES = [
 ]
 
 
+POISSON_GEOM = LossGeometry(strong_convexity=0.01, smoothness=1.01)
+POISSON_FAMILIES = [
+    ("Poisson hidden-state f-DP", poisson_hidden_state.si_poisson),
+    ("Poisson hidden-state RDP", altschuler_talwar.eq_3_3_poisson),
+    ("Poisson hidden-state recursion", ye_shokri.thm_4_3_poisson),
+    ("composition f-DP", composition.poisson_pld),
+]
+
+
+def make_poisson_run(steps: int, z: float = 1.0) -> TrainingRunDpEvent:
+    return TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=steps, noise_multiplier=z, clip_norm=1.0,
+                              learning_rate=0.5, sampling="poisson", geometry=POISSON_GEOM, l2_regularization=0.01)
+
+
 def make_run(sampling: str, steps: int, z: float = 2.0, geometry: LossGeometry = GEOM) -> TrainingRunDpEvent:
     n, b = 60000, 600
     return TrainingRunDpEvent(dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps,
@@ -56,6 +82,7 @@ def make_run(sampling: str, steps: int, z: float = 2.0, geometry: LossGeometry =
 def clear_caches() -> None:
     rdp_tools._sgm_rdp_cached.cache_clear()
     rdp_tools._wor_rdp_cached.cache_clear()
+    poisson_hidden_state._STEP_CACHE.clear()
 
 
 def timed(fn: Callable[[], float], repeat: int = 3) -> tuple:
@@ -68,8 +95,8 @@ def timed(fn: Callable[[], float], repeat: int = 3) -> tuple:
     return statistics.median(times), value
 
 
-def ours(analysis, run) -> Callable[[], float]:
-    return lambda: analysis(run, Context()).epsilon(DELTA)
+def ours(analysis, run, relation=REPLACE_ONE) -> Callable[[], float]:
+    return lambda: analysis(run, Context(neighboring_relation=relation)).epsilon(DELTA)
 
 
 def opacus_accountant(name: str, run) -> Callable[[], float]:
@@ -107,6 +134,13 @@ def main(argv: List[str] | None = None) -> None:
             setting = " (z = 8, D = 0.1)" if overrides else ""
             rows.append(f"| {family} | {name}{setting} | {sampling} | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
             print(rows[-1], flush=True)
+        for family, analysis in POISSON_FAMILIES:
+            for relation in (ADD_OR_REMOVE_ONE, REPLACE_ONE):
+                t, eps = timed(ours(analysis, make_poisson_run(steps), relation), args.repeat)
+                name = analysis(make_poisson_run(2), Context()).name
+                rows.append(f"| {family} | {name} ({relation.name}; b = 256, z = 1, lr = 0.5, m_reg = 0.01) | "
+                            f"poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+                print(rows[-1], flush=True)
         poisson = make_run("poisson", steps)
         try:
             import opacus  # noqa: F401
@@ -127,6 +161,15 @@ def main(argv: List[str] | None = None) -> None:
         t = time.perf_counter() - t
         rows.append(f"| calibration | target eps 2.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}) | "
                     f"{sampling} | 10000 | {result.epsilon:.4g} | {t:.2f} s, {result.evaluations} evaluations |")
+        print(rows[-1], flush=True)
+    for relation in (ADD_OR_REMOVE_ONE, REPLACE_ONE):
+        run = make_poisson_run(10 * 234)
+        t = time.perf_counter()
+        result = calibrate_noise_multiplier(run, 1.0, DELTA, neighboring_relation=relation)
+        t = time.perf_counter() - t
+        rows.append(f"| calibration | target eps 1.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}, "
+                    f"{relation.name}) | poisson | {10 * 234} | {result.epsilon:.4g} | {t:.2f} s, "
+                    f"{result.evaluations} evaluations |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     if args.out:

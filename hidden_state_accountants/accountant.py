@@ -30,23 +30,27 @@ from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
 from hidden_state_accountants.bounds import Bound, NotApplicable
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.recording import CompositionFallbackWarning
-from hidden_state_accountants.schedules import POISSON, SAMPLINGS
-
-NeighborRel = privacy_accountant.NeighboringRelation
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
+from hidden_state_accountants.schedules import SAMPLINGS
 
 EventAnalyzer = Callable[[dp_event.DpEvent, Context], List[Bound]]
 _EVENT_ANALYZERS: Dict[type, EventAnalyzer] = {}
+_EVENT_RELATIONS: Dict[type, Tuple[NeighborRel, ...]] = {}
 
 
-def register_event_analyzer(event_type: type, analyzer: EventAnalyzer) -> None:
+def register_event_analyzer(event_type: type, analyzer: EventAnalyzer,
+                            relations: Sequence[NeighborRel] = (REPLACE_ONE,)) -> None:
     """Teaches :class:`HiddenStateAccountant` a new event type (e.g. a DP-SBCD run).
 
     ``analyzer(event, ctx)`` returns the event's bounds (:mod:`hidden_state_accountants.bounds`),
     including ``NotApplicable`` entries with reasons, exactly like :func:`analyze_training_run`.
+    ``relations``: the neighbouring relations its analyses are proved for (the accountant
+    reports ``inf`` with a reason under any other, without calling it).
     """
     if not (isinstance(event_type, type) and issubclass(event_type, dp_event.DpEvent)):
         raise TypeError(f"event_type: must be a DpEvent subclass, got {event_type!r}")
     _EVENT_ANALYZERS[event_type] = analyzer
+    _EVENT_RELATIONS[event_type] = tuple(parse_relation(r, "relations") for r in relations)
 
 
 def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
@@ -68,18 +72,22 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
 
 
 def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
-    """Every analysis for ``run``: its schedule's composition baselines and all hidden-state
-    analyses, those that do not apply carrying the reason (from the registry, without
-    running them)."""
+    """Every analysis for ``run`` under ``ctx.neighboring_relation``: its schedule's composition
+    baselines and all hidden-state analyses, those that do not apply carrying the reason (from
+    the registry, without running them: another schedule, or a relation the analysis is not
+    proved for)."""
     run = normalised(run)
     bounds = []
     for info in registry.all_analyses():
         if run.sampling in info.schedules:
-            bounds.append(info.function(run, ctx))
+            reason = info.relation_reason(ctx.neighboring_relation, run.sampling)
+            if reason:
+                bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=info.hidden_state,
+                                            reason=reason))
+            else:
+                bounds.append(info.function(run, ctx))
         elif info.hidden_state:
             reason = info.not_applicable_reason(run.sampling)
-            if run.sampling == POISSON:
-                reason += " (no analysis in these papers covers Poisson sampling under hidden state)"
             bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=True, reason=reason))
     return bounds
 
@@ -165,6 +173,12 @@ def _json_number(x: Optional[float]):
     return x if math.isfinite(x) else None
 
 
+RELATION_NOTES = {
+    REPLACE_ONE: "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
+    ADD_OR_REMOVE_ONE: "neighbouring datasets differ by adding or removing one record (ADD_OR_REMOVE_ONE)",
+}
+
+
 @dataclass
 class _Component:
     event: dp_event.DpEvent
@@ -173,7 +187,7 @@ class _Component:
 
 
 class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
-    """A ``dp_accounting.PrivacyAccountant`` reporting the best valid bound (REPLACE_ONE).
+    """A ``dp_accounting.PrivacyAccountant`` reporting the best valid bound.
 
     It accepts :class:`TrainingRunDpEvent` and the standard events (``GaussianDpEvent``,
     ``PoissonSampledDpEvent`` / ``SampledWithoutReplacementDpEvent`` of a Gaussian,
@@ -186,29 +200,37 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
 
     Args:
       orders: RDP orders (dp_accounting's default grid if ``None``).
-      neighboring_relation: only ``REPLACE_ONE`` is supported.
+      neighboring_relation: ``REPLACE_ONE`` (default, the papers' relation) or
+        ``ADD_OR_REMOVE_ONE`` (Opacus' and dp_accounting's default), as dp_accounting's
+        ``NeighboringRelation`` or its name. Under ADD_OR_REMOVE_ONE the full-batch and Poisson
+        analyses apply with sensitivity ``C`` (docs/derivations.md sections 6-11); the fixed-size
+        schedules of this package do not (an added record displaces others: every analysis is
+        listed as not applicable with that reason, so the epsilon is ``inf``), nor does
+        ``SampledWithoutReplacementDpEvent`` (as in dp_accounting).
       pld_discretization: discretisation of privacy-loss distributions.
+
+    >>> from dp_accounting import dp_event
+    >>> acc = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE")
+    >>> _ = acc.compose(dp_event.GaussianDpEvent(2.0))
+    >>> acc.explain(1e-5).neighboring_relation, round(acc.get_epsilon(1e-5), 4)
+    ('ADD_OR_REMOVE_ONE', 1.9931)
     """
 
     def __init__(
         self,
         orders: Optional[Sequence[float]] = None,
-        neighboring_relation: NeighborRel = NeighborRel.REPLACE_ONE,
+        neighboring_relation: NeighborRel = REPLACE_ONE,
         pld_discretization: float = 1e-3,
     ):
-        if neighboring_relation != NeighborRel.REPLACE_ONE:
-            raise ValueError(
-                "neighboring_relation: the hidden-state analyses are proved for REPLACE_ONE; "
-                f"got {neighboring_relation}"
-            )
-        super().__init__(neighboring_relation)
+        relation = parse_relation(neighboring_relation)
+        super().__init__(relation)
         d = v.positive_float("pld_discretization", pld_discretization)
         if d > 0.1:
             raise v.ParameterError("pld_discretization", f"must be <= 0.1 for meaningful PLDs, got {d:g}")
         orders = rdp_tools.DEFAULT_ORDERS if orders is None else tuple(sorted(float(a) for a in orders))
         if not orders or not all(1 < a < math.inf for a in orders):
             raise v.ParameterError("orders", f"every RDP order must be finite and > 1, got {orders}")
-        self._ctx = Context(orders=tuple(orders), discretization=d)
+        self._ctx = Context(orders=tuple(orders), discretization=d, neighboring_relation=relation)
         self._components: List[_Component] = []
         self._warned = False
 
@@ -275,11 +297,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     def explain(self, target_delta: float) -> PrivacyReport:
         """Every analysis with its epsilon (or reason), and the best valid one."""
         v.probability("target_delta", target_delta, allow_zero=True, allow_one=True)
-        notes = [
-            "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
-        ]
+        notes = [RELATION_NOTES[self.neighboring_relation]]
         if not self._components:
-            return PrivacyReport(0.0, target_delta, "none", "REPLACE_ONE", [], notes)
+            return PrivacyReport(0.0, target_delta, "none", self._relation_name, [], notes)
         single = self._single()
         if single is not None:
             report = self._explain_single(single, target_delta, notes)
@@ -294,6 +314,10 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 report.notes.append(f"{NO_GEOMETRY}: the composition bound is reported")
         return report
 
+    @property
+    def _relation_name(self) -> str:
+        return self.neighboring_relation.name
+
     def _single(self) -> Optional[_Component]:
         if len(self._components) == 1 and self._components[0].count == 1:
             c = self._components[0]
@@ -306,7 +330,13 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             if isinstance(c.event, TrainingRunDpEvent):
                 c.bounds = analyze_training_run(c.event, self._ctx)
             elif type(c.event) in _EVENT_ANALYZERS:
-                c.bounds = _EVENT_ANALYZERS[type(c.event)](c.event, self._ctx)
+                if self.neighboring_relation in _EVENT_RELATIONS[type(c.event)]:
+                    c.bounds = _EVENT_ANALYZERS[type(c.event)](c.event, self._ctx)
+                else:
+                    c.bounds = [NotApplicable(
+                        name=type(c.event).__name__, hidden_state=False,
+                        reason=f"its analyses are proved for {', '.join(r.name for r in _EVENT_RELATIONS[type(c.event)])}"
+                               f" only, not {self._relation_name}")]
             elif isinstance(c.event, dp_event.NonPrivateDpEvent):
                 c.bounds = [composition.non_private_bound("NonPrivateDpEvent")]
             else:
@@ -339,9 +369,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                     f"order {order:g} from {winner}"))
                 candidates.append((eps + 1e-12, name))  # prefer a named analysis on ties
         if not candidates:
-            return PrivacyReport(math.inf, delta, "none", "REPLACE_ONE", rows, notes)
+            return PrivacyReport(math.inf, delta, "none", self._relation_name, rows, notes)
         eps, name = min(candidates)
-        return PrivacyReport(eps, delta, name, "REPLACE_ONE", rows, notes)
+        return PrivacyReport(eps, delta, name, self._relation_name, rows, notes)
 
     def _explain_composed(self, delta: float, notes: List[str]) -> PrivacyReport:
         rows = []
@@ -362,8 +392,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         rows.append(AnalysisReport("composed_fdp", "PLDs composed over events", eps_pld, None, True, "fdp"))
         notes.append("several events: each event contributes its best bound to each composition")
         if eps_pld < eps_rdp:
-            return PrivacyReport(eps_pld, delta, "composed_fdp", "REPLACE_ONE", rows, notes)
-        return PrivacyReport(eps_rdp, delta, "composed_rdp", "REPLACE_ONE", rows, notes)
+            return PrivacyReport(eps_pld, delta, "composed_fdp", self._relation_name, rows, notes)
+        return PrivacyReport(eps_rdp, delta, "composed_rdp", self._relation_name, rows, notes)
 
     # ------------------------------------------------------------------- curves
     def get_rdp(self, orders: Optional[Sequence[float]] = None) -> np.ndarray:

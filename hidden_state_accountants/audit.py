@@ -48,6 +48,7 @@ import numpy as np
 from scipy import stats
 from tqdm import tqdm
 
+from hidden_state_accountants.relations import REPLACE_ONE, parse_relation
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.events import TrainingRunDpEvent
@@ -396,6 +397,11 @@ def audit(
         raise v.ParameterError("repetitions", f"must be >= 100 for a meaningful test, got {repetitions}")
     v.probability("delta", delta)
     v.probability("confidence", confidence)
+    relation = parse_relation(accountant_kwargs.get("neighboring_relation", REPLACE_ONE))
+    if relation != REPLACE_ONE:
+        raise v.ParameterError("neighboring_relation", "the audit's constructions simulate a replaced record "
+                               "(a REPLACE_ONE pair), whose empirical epsilon is no lower bound under "
+                               f"{relation.name}; audit with REPLACE_ONE")
     if run.geometry is None:
         raise v.ParameterError("geometry", "the audit constructions need the run's declared geometry")
     if not run.is_constant:

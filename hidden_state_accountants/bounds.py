@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import special
 
 from hidden_state_accountants import fdp
@@ -276,6 +278,118 @@ class PldBound(Bound):
 
     def detail(self, delta: float) -> str:
         return self._get(delta, self.discretization)[1]
+
+
+def with_failure(pld: fdp.PLD, p: float) -> fdp.PLD:
+    """The PLD of ``((1-p) A + p a*, (1-p) B + p b*)`` with atoms ``a*``, ``b*`` on disjoint points:
+    every finite loss's mass scaled by ``1 - p`` and mass ``p`` moved to ``+infinity``, in both
+    directions. Its ``delta(eps)`` is ``(1 - p) delta_{A,B}(eps) + p`` (docs/derivations.md section 7).
+
+    >>> g = fdp.gaussian_pld(1.0, 1e-3)
+    >>> abs(fdp.pld_delta(with_failure(g, 1e-3), 1.0) - (0.999 * fdp.pld_delta(g, 1.0) + 1e-3)) < 1e-12
+    True
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"with_failure: p must lie in [0, 1], got {p!r}")
+    if p == 0.0:
+        return pld
+
+    # dp_accounting has no public constructor for a scaled PMF; its PMF classes are rebuilt field by field
+    def scale(pmf):
+        inf_mass = pmf._infinity_mass * (1 - p) + p  # noqa: SLF001
+        if isinstance(pmf, pld_pmf.DensePLDPmf):
+            return pld_pmf.DensePLDPmf(pmf._discretization, pmf._lower_loss, pmf._probs * (1 - p),  # noqa: SLF001
+                                       inf_mass, pmf._pessimistic_estimate)  # noqa: SLF001
+        return pld_pmf.SparsePLDPmf({k: w * (1 - p) for k, w in pmf._loss_probs.items()},  # noqa: SLF001
+                                    pmf._discretization, inf_mass, pmf._pessimistic_estimate)  # noqa: SLF001
+
+    remove = scale(pld._pmf_remove)  # noqa: SLF001
+    if pld._symmetric:  # noqa: SLF001
+        return pld_lib.PrivacyLossDistribution(remove)
+    return pld_lib.PrivacyLossDistribution(remove, scale(pld._pmf_add))  # noqa: SLF001
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A cap ``K`` on the other records' batch size, ``log P(some batch exceeds it)``, and the log
+    Lipschitz constant of every step map given it (docs/derivations.md section 7)."""
+
+    cap: int
+    log_p: float
+    log_c: float
+
+    @property
+    def p(self) -> float:
+        return math.exp(self.log_p)
+
+
+@dataclass
+class CappedBound(Bound):
+    """A bound for the run conditioned on ``G_K = {every batch holds at most K other records}``,
+    plus ``p_K = P(not G_K)``, per candidate cap: ``delta(eps) <= (1 - p_K) delta_K(eps) + p_K``
+    (joint convexity of the hockey-stick divergence; docs/derivations.md section 7).
+
+    There is no unconditional RDP curve unless a candidate has ``p_K = 0`` (the bad event can
+    carry expansive steps): :meth:`rdp` returns ``None`` otherwise, so the accountant's pointwise
+    RDP minimum cannot pick a conditional curve up. The PLD is the candidate's PLD with mass
+    ``p_K`` at ``+infinity`` (:func:`with_failure`), which composes with other events.
+    ``estimates`` (CLT guesses of each candidate's GDP parameter) only decide which candidate is
+    composed exactly; every candidate is a valid bound.
+    """
+
+    candidates: Tuple[Tuple[Cap, Bound], ...] = ()
+    relation: str = "REPLACE_ONE"
+    estimates: Tuple[Optional[float], ...] = ()
+    kind = "capped"
+
+    def _each(self, delta: float):
+        est = list(self.estimates) + [None] * (len(self.candidates) - len(self.estimates))
+        items = []
+        for (cap, inner), mu in zip(self.candidates, est):
+            p = cap.p
+            if p < delta and inner.applicable:
+                d = (delta - p) / (1.0 - p)
+                guess = fdp.gdp_epsilon(mu, d) if mu is not None else None
+                items.append((cap, inner, d, guess))
+        guessed = [it for it in items if it[3] is not None]
+        if guessed:  # compose exactly only the candidate with the best estimate (any one is valid)
+            best = min(guessed, key=lambda it: (it[3], -it[0].cap))
+            items = [it for it in items if it[3] is None] + [best]
+        for cap, inner, d, _ in items:
+            yield cap, inner, d
+
+    def _best(self, delta: float):
+        return min(self._each(delta), key=lambda t: t[1].epsilon(t[2]), default=None)
+
+    def epsilon(self, delta: float) -> float:
+        best = self._best(delta)
+        return math.inf if best is None else best[1].epsilon(best[2])
+
+    def delta(self, epsilon: float) -> float:
+        return min([(1 - c.p) * inner.delta(epsilon) + c.p for c, inner in self.candidates if inner.applicable]
+                   + [1.0])
+
+    def rdp(self, orders: Sequence[float]) -> Optional[np.ndarray]:
+        exact = [inner.rdp(orders) for c, inner in self.candidates if c.p == 0.0 and inner.applicable]
+        exact = [r for r in exact if r is not None]
+        return np.min(np.vstack(exact), axis=0) if exact else None
+
+    def pld(self, delta: float, discretization: float) -> Optional[fdp.PLD]:
+        best = self._best(delta)
+        if best is None:
+            return None
+        cap, inner, d = best
+        base = inner.pld(d, discretization)
+        return None if base is None else with_failure(base, cap.p)
+
+    def detail(self, delta: float) -> str:
+        best = self._best(delta)
+        if best is None:
+            return "no batch-size cap leaves a failure probability below delta"
+        cap, inner, d = best
+        text = (f"cap {cap.cap} other records per batch (P(exceeded) = {cap.p:.3g}, step Lipschitz "
+                f"{math.exp(cap.log_c):.6g})")
+        return "; ".join(s for s in (text, inner.detail(d), self.relation) if s)
 
 
 def _on_orders(src_orders, values, orders) -> np.ndarray:

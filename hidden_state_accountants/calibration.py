@@ -28,6 +28,7 @@ from hidden_state_accountants.analyses import registry
 from hidden_state_accountants.analyses._common import Context
 from hidden_state_accountants.bounds import Bound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.relations import schedule_reason
 from hidden_state_accountants.schedules import EPOCH_ORDERS, FULL, visits_per_record
 
 # Steps standing in for "forever" when certifying that a budget is never exhausted.
@@ -94,7 +95,9 @@ class _Candidates:
     def __init__(self, run: TrainingRunDpEvent, delta: float, ctx: Context):
         self.run = normalised(run.replace(noise_multiplier=1.0))
         self.delta, self.ctx = delta, ctx
-        self.infos = registry.analyses_for(run.sampling)
+        # only the analyses proved for the accountant's neighbouring relation (as analyze_training_run)
+        self.infos = [i for i in registry.analyses_for(run.sampling)
+                      if not i.relation_reason(ctx.neighboring_relation, run.sampling)]
         self.bounds: Dict[Tuple[str, float], Bound] = {}
         self.seconds: Dict[str, float] = {}
         self.noises = set()
@@ -213,6 +216,10 @@ def calibrate_noise_multiplier(
     if not run.is_constant:
         raise v.ParameterError("noise_multiplier", "calibration needs a constant noise multiplier and learning rate")
     cands = _Candidates(run, target_delta, _context(accountant_kwargs))
+    if not cands.infos:
+        relation = cands.ctx.neighboring_relation
+        raise v.ParameterError("neighboring_relation", f"no analysis holds for sampling={run.sampling!r} under "
+                               f"{relation.name}: {schedule_reason(relation, run.sampling)}")
     z0 = noise_estimate(run, target_epsilon, target_delta)
     log_target = math.log(target_epsilon)
     min_step, max_step = math.log1p(rel_tol), math.log(64.0)
@@ -336,7 +343,7 @@ def max_epochs_within_budget(
     v.positive_float("target_epsilon", target_epsilon)
     v.probability("target_delta", target_delta)
     max_epochs = v.positive_int("max_epochs", max_epochs)
-    ctx = Context(**{k: accountant_kwargs[k] for k in ("orders",) if k in accountant_kwargs})
+    ctx = _context(accountant_kwargs)  # the accountant's orders, discretisation and neighbouring relation
     lim, lim_name = limit_epsilon(run, target_delta, ctx)
     evaluations = 1
     if lim <= target_epsilon:

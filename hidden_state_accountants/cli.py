@@ -3,7 +3,8 @@
     hsa epsilon --dataset-size N --batch-size B (--epochs E | --steps T) --noise-multiplier Z
                 --clip-norm C --learning-rate LR --sampling {full,cyclic,shuffle_partition,reshuffle,without_replacement,poisson}
                 [--last-batch {dropped,kept_own_size,kept_batch_size}] [--public-batches]
-                [--strong-convexity M_LOW] [--smoothness M_HIGH] [--diameter D] --delta DELTA [--json]
+                [--strong-convexity M_LOW] [--smoothness M_HIGH] [--diameter D] [--l2-regularization M_REG]
+                [--neighboring-relation {replace_one,add_or_remove_one}] --delta DELTA [--json]
     hsa noise   ... --target-epsilon EPS (no --noise-multiplier needed)
     hsa epochs  ... --target-epsilon EPS (no --epochs/--steps needed)
     hsa plot    ... --output FILE.png [--max-epochs E]
@@ -119,12 +120,30 @@ def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bo
     p.add_argument("--lsi-constant", type=number, help="declared log-Sobolev constant (Chourasia Thm 2)")
     p.add_argument("--gaussian-init", action="store_true",
                    help="theta_0 ~ N(0, 2 sigma^2/m I) as Chourasia Cor. 1 requires")
+    p.add_argument("--l2-regularization", type=number, metavar="M_REG",
+                   help="L2 strength applied once per step outside clipping (weight decay); the Poisson "
+                        "hidden-state analyses need it")
+    p.add_argument("--neighboring-relation", choices=RELATION_CHOICES, default="replace_one",
+                   help="replace_one (default, the papers') or add_or_remove_one (Opacus' convention)")
     p.add_argument("--delta", type=number, required=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+RELATION_CHOICES = ("replace_one", "add_or_remove_one")
+
+
+def _relation(args) -> str:
+    """The relation's name as reports print it (``REPLACE_ONE`` / ``ADD_OR_REMOVE_ONE``)."""
+    return args.neighboring_relation.upper()
+
+
+def _accountant_kwargs(args) -> dict:
+    return {"neighboring_relation": _relation(args)}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hsa", description="Hidden-state privacy accounting for DP-SGD (REPLACE_ONE).")
+    parser = _Parser(prog="hsa", description="Hidden-state privacy accounting for DP-SGD "
+                                             "(REPLACE_ONE by default; --neighboring-relation add_or_remove_one).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("epsilon", help="best valid epsilon of a run, with every analysis")
     _add_run_flags(p)
@@ -174,6 +193,7 @@ def _run(args, *, noise: Optional[float] = None, steps: Optional[int] = None) ->
         clip_norm=args.clip_norm, learning_rate=args.learning_rate, sampling=args.sampling,
         geometry=_geometry(args), gaussian_initialization=args.gaussian_init,
         last_batch=args.last_batch, secret_batches=not args.public_batches,
+        l2_regularization=args.l2_regularization,
     )
     if steps is not None:
         return TrainingRunDpEvent(steps=steps, **common)
@@ -188,7 +208,7 @@ def _check_delta(args) -> float:
 
 def cmd_epsilon(args) -> int:
     delta = _check_delta(args)
-    report = HiddenStateAccountant().compose(_run(args)).explain(delta)
+    report = HiddenStateAccountant(**_accountant_kwargs(args)).compose(_run(args)).explain(delta)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
@@ -199,15 +219,15 @@ def cmd_epsilon(args) -> int:
 def cmd_noise(args) -> int:
     delta = _check_delta(args)
     v.positive_float("target_epsilon", args.target_epsilon)
-    result = calibrate_noise_multiplier(_run(args, noise=1.0), args.target_epsilon, delta)
+    result = calibrate_noise_multiplier(_run(args, noise=1.0), args.target_epsilon, delta, **_accountant_kwargs(args))
     out = {"noise_multiplier": result.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
            "analysis": result.analysis, "evaluations": result.evaluations,
-           "neighboring_relation": "REPLACE_ONE"}
+           "neighboring_relation": _relation(args)}
     if args.json:
         print(json.dumps(out))
     else:
         print(f"noise multiplier {result.noise_multiplier:.4f} gives epsilon {result.epsilon:.4f} "
-              f"at delta {delta:g} (REPLACE_ONE), from {result.analysis} "
+              f"at delta {delta:g} ({_relation(args)}), from {result.analysis} "
               f"[{result.evaluations} evaluations]")
     return 0
 
@@ -216,17 +236,18 @@ def cmd_epochs(args) -> int:
     delta = _check_delta(args)
     v.positive_float("target_epsilon", args.target_epsilon)
     run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling, args.last_batch))
-    budget = max_epochs_within_budget(run, args.target_epsilon, delta, max_epochs=args.max_epochs)
+    budget = max_epochs_within_budget(run, args.target_epsilon, delta, max_epochs=args.max_epochs,
+                                      **_accountant_kwargs(args))
     out = {"epochs": budget.epochs, "unlimited": budget.unlimited, "epsilon": budget.epsilon,
            "limit_epsilon": _finite(budget.limit_epsilon), "delta": delta, "analysis": budget.analysis,
-           "neighboring_relation": "REPLACE_ONE"}
+           "neighboring_relation": _relation(args)}
     if args.json:
         print(json.dumps(out))
     elif budget.unlimited:
         print(f"unlimited: {budget.analysis} stays at or below epsilon {budget.limit_epsilon:.4f} "
-              f"(<= {args.target_epsilon:g}) at delta {delta:g} however long the run trains")
+              f"(<= {args.target_epsilon:g}) at delta {delta:g} ({_relation(args)}) however long the run trains")
     else:
-        print(f"{budget.epochs} epochs fit in epsilon {args.target_epsilon:g} at delta {delta:g} "
+        print(f"{budget.epochs} epochs fit in epsilon {args.target_epsilon:g} at delta {delta:g} ({_relation(args)}) "
               f"(epsilon {budget.epsilon:.4f}, from {budget.analysis}); the bound tends to "
               f"{budget.limit_epsilon:.4f} for unbounded training")
     return 0
@@ -246,7 +267,8 @@ def cmd_plot(args) -> int:
     delta = _check_delta(args)
     run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling, args.last_batch))
     output = plot_path(args.output, "hsa_epsilon_vs_epochs.png")  # checked before the work
-    curves = epsilon_curves(run, _epoch_grid(args.max_epochs), delta)
+    curves = epsilon_curves(run, _epoch_grid(args.max_epochs), delta, **_accountant_kwargs(args))
+    print(f"neighbouring relation: {_relation(args)}")
     print(curves.table())
     print(f"\nplot saved to {plot_epsilon_curves(curves, output)}")
     return 0
@@ -259,7 +281,7 @@ def cmd_audit(args) -> int:
     run = _run(args)
     construction = args.construction or ("constrained" if args.diameter is not None else "strongly_convex")
     result = audit(run, construction=construction, repetitions=args.repetitions, delta=delta,
-                   confidence=args.confidence, seed=args.seed)
+                   confidence=args.confidence, seed=args.seed, **_accountant_kwargs(args))
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

@@ -7,7 +7,8 @@ reduction::
                                   + m_reg * theta + (z*C/b) * xi])
 
 with ``z`` the noise multiplier, ``C`` the clip norm, ``b`` the batch size, ``n`` the
-dataset size. Neighbouring datasets differ by replacing one record (REPLACE_ONE).
+dataset size. The neighbouring relation (REPLACE_ONE, the papers', or ADD_OR_REMOVE_ONE) is the
+accountant's parameter, not the event's.
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         ``False`` (e.g. a framework shuffle seeded with a public seed): the analyses that
         average over the record's random position do not apply; the ones for the worst
         position still do. Refused for ``without_replacement`` and ``poisson``.
+      l2_regularization: ``m_reg``, the L2 strength applied once per step outside the clipped sum
+        (``weight_decay`` of torch / Opacus optimisers), or ``None`` when unknown. The declared
+        geometry already includes it; the Poisson hidden-state analyses need it separately, because
+        under Poisson sampling the batch size is random and an empty batch contracts only through
+        ``m_reg`` (docs/derivations.md section 6).
 
     Hidden-state theorems assume a constant step size and noise; with a per-step
     schedule that is not constant only the composition baselines apply.
@@ -173,6 +179,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
     hidden_state_refusal: Optional[str] = attr.ib(default=None)
     last_batch: str = attr.ib(default=DROPPED)
     secret_batches: bool = attr.ib(default=True)
+    l2_regularization: Optional[float] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
         n, b = check_schedule(self.dataset_size, self.batch_size, self.sampling)
@@ -195,6 +202,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
             if not 0 < q <= 1:
                 raise v.ParameterError("sampling_probability", f"must lie in (0, 1], got {self.sampling_probability!r}")
             object.__setattr__(self, "sampling_probability", q)
+        if self.l2_regularization is not None:
+            object.__setattr__(self, "l2_regularization",
+                               v.nonnegative_float("l2_regularization", self.l2_regularization))
         if not isinstance(self.gaussian_initialization, bool):
             raise v.ParameterError("gaussian_initialization", f"must be True or False, got {self.gaussian_initialization!r}")
         if self.hidden_state_refusal is not None and not (

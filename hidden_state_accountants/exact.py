@@ -510,8 +510,16 @@ def pair_for(law: Law, kappa: float, construction: str) -> MixturePair:
     raise v.ParameterError("construction", f"must be one of {', '.join(CONSTRUCTIONS)}, got {construction!r}")
 
 
-def constructions_for(sampling: str) -> Tuple[str, ...]:
-    """The worst known pairs of a schedule (module docstring)."""
+def constructions_for(sampling: str, relation: str = "REPLACE_ONE") -> Tuple[str, ...]:
+    """The worst known pairs of a schedule (module docstring). Under ADD_OR_REMOVE_ONE the pair is
+    *half* (a record at ``+C`` present vs absent, the others at 0; the larger of both directions)
+    for ``full``, ``cyclic`` (a fixed divisor: the added record moves its steps by ``lr C/b``) and
+    ``poisson`` (the others' random count is an independent translation of both outputs)."""
+    if relation == "ADD_OR_REMOVE_ONE":
+        if sampling not in (FULL, CYCLIC, POISSON):
+            raise v.ParameterError("neighboring_relation", f"no exact ADD_OR_REMOVE_ONE pair for sampling={sampling!r}"
+                                   " (the package's fixed-size samplers place records by position)")
+        return ("half",)
     return ("mirror", "half") if sampling == POISSON else ("worst",)
 
 
@@ -556,7 +564,8 @@ class ExactPair:
 
 
 def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_variance: float = 0.0,
-               construction: Optional[str] = None, grid_points: int = GRID_POINTS) -> ExactPair:
+               construction: Optional[str] = None, grid_points: int = GRID_POINTS,
+               relation: str = "REPLACE_ONE") -> ExactPair:
     """The worst known neighbouring pair of ``run`` under the linear model (module docstring).
 
     ``m`` is the run's declared ``strong_convexity`` (0 without a geometry), the contraction
@@ -564,7 +573,21 @@ def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_
     (default: the worst for ``cyclic``, the random one for ``shuffle_partition``).
     ``init_variance``: the start is ``N(0, init_variance I)`` (Chourasia et al. Cor. 1).
     ``construction``: one pair (:data:`CONSTRUCTIONS`) instead of the worst known ones.
+    ``relation``: ``"REPLACE_ONE"`` or ``"ADD_OR_REMOVE_ONE"`` (:func:`constructions_for`). For
+    ``poisson`` the L2 term ``m`` is applied once per step (Opacus' ``weight_decay``), the
+    divisor is ``b`` and the rate ``run.sampling_rate``.
+
+    >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
+    >>> one = TrainingRunDpEvent(dataset_size=20, batch_size=6, steps=1, noise_multiplier=1.0, clip_norm=1.0,
+    ...     learning_rate=0.5, sampling="poisson", sampling_probability=0.3)
+    >>> add_remove = exact_pair(one, relation="ADD_OR_REMOVE_ONE").epsilon(1e-3)  # the sampled Gaussian
+    >>> replace = exact_pair(one).epsilon(1e-3)
+    >>> round(add_remove, 3), add_remove < replace
+    (1.672, True)
     """
+    relation = getattr(relation, "name", relation)
+    if relation not in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE"):
+        raise v.ParameterError("relation", f"must be REPLACE_ONE or ADD_OR_REMOVE_ONE, got {relation!r}")
     if not run.is_constant:
         raise v.ParameterError("learning_rate", "the exact pair needs a constant learning rate and noise")
     m = run.geometry.strong_convexity if run.geometry is not None else 0.0
@@ -572,7 +595,7 @@ def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_
                    float(init_variance) / (float(run.learning_rate) * float(run.noise_multiplier) * run.clip_norm
                                            / run.batch_size) ** 2 if init_variance else 0.0)
     lo, hi, enumerated = model.laws(position, grid_points)
-    kinds = (construction,) if construction else constructions_for(run.sampling)
+    kinds = (construction,) if construction else constructions_for(run.sampling, relation)
     kappa = model.kappa
     return ExactPair([pair_for(lo, kappa, k) for k in kinds], [pair_for(hi, kappa, k) for k in kinds], enumerated)
 
@@ -590,3 +613,91 @@ def schedule_law(run: TrainingRunDpEvent, grid_points: int = GRID_POINTS) -> Tup
 
 __all__ = ["ExactPair", "MixturePair", "Law", "exact_pair", "schedule_law", "pair_for", "constructions_for",
            "CONSTRUCTIONS", "MAX_ENUM", "GRID_POINTS"]
+
+
+# ------------------------------------------------- brute force for Poisson sampling (issue 12)
+def _grid_epsilon(p: np.ndarray, qd: np.ndarray, delta: float) -> float:
+    """``epsilon(delta)`` of two discrete laws on the same grid, the larger direction."""
+    def one(a, b):
+        f = lambda e: float(np.sum(np.maximum(a - math.exp(e) * b, 0.0))) - delta
+        if f(0.0) <= 0:
+            return 0.0
+        hi = 1.0
+        while f(hi) > 0:
+            hi *= 2
+            if hi > 1e3:
+                return math.inf
+        return optimize.brentq(f, 0.0, hi, xtol=1e-9)
+    return max(one(p, qd), one(qd, p))
+
+
+def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: float, C: float, lr: float,
+                          m_reg: float, h: float, relation: str, delta: float, grid: int = 1601) -> float:
+    """Brute-force last-iterate epsilon of Poisson DP-SGD on a 1-D *non-linear* loss whose step
+    contraction depends on the batch size (ground truth where the batch-size cap binds, docs/derivations.md section 12).
+
+    Data part ``d_i(theta) = clip_C(h (theta - x_i))`` (Huber: convex, ``h``-smooth, ``|d_i| <= C``), the
+    others at ``x = 0``, the differing record at ``x = 5C/h`` in D and ``-5C/h`` in D' (REPLACE_ONE) or
+    absent (ADD_OR_REMOVE_ONE); L2 ``m_reg`` once per step, divisor ``b``. A batch of ``k`` records near 0
+    has slope ``1 - lr (m_reg + k h/b)``: expansive once that exceeds 2. The laws are propagated on a
+    grid with a Gaussian kernel (accuracy ~1e-6, not certified: compare with a tolerance).
+    """
+    from scipy import stats
+
+    s = lr * z * C / b
+    width = 12 * s / math.sqrt(max(1 - (1 - lr * m_reg) ** 2, 1e-3)) + 4 * lr * (n_others + 1) * C / b
+    x = np.linspace(-width, width, grid)
+    dx = x[1] - x[0]
+    pk = stats.binom.pmf(np.arange(n_others + 1), n_others, q)
+
+    def kernel(mean):
+        zz = (x[:, None] - mean[None, :]) / s
+        return np.exp(-0.5 * zz * zz) / (s * math.sqrt(2 * math.pi)) * dx
+
+    def propagate(xs):
+        p = np.zeros(grid)
+        p[np.argmin(np.abs(x))] = 1.0
+        mix = np.zeros((grid, grid))
+        for k in range(n_others + 1):
+            for inc in ((0, 1) if xs is not None else (0,)):
+                drift = m_reg * x + (k * np.clip(h * x, -C, C) + (np.clip(h * (x - xs), -C, C) if inc else 0.0)) / b
+                w = pk[k] * ((q if inc else 1 - q) if xs is not None else 1.0)
+                mix += w * kernel(x - lr * drift)
+        for _ in range(steps):
+            p = mix @ p
+        return p / p.sum()
+
+    far = 5 * C / h
+    other = -far if relation == "REPLACE_ONE" else None
+    return _grid_epsilon(propagate(far), propagate(other), delta)
+
+
+def poisson_projected_epsilon(*, q: float, b: float, steps: int, z: float, C: float, lr: float, m_reg: float,
+                              diameter: float, relation: str, delta: float, grid: int = 1201) -> float:
+    """Brute-force epsilon of projected Poisson DP-SGD on ``K = [-D/2, D/2]`` with a linear loss (the
+    construction of Altschuler & Talwar's lower bound, NeurIPS 2022, arXiv:2205.13710, Thm 4.1): the
+    differing record's gradient ``+C`` vs ``-C`` (REPLACE_ONE) or ``+C`` vs absent, the others 0. Each
+    step maps node ``x_j`` to ``N(F(x_j), s^2)`` and gives node ``i`` its cell's mass (the end cells reach
+    to infinity: the projection's atoms). Accuracy ~1e-4 relative (grid)."""
+    s = lr * z * C / b
+    x = np.linspace(-diameter / 2, diameter / 2, grid)
+    edges = np.concatenate([[-np.inf], 0.5 * (x[1:] + x[:-1]), [np.inf]])
+
+    def kernel(mean):
+        return np.diff(special.ndtr((edges[:, None] - mean[None, :]) / s), axis=0)
+
+    def propagate(g_star):
+        p = np.zeros(grid)
+        p[np.argmin(np.abs(x))] = 1.0
+        k0 = kernel(x - lr * m_reg * x)
+        k1 = kernel(x - lr * (m_reg * x + g_star / b)) if g_star is not None else k0
+        for _ in range(steps):
+            p = (1 - q) * (k0 @ p) + q * (k1 @ p)
+        return p / p.sum()
+
+    if relation == "REPLACE_ONE":
+        return _grid_epsilon(propagate(+C), propagate(-C), delta)
+    return _grid_epsilon(propagate(None), propagate(+C), delta)
+
+
+__all__ += ["poisson_huber_epsilon", "poisson_projected_epsilon"]

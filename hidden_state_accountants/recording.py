@@ -372,6 +372,20 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps:
             "epoch; train whole epochs")
 
 
+def _poisson_needs(step: StepFacts) -> List[Tuple[str, str]]:
+    """What a Poisson step without a package schedule lacks for a hidden-state claim: the analyses
+    (docs/derivations.md sections 6-7) need the exact rate, a fixed whole-number divisor of the clipped sum
+    (Opacus' expected batch size) and mean reduction."""
+    out = []
+    if step.sample_rate is None:
+        out.append(("sample_rate", "the step does not report its sampling rate"))
+    if step.loss_reduction != "mean" or step.divisor is None:
+        out.append(("divisor", "the number the clipped sum is divided by is unknown"))
+    elif abs(step.divisor - round(step.divisor)) > 1e-9 * step.divisor or round(step.divisor) < 1:
+        out.append(("divisor", f"the clipped sum is divided by {step.divisor:g}, not a whole number of records"))
+    return out
+
+
 def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_diameter: Optional[float]) -> LossGeometry:
     """The declared geometry checked against what training enforces; returns the geometry to
     account (the projection's diameter filled in when none was declared).
@@ -445,10 +459,10 @@ class RunRecorder:
             raise v.ParameterError("schedule", f"must be a BatchSchedule or None, got {type(schedule).__name__}")
         if geometry is not None and not isinstance(geometry, LossGeometry):
             raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {geometry!r}")
-        if geometry is not None and (schedule is None or schedule.sampling == POISSON):
+        if geometry is not None and schedule is None and dataset_size is None:
             raise v.ParameterError(
-                "sampler", "a hidden-state claim needs one of this package's batch schedules "
-                "(no analysis here covers Poisson sampling under hidden state)")
+                "dataset_size", "a hidden-state claim for steps without a package schedule (Poisson sampling at "
+                "the rate the framework reports) needs the dataset size")
         for name, flag in (("assume_convex_model", assume_convex_model), ("gaussian_initialization", gaussian_initialization)):
             if not isinstance(flag, bool):
                 raise v.ParameterError(name, f"must be True or False, got {flag!r}")
@@ -502,6 +516,9 @@ class RunRecorder:
             param, reason = departure
             raise v.ParameterError(param, f"{reason} (a loss geometry is declared; use geometry=None to account "
                                           "this training by composition)")
+        for param, problem in self._hidden_state_needs(step):
+            raise v.ParameterError(param, f"{problem} (a loss geometry is declared; use geometry=None to "
+                                          "account this training by composition)")
         wd = _group_value(step.weight_decay)
         geometry = check_geometry(self.geometry, weight_decay=wd, projection_diameter=step.projection_diameter)
         if geometry.strong_convexity < wd * (1 - 1e-9) and "loose" not in self._warned:
@@ -514,6 +531,20 @@ class RunRecorder:
             raise v.ParameterError(
                 "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
                 f"(a gradient step is not contractive otherwise), got {lr:.6g}")
+
+    def _hidden_state_needs(self, step: StepFacts) -> List[Tuple[str, str]]:
+        """What a Poisson step lacks for the Poisson hidden-state analyses (none for other schedules):
+        without a package schedule, the rate and a whole-number divisor; with a package Poisson
+        schedule, the divisor must be its batch size ``b`` (the analyses divide by ``b``)."""
+        s = self.schedule
+        if s is None:
+            return _poisson_needs(step)
+        if s.sampling == POISSON and (step.loss_reduction != "mean" or step.divisor is None
+                                      or abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size):
+            got = "an unknown number" if step.divisor is None or step.loss_reduction != "mean" else f"{step.divisor:g}"
+            return [("batch_size", f"the Poisson schedule's divisor is its expected batch size {s.batch_size}, but "
+                                   f"the update divides the clipped sum by {got}")]
+        return []
 
     def _check_divisor(self, raw: StepFacts, first: int, count: int) -> None:
         """Not even composition holds when the clipped sum is divided by another number than
@@ -630,6 +661,12 @@ class RunRecorder:
         for name, what in (("learning_rate", "learning rate"), ("noise_multiplier", "noise multiplier")):
             if len({getattr(s, name) for s in steps}) > 1:
                 out.append(f"the {what} changed during training; the hidden-state theorems assume it constant")
+        out += sorted({problem for s in steps for _, problem in self._hidden_state_needs(s)})
+        if self.schedule is None:
+            for name, what in (("sample_rate", "sampling rate"), ("divisor", "divisor of the clipped sum")):
+                if len({getattr(s, name) for s in steps}) > 1:
+                    out.append(f"the {what} changed during training; the Poisson hidden-state analyses assume it "
+                               "fixed")
         if not out and steps:
             try:
                 check_geometry(self.geometry, weight_decay=_group_value(steps[0].weight_decay),
@@ -689,9 +726,11 @@ class RunRecorder:
             return tuple(x for x, c in zip(values, counts) for _ in range(c))
 
         clip = max((r.clip_norm for r in recs if r.clip_norm is not None), default=1.0)
+        wds = {_group_value(r.weight_decay) if not isinstance(r.weight_decay, tuple) else None for r in recs}
+        l2 = wds.pop() if len(wds) == 1 else None  # the L2 strength outside the batch sum, when fixed
         common = dict(steps=sum(counts), noise_multiplier=schedule_of("noise_multiplier", None),
                       clip_norm=clip, learning_rate=schedule_of("learning_rate", 1.0),
-                      hidden_state_refusal=refusal)
+                      hidden_state_refusal=refusal, l2_regularization=l2)
         s = self.schedule
         if s is None:
             rates = [r.sample_rate for r in recs]
@@ -699,7 +738,14 @@ class RunRecorder:
                 raise v.ParameterError("sample_rate", "a Poisson step without a schedule must report its sample rate")
             q = max(rates)  # the Poisson composition grows with the rate: the largest covers every step
             n, b = poisson_sizes(q, self.dataset_size)
-            return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling=POISSON, sampling_probability=q, **common)
+            geometry = None
+            if self.geometry is not None and refusal is None:
+                # the needs are met (reasons() is empty): n from the recorder, b the fixed divisor
+                b = int(round(recs[0].divisor))
+                geometry = check_geometry(self.geometry, weight_decay=_group_value(recs[0].weight_decay),
+                                          projection_diameter=recs[0].projection_diameter)
+            return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling=POISSON, sampling_probability=q,
+                                      geometry=geometry, **common)
         geometry = None
         if self.geometry is not None and refusal is None:
             geometry = check_geometry(self.geometry, weight_decay=_group_value(recs[0].weight_decay),

@@ -35,9 +35,9 @@ def test_is_a_dp_accounting_privacy_accountant():
         acc.compose(dpa.UnsupportedDpEvent())
 
 
-def test_only_replace_one():
+def test_replace_special_refused():
     with pytest.raises(ValueError, match="neighboring_relation"):
-        HiddenStateAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        HiddenStateAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_SPECIAL)
 
 
 @pytest.mark.parametrize("sampling", ["full", "cyclic", "shuffle_partition", "without_replacement", "poisson"])
@@ -159,8 +159,13 @@ def test_registry_covers_design_table():
         "reshuffle": affine + ["si_reshuffle_average", "si_reshuffle_average_rdp", "si_reshuffle_worst",
                                "si_reshuffle_worst_constrained"],
         "without_replacement": affine + ["altschuler_talwar_eq3.3", "bok_thm4.10", "bok_thm4.9", "ye_shokri_thm4.3"],
-        "poisson": affine,
+        "poisson": affine + ["altschuler_talwar_eq3.3_poisson", "si_poisson", "ye_shokri_thm4.3_poisson"],
     }
+    # issue 12: which analyses hold under ADD_OR_REMOVE_ONE (docs/derivations.md section 11)
+    add_remove = sorted(a.name for a in registry.all_analyses() if "ADD_OR_REMOVE_ONE" in a.relations)
+    assert add_remove == ["altschuler_talwar_eq3.3_poisson", "bok_thm4.1", "bok_thm4.2", "bok_thm4.3",
+                          "chourasia_cor1", "chourasia_thm2", "composition_poisson_pld", "composition_poisson_rdp",
+                          "si_poisson", "ye_shokri_thm4.3_poisson"]
     for s in SAMPLINGS:
         assert any(not a.hidden_state for a in registry.analyses_for(s)), s
     for a in registry.all_analyses():  # each analysis describes itself

@@ -80,9 +80,11 @@ def train(model, opt, loader, epochs, on_epoch=None):
 
 
 def core_epsilon(run, delta=DELTA):
+    # the adapter's default relation: Opacus' ADD_OR_REMOVE_ONE where it is covered, else REPLACE_ONE
+    relation = "ADD_OR_REMOVE_ONE" if run.sampling in (POISSON, FULL) else "REPLACE_ONE"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
-        return HiddenStateAccountant().compose(run).get_epsilon(delta)
+        return HiddenStateAccountant(neighboring_relation=relation).compose(run).get_epsilon(delta)
 
 
 def fallback_warnings(fn):
@@ -112,7 +114,8 @@ def test_epsilon_equals_the_core_for_the_same_run(sampling):
     b = N if sampling == FULL else 10
     expected = TrainingRunDpEvent.from_epochs(
         dataset_size=N, batch_size=b, epochs=3, noise_multiplier=2.0, clip_norm=1.5, learning_rate=0.5,
-        sampling=sampling, geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0))
+        sampling=sampling, geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0),
+        l2_regularization=0.05)
     assert engine.accountant.training_run() == expected
     eps, fallbacks = fallback_warnings(lambda: engine.get_epsilon(DELTA))
     assert eps == core_epsilon(expected) and not fallbacks
@@ -138,7 +141,8 @@ def test_without_configuration_poisson_composition_at_opacus_exact_rate_and_one_
     train(model, opt, loader, 2)
     q = 1 / len(loader)  # Opacus' sample rate
     expected = TrainingRunDpEvent(dataset_size=6, batch_size=1, steps=2 * len(loader), noise_multiplier=2.0,
-                                  clip_norm=1.0, learning_rate=0.5, sampling=POISSON, sampling_probability=q)
+                                  clip_norm=1.0, learning_rate=0.5, sampling=POISSON, sampling_probability=q,
+                                  l2_regularization=0.0)
     run = engine.accountant.training_run()
     assert run.sampling_rate == q and run.replace(hidden_state_refusal=None) == expected
     eps, fallbacks = fallback_warnings(lambda: (engine.get_epsilon(DELTA), engine.get_epsilon(DELTA / 10))[0])
@@ -328,7 +332,7 @@ def test_without_geometry_the_same_setups_are_accounted_by_composition():
         # the flat norm of per-layer bounds is the sensitivity Opacus scales its noise to
         assert run.replace(hidden_state_refusal=None) == TrainingRunDpEvent(
             dataset_size=N, batch_size=10, steps=6, noise_multiplier=2.0, clip_norm=1.0,
-            learning_rate=setup.get("lr", 0.5), sampling=CYCLIC)
+            learning_rate=setup.get("lr", 0.5), sampling=CYCLIC, l2_regularization=0.0)
         assert engine.get_epsilon(DELTA) == core_epsilon(run)
 
 
@@ -396,7 +400,7 @@ def test_no_regex_silencing_left_in_the_adapter():
 def test_configure_refuses_bad_arguments():
     acc = hso.OpacusHiddenStateAccountant()
     geom = LossGeometry.logistic_regression(1.0, 0.1)
-    with pytest.raises(ParameterError, match="^sampler: a hidden-state claim needs one of this package's batch"):
+    with pytest.raises(ParameterError, match="^dataset_size: a hidden-state claim for steps without a package"):
         acc.configure(geometry=geom, model=linear())
     with pytest.raises(ParameterError, match="^sampler: must be a sampler"):
         acc.configure(sampler=torch.utils.data.BatchSampler(range(10), 2, False))

@@ -59,7 +59,7 @@ def core(event):
 def expected_event(n, b, steps, *, last_batch=DROPPED, secret=True, geometry=GEOMETRY):
     return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=2.0, clip_norm=1.5,
                               learning_rate=0.5, sampling=RESHUFFLE, geometry=geometry, last_batch=last_batch,
-                              secret_batches=secret)
+                              secret_batches=secret, l2_regularization=0.05)  # the ProjectionHook's, as recorded
 
 
 # ------------------------------------------------------------------------- the sampler

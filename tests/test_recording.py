@@ -141,7 +141,8 @@ def test_a_clean_run_is_the_core_event():
         warnings.simplefilter("error")
         run = rec.run()
     assert run == TrainingRunDpEvent(dataset_size=200, batch_size=10, steps=400, noise_multiplier=2.0,
-                                     clip_norm=1.0, learning_rate=0.5, sampling=SHUFFLE_PARTITION, geometry=GEOM)
+                                     clip_norm=1.0, learning_rate=0.5, sampling=SHUFFLE_PARTITION, geometry=GEOM,
+                                     l2_regularization=0.01)
     assert rec.run(steps=800).steps == 800  # planning: the last step repeated
     assert rec.notes() == []  # a secret seed, a checked model: nothing to qualify
 
@@ -183,9 +184,60 @@ def test_a_run_without_a_schedule_states_the_poisson_assumption():
     assert not any("Poisson" in n for n in recorder(geometry=None).notes())
 
 
-def test_a_hidden_state_claim_needs_a_schedule_of_this_package():
-    with pytest.raises(ParameterError, match="sampler"):
+def test_a_hidden_state_claim_without_a_schedule_needs_the_dataset_size():
+    with pytest.raises(ParameterError, match="dataset_size"):
         RunRecorder(schedule=None, geometry=GEOM, model=LINEAR)
+
+
+def poisson_step(**kw):
+    args = dict(noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.5, divisor=256, weight_decay=0.01,
+                sample_rate=1 / 234)
+    args.update(kw)
+    return StepFacts(**args)
+
+
+def test_a_poisson_run_without_a_package_schedule_gets_the_poisson_hidden_state_analyses():
+    """Opacus' default loader: the rate per step, n from the recorder, b the fixed divisor."""
+    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec.record(poisson_step(), 2340)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback
+        run = rec.run()
+    assert (run.sampling, run.dataset_size, run.batch_size, run.sampling_rate) == (POISSON, 60000, 256, 1 / 234)
+    assert run.geometry == GEOM and run.l2_regularization == 0.01 and run.hidden_state_refusal is None
+    rows = {a.name: a for a in HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run)
+            .explain(1e-5).analyses}
+    assert rows["si_poisson"].epsilon is not None
+    assert rows["si_poisson"].epsilon < rows["composition_poisson_pld"].epsilon
+
+
+@pytest.mark.parametrize("bad, param", [(dict(sample_rate=None), "sample_rate"), (dict(divisor=None), "divisor"),
+                                        (dict(divisor=255.5), "divisor"), (dict(loss_reduction="sum"), "loss_reduction")])
+def test_a_poisson_hidden_state_claim_needs_rate_and_divisor(bad, param):
+    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    with pytest.raises(ParameterError, match=param):
+        rec.record(poisson_step(**bad))
+
+
+def test_a_poisson_rate_that_changes_ends_the_claim():
+    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec.record(poisson_step(), 10)
+    rec.record(poisson_step(sample_rate=1 / 200), 10)
+    with pytest.warns(CompositionFallbackWarning, match="sampling rate changed"):
+        run = rec.run()
+    assert run.geometry is None and run.sampling_rate == 1 / 200  # composition at the larger rate
+
+
+def test_a_package_poisson_schedule_with_a_geometry():
+    sched = BatchSchedule(1000, 10, POISSON)
+    rec = RunRecorder(schedule=sched, geometry=GEOM, model=LINEAR)
+    with pytest.raises(ParameterError, match="batch_size"):
+        rec.record(poisson_step(divisor=12))
+    rec.record(poisson_step(divisor=10, sample_rate=None), 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = rec.run()
+    assert run.sampling == POISSON and run.geometry == GEOM and run.l2_regularization == 0.01
 
 
 # ----------------------------------------------------------------- persistence

@@ -111,7 +111,7 @@ def test_epsilon_in_logs_equals_the_core_each_epoch(data, sampling):
     # the learning rate the optimizer used, as float32
     assert cb.run_event() == TrainingRunDpEvent(
         dataset_size=N, batch_size=b, steps=3 * spe, noise_multiplier=Z, clip_norm=C,
-        learning_rate=LR, sampling=sampling, geometry=GEOMETRY)
+        learning_rate=LR, sampling=sampling, geometry=GEOMETRY, l2_regularization=L2)
     assert cb.epsilon == hist["epsilon"][-1]
     # fixed-order schedules: the hidden-state bound is in use and beats composition already
     if sampling in ("cyclic", "shuffle_partition"):
@@ -196,6 +196,7 @@ def test_budget_stops_training_at_the_last_epoch_that_fits(data):
     assert hist["epsilon"][-1] <= target
     assert cb.steps == expected * SPE
     assert "one more epoch would reach" in cb.stopped_reason
+    assert "(REPLACE_ONE)" in cb.stopped_reason and "(REPLACE_ONE)" in cb._describe()  # issue 12: named
 
 
 def test_budget_is_rechecked_when_another_callback_changes_the_learning_rate(data):

@@ -17,7 +17,11 @@ what they back (the policy is stated once, in :mod:`hidden_state_accountants.rec
   Poisson sampling at Opacus' exact sample rate.
 
 ``get_epsilon`` is exactly :class:`~hidden_state_accountants.HiddenStateAccountant`'s number for
-the recorder's event. All numbers are under REPLACE_ONE adjacency.
+the recorder's event, under Opacus' own convention ADD_OR_REMOVE_ONE by default (so that on the
+same run its composition number equals Opacus' RDP/PRV accountants), or the relation given with
+``neighboring_relation``. The package's fixed-size samplers are not covered under
+ADD_OR_REMOVE_ONE (an added record displaces others); with them the default reports REPLACE_ONE
+and says so in the notes. Every report names its relation.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from hidden_state_accountants.recording import (
     seal_state,
     unseal_state,
 )
-from hidden_state_accountants.schedules import BatchSchedule
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, parse_relation, schedule_reason
+from hidden_state_accountants.schedules import POISSON, BatchSchedule
 
 from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values, unwrap_model
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
@@ -90,11 +95,23 @@ class OpacusHiddenStateAccountant(IAccountant):
         model, optimizer, loader = engine.make_private(..., poisson_sampling=False)
         engine.accountant.configure(geometry=..., sampler=sampler, model=model, optimizer=optimizer)
 
-    ``get_epsilon(delta)`` equals ``HiddenStateAccountant().compose(self.training_run())
-    .get_epsilon(delta)``.
+    ``get_epsilon(delta)`` equals ``HiddenStateAccountant(neighboring_relation=self.relation())
+    .compose(self.training_run()).get_epsilon(delta)``.
+
+    Args:
+      neighboring_relation: ``None`` (default): Opacus' ADD_OR_REMOVE_ONE wherever the run's
+        schedule is covered under it (Opacus' Poisson loader, full batch), REPLACE_ONE with a note
+        for this package's fixed-size samplers. ``"REPLACE_ONE"`` / ``"ADD_OR_REMOVE_ONE"``
+        (or dp_accounting's ``NeighboringRelation``): that relation, whatever the schedule.
+
+    With Opacus' default Poisson loader (no sampler), ``configure(geometry=..., model=...,
+    optimizer=..., dataset_size=len(dataset))`` enables the Poisson hidden-state analyses (the
+    weight decay must be declared in the geometry and be positive, or a diameter projected onto).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, neighboring_relation=None) -> None:
+        self.neighboring_relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
+        self.dataset_size: Optional[int] = None
         self.geometry: Optional[LossGeometry] = None
         self.sampler: Optional[HiddenStateBatchSampler] = None
         self.loader_schedule: Optional[BatchSchedule] = None  # DataLoader(shuffle=True): torch draws it
@@ -143,7 +160,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         return hook_fn
 
     def get_epsilon(self, delta: float, *args, **kwargs) -> float:
-        """Best valid epsilon at ``delta`` (REPLACE_ONE); see :meth:`explain`."""
+        """Best valid epsilon at ``delta`` under :meth:`relation`; see :meth:`explain`."""
         return self.explain(delta, **kwargs).epsilon
 
     # ------------------------------------------------------------------ configuration
@@ -157,6 +174,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         assume_convex_model: bool = False,
         gaussian_initialization: bool = False,
         data_loader=None,
+        dataset_size: Optional[int] = None,
     ) -> "OpacusHiddenStateAccountant":
         """Declares what Opacus cannot see; call before training (and before loading a checkpoint).
 
@@ -180,6 +198,9 @@ class OpacusHiddenStateAccountant(IAccountant):
             drop_last=...)``, recognised as ``sampling="reshuffle"`` drawn by torch (a kept short
             batch is divided by ``b``; its randomness counts as secret only after
             :func:`~.samplers.secret_shuffle`, see :func:`~.facts.loader_facts`). One process only.
+          dataset_size: ``len(dataset)``; with Opacus' Poisson loader (no sampler) a geometry needs it
+            (the Poisson hidden-state analyses cap the other records' batch size, whose law depends
+            on ``n``; the divisor is the optimizer's ``expected_batch_size``).
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
@@ -216,7 +237,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         facts = None if model is None else model_facts(model)
         recorder = RunRecorder(schedule=schedule, geometry=geometry,
                                model=facts, assume_convex_model=assume_convex_model,
-                               gaussian_initialization=gaussian_initialization)
+                               gaussian_initialization=gaussian_initialization,
+                               dataset_size=dataset_size if schedule is None else None)
         if optimizer is not None:
             hook = getattr(optimizer, "step_hook", None)
             if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
@@ -232,6 +254,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         self.geometry, self.sampler, self.model = geometry, sampler, facts
         self.loader_schedule = loader_schedule
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
+        self.dataset_size = recorder.dataset_size
         self._recorder = recorder
         self._watch_model(model)
         return self
@@ -240,6 +263,19 @@ class OpacusHiddenStateAccountant(IAccountant):
     def schedule(self) -> Optional[BatchSchedule]:
         """The batch schedule accounted: the sampler's, the recognised loader's, or ``None`` (Poisson)."""
         return self.sampler.schedule if self.sampler is not None else self.loader_schedule
+
+    def relation(self, run: Optional[TrainingRunDpEvent] = None):
+        """The neighbouring relation the numbers are reported under (see the class docstring), and
+        the note saying why it is not the default ADD_OR_REMOVE_ONE, if it is not."""
+        if self.neighboring_relation is not None:
+            return self.neighboring_relation, None
+        schedule = self.schedule
+        sampling = run.sampling if run is not None else (POISSON if schedule is None else schedule.sampling)
+        reason = schedule_reason(ADD_OR_REMOVE_ONE, sampling)
+        if reason:
+            return REPLACE_ONE, (f"reported under REPLACE_ONE, not Opacus' ADD_OR_REMOVE_ONE: the {sampling} schedule "
+                                 f"is {reason}")
+        return ADD_OR_REMOVE_ONE, None
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
@@ -324,12 +360,13 @@ class OpacusHiddenStateAccountant(IAccountant):
         spec = kwargs.pop(_CALIBRATION_KWARG, None)
         recorder = self._run_recorder(spec)
         if not recorder.steps:
-            return HiddenStateAccountant().explain(delta)  # no steps: epsilon 0
+            return HiddenStateAccountant(neighboring_relation=self.relation()[0]).explain(delta)  # no steps: epsilon 0
         run = recorder.run(warn=spec is None)  # the recorder warns once per reason
-        key = (run, float(delta))
+        relation, note = self.relation(run)
+        key = (run, float(delta), relation)
         if self._cache[0] != key:
-            report = HiddenStateAccountant().compose(run).explain(delta)
-            report.notes.extend(recorder.notes())
+            report = HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
+            report.notes.extend(recorder.notes() + ([note] if note else []))
             self._cache = (key, report)
         return self._cache[1]
 
@@ -356,6 +393,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                 "complete": self.model.complete, "description": self.model.description},
             "assume_convex_model": self.assume_convex_model,
             "gaussian_initialization": self.gaussian_initialization,
+            "dataset_size": self.dataset_size,
             # the schedule continues at the number of batches trained on, whatever was prefetched
             "sampler": None if self.sampler is None else {
                 **self.sampler.describe(), "position": len(self),
@@ -417,6 +455,10 @@ class OpacusHiddenStateAccountant(IAccountant):
         for flag in ("assume_convex_model", "gaussian_initialization"):
             if not isinstance(payload[flag], bool):
                 raise bad(f"has {flag}={payload[flag]!r}; must be true or false")
+        dataset_size = payload["dataset_size"]
+        if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int)
+                                         or dataset_size < 1):
+            raise bad(f"has dataset_size={dataset_size!r}; must be a positive integer or null")
         try:
             geometry = None if payload["geometry"] is None else LossGeometry(**payload["geometry"])
             model = payload["model"]
@@ -453,10 +495,18 @@ class OpacusHiddenStateAccountant(IAccountant):
             check_batch_source(stored_loader, BatchSourceFacts(
                 schedule=self.loader_schedule, description="the DataLoader (which starts a fresh epoch)",
                 next_step=0), steps)
-        if self.sampler is not None or self.loader_schedule is not None:  # configured: must be this configuration
+        configured = self.sampler is not None or self.loader_schedule is not None or self.geometry is not None
+        if configured:  # must be this configuration
             if saved is None and self.sampler is not None:
                 raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
                                                   "or a DataLoader(shuffle=True))")
+            if saved is not None and self.sampler is None:
+                raise v.ParameterError("sampler", "the checkpoint was taken with a sampler of this package; configure "
+                                                  "the accountant with it (see sampler_from_checkpoint)")
+            if self.schedule is None and None not in (self.dataset_size, dataset_size) \
+                    and self.dataset_size != dataset_size:
+                raise v.ParameterError("dataset_size", f"the checkpoint was taken with dataset_size={dataset_size}, "
+                                                       f"this accountant is configured with {self.dataset_size}")
             if self.sampler is not None:
                 position = self.sampler.position
                 self.sampler.load_state_dict(saved)  # checks it is the same schedule
@@ -473,6 +523,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                                                 f"of another structure than the configured one")
             sampler, model = self.sampler, self.model
             config = (self.geometry, self.assume_convex_model, self.gaussian_initialization)
+            dataset_size = self.dataset_size if self.dataset_size is not None else dataset_size
         else:
             try:
                 sampler = None if saved is None else sampler_from_state_dict(
@@ -480,9 +531,13 @@ class OpacusHiddenStateAccountant(IAccountant):
             except v.ParameterError as err:
                 raise bad(f"has an invalid sampler ({err})") from None
             config = (geometry, payload["assume_convex_model"], payload["gaussian_initialization"])
-        recorder = RunRecorder(schedule=sampler.schedule if sampler is not None else loader_schedule,
-                               geometry=config[0],
-                               model=model, assume_convex_model=config[1], gaussian_initialization=config[2])
+        schedule = sampler.schedule if sampler is not None else loader_schedule
+        try:
+            recorder = RunRecorder(schedule=schedule, geometry=config[0], model=model,
+                                   assume_convex_model=config[1], gaussian_initialization=config[2],
+                                   dataset_size=dataset_size if schedule is None else None)
+        except v.ParameterError as err:
+            raise bad(f"has a claim that does not hold ({err})") from None
         try:
             _replay(recorder, payload["ledger"])
         except v.ParameterError as err:
@@ -494,6 +549,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         # everything holds: apply
         self.geometry, self.assume_convex_model, self.gaussian_initialization = config
         self.model, self._recorder, self.loader_schedule = model, recorder, loader_schedule
+        self.dataset_size = recorder.dataset_size
         if self.sampler is not None:
             self.sampler.set_position(steps)
         self.sampler = sampler
@@ -579,7 +635,7 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
 
 _STATE_FORMAT = "hidden_state_accountants.opacus"
 _STATE_KEYS = ("steps", "ledger", "geometry", "model", "assume_convex_model", "gaussian_initialization", "sampler",
-               "loader_schedule")
+               "loader_schedule", "dataset_size")
 
 
 def _replay(recorder: RunRecorder, ledger) -> None:

@@ -66,7 +66,7 @@ from .data import (
 from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
-from .statement import statement_for_run
+from .statement import RELATION, statement_for_run
 
 _DP_MODEL_MODULE = "tensorflow_privacy.privacy.keras_models.dp_keras_model"
 
@@ -312,7 +312,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             return
         if report.epsilon > self.target_epsilon:  # only if the run changed unforeseen
             self.model.stop_training = True
-            self.stopped_reason = f"epsilon {report.epsilon:.4g} exceeds target_epsilon {self.target_epsilon:g}"
+            self.stopped_reason = (f"epsilon {report.epsilon:.4g} ({report.neighboring_relation}) exceeds "
+                                   f"target_epsilon {self.target_epsilon:g}")
             warnings.warn(f"HiddenStatePrivacyCallback: {self.stopped_reason}", UserWarning, stacklevel=2)
             return
         if epoch + 1 >= ((self.params or {}).get("epochs") or 0):
@@ -320,8 +321,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
         if eps_next > self.target_epsilon:
             self.model.stop_training = True
-            self.stopped_reason = (f"stopping after epoch {epoch + 1} at epsilon {report.epsilon:.4g}: one more "
-                                   f"epoch would reach {eps_next:.4g} > target_epsilon {self.target_epsilon:g}")
+            self.stopped_reason = (f"stopping after epoch {epoch + 1} at epsilon {report.epsilon:.4g} "
+                                   f"({report.neighboring_relation}): one more epoch would reach {eps_next:.4g} > "
+                                   f"target_epsilon {self.target_epsilon:g}")
             self._announce_stop = bool(self.verbose)  # printed after Keras' epoch line
 
     def on_train_end(self, logs=None):
@@ -561,7 +563,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.recorder.record(facts, count)
 
     def _explain(self, recorder: RunRecorder, warn: bool) -> PrivacyReport:
-        report = HiddenStateAccountant().compose(recorder.run(warn=warn)).explain(self.delta)
+        # TF-Privacy's convention for this package: REPLACE_ONE (the papers'; its fixed-size
+        # schedules are not covered under ADD_OR_REMOVE_ONE); every report and line names it
+        report = HiddenStateAccountant(neighboring_relation=RELATION).compose(recorder.run(warn=warn)).explain(self.delta)
         report.notes.extend(recorder.notes())
         return report
 
@@ -598,7 +602,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return (f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
                 f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling}"
                 f"{drawn} ({self.steps_per_epoch} steps/epoch, {left}); "
-                f"geometry: {g}; delta={self.delta:g}{budget}")
+                f"geometry: {g}; delta={self.delta:g} ({RELATION}){budget}")
 
 
 def _encode_epoch(h: EpochPrivacy) -> Dict[str, Any]:

@@ -111,8 +111,13 @@ def statement_for_run(run: TrainingRunDpEvent, delta: float, *, notes: Sequence[
                       include_analyses: bool = False) -> str:
     """The statement for a :class:`TrainingRunDpEvent` (what the callback has recorded),
     with ``notes`` (e.g. :meth:`RunRecorder.notes`) stated as qualifications."""
-    report = HiddenStateAccountant().compose(run).explain(delta)
+    report = HiddenStateAccountant(neighboring_relation=RELATION).compose(run).explain(delta)
     return _render(run, report, list(notes), include_analyses)
+
+
+# The relation of every number the TF-Privacy adapter reports: REPLACE_ONE, the papers' (the
+# package's fixed-size schedules are not covered under ADD_OR_REMOVE_ONE: docs/derivations.md section 11).
+RELATION = "REPLACE_ONE"
 
 
 def _fill(text: str) -> str:

@@ -1,4 +1,5 @@
-"""What every analysis needs: the order grid, the PLD discretisation, shared condition checks."""
+"""What every analysis needs: the order grid, the PLD discretisation, the neighbouring relation,
+shared condition checks."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ from typing import Optional, Tuple
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import visits_per_record
 from hidden_state_accountants.rdp import DEFAULT_ORDERS
+from hidden_state_accountants.relations import REPLACE_ONE, NeighborRel
 
 
 @dataclass(frozen=True)
 class Context:
+    """``neighboring_relation``: dp_accounting's REPLACE_ONE (default, the papers') or
+    ADD_OR_REMOVE_ONE; the registry only runs an analysis under a relation it declares."""
+
     orders: Tuple[float, ...] = DEFAULT_ORDERS
     discretization: float = 1e-3
+    neighboring_relation: NeighborRel = REPLACE_ONE
 
 
 NO_GEOMETRY = (

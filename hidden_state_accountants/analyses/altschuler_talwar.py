@@ -69,3 +69,88 @@ def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
             best_k = np.where(better, k, best_k)
     note = f"T - tau between {int(best_k.min())} and {int(best_k.max())} across orders"
     return RdpBound(orders=ctx.orders, values=best, note=note)
+
+
+# ------------------------------------------------------------------ Poisson sampling (section 9)
+def sampled_step_rdp(z: float, q: float, relation, orders) -> np.ndarray:
+    """RDP of one Poisson-sampled step (noise multiplier ``z`` relative to one record's clip norm).
+
+    ADD_OR_REMOVE_ONE: the sampled Gaussian's RDP (Mironov, Talwar & Zhang 2019 via dp_accounting;
+    it bounds both directions). REPLACE_ONE: the pair ``(1-q)N(0)+qN(w1)`` vs ``(1-q)N(0)+qN(w2)``,
+    the package's :func:`~hidden_state_accountants.analyses.composition.poisson_replace_one_rdp`
+    (joint convexity over the inclusion, and Mironov's weak triangle inequality through the dataset
+    holding both records; docs/derivations.md section 9)."""
+    from hidden_state_accountants.analyses.composition import poisson_replace_one_rdp
+    from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE
+
+    orders = np.asarray(orders, dtype=float)
+    if relation == ADD_OR_REMOVE_ONE:
+        return rdp_tools.sampled_gaussian_rdp(q, z, orders)
+    return poisson_replace_one_rdp(q, z, orders)
+
+
+def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relation, orders):
+    """Lemma SI in Rényi form (docs/derivations.md section 9), minimised per order over ``k = T - tau``, the
+    split ``s`` and where the shift is absorbed (``r = 1`` or ``r = k``)::
+
+        eps(a) <= (k - r) S(z) + r S(z sqrt(s)) + a mu(k, r, s)^2 / 2,
+
+    ``S`` from :func:`sampled_step_rdp`, ``mu`` from
+    :func:`~hidden_state_accountants.analyses.poisson_hidden_state.si_shift_mu`. With ``c = 1``,
+    ``r = k``, ``Z = D`` this is the form of eq. (3.3): ``(T - tau) S + a D^2 / (2 eta^2 sigma_1^2 (T - tau))``.
+    """
+    from hidden_state_accountants.analyses.poisson_hidden_state import SPLITS as SI_SPLITS, si_shift_mu
+    from hidden_state_accountants.relations import sensitivity_factor
+
+    orders = np.asarray(orders, dtype=float)
+    rho = sensitivity_factor(relation)
+    T = steps
+    ks = np.unique(np.concatenate([np.round(np.geomspace(1, T, 300)), [T]]).astype(np.int64)).astype(float)
+    full = sampled_step_rdp(z, q, relation, orders)
+    best = np.full(orders.shape, math.inf)
+    best_k = np.full(orders.shape, float(T))
+    for split in SI_SPLITS:
+        part = sampled_step_rdp(z * math.sqrt(split), q, relation, orders)
+        for mode in ("last", "spread"):
+            r = np.ones_like(ks) if mode == "last" else ks.copy()
+            mu = si_shift_mu(k=ks, r=r, split=split, steps=T, log_c=log_c, z=z, Dn=Dn, rho=rho)
+            with np.errstate(invalid="ignore", over="ignore"):
+                vals = ((ks - r)[:, None] * full[None, :] + r[:, None] * part[None, :]
+                        + orders[None, :] * mu[:, None] ** 2 / 2)
+            vals[ks == T] = T * full  # tau = 0: plain composition
+            vals = np.where(np.isnan(vals), np.inf, vals)
+            i = np.argmin(vals, axis=0)
+            v = vals[i, np.arange(len(orders))]
+            better = v < best
+            best_k = np.where(better, ks[i], best_k)
+            best = np.where(better, v, best)
+    return best, f"T - tau between {int(best_k.min())} and {int(best_k.max())} across orders"
+
+
+@analysis(
+    "altschuler_talwar_eq3.3_poisson",
+    f"{CITE}, eq. (3.3) form for Poisson batches, re-derived through Lemma SI in Rényi form "
+    "(docs/derivations.md section 9); batch-size cap (sections 6-7)", ("poisson",),
+    hidden_state=True, needs="D or l2_regularization > 0; capped batches' steps non-expansive (contractive without D)",
+    add_or_remove="native")
+def eq_3_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """The Rényi form of eq. (3.3) for Poisson batches (section 9), conditioned on the batch-size cap.
+
+    Reported only as (epsilon, delta) / PLD through the conditional curve with the cap's failure
+    probability added to delta: an RDP curve is exposed only when no cap is needed (section 7)."""
+    from hidden_state_accountants.analyses import poisson_hidden_state as ph
+
+    s, reason = ph.poisson_setup(run, ctx)
+    if s is None:
+        return NotApplicable(reason=reason)
+    strict = s.Dn is None
+    if strict and (s.m_reg is None or s.m_reg <= 0):
+        return NotApplicable(reason=ph.NEED_L2 + " or a diameter")
+    admissible = (lambda lc: lc < 0) if strict else (lambda lc: lc <= 0)
+
+    def inner(c) -> Bound:
+        vals, note = poisson_rdp_curve(q=s.q, z=s.z, steps=s.steps, log_c=min(c.log_c, 0.0), Dn=s.Dn,
+                                       relation=ctx.neighboring_relation, orders=ctx.orders)
+        return RdpBound(orders=ctx.orders, values=vals, note=note)
+
+    return ph.capped(run, ctx, s, admissible, inner)

@@ -62,7 +62,7 @@ def _constrained_conditions(run: TrainingRunDpEvent):
 
 
 # ---------------------------------------------------------------- NoisyGD (full batch)
-@analysis("bok_thm4.1", f"{CITE}, Thm 4.1 (composition, full batch)", (FULL,), hidden_state=False, needs="nothing")
+@analysis("bok_thm4.1", f"{CITE}, Thm 4.1 (composition, full batch)", (FULL,), hidden_state=False, needs="nothing", add_or_remove="sensitivity_c")
 def thm_4_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.1 (composition): NoisyGD is ``mu``-GDP with ``mu = L/(n sigma) sqrt(t)``.
 
@@ -73,7 +73,7 @@ def thm_4_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return GdpBound(mu=mu, monotone_in_steps=True)
 
 
-@analysis("bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)", (FULL,), hidden_state=True, needs="m > 0, lr < 2/M")
+@analysis("bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)", (FULL,), hidden_state=True, needs="m > 0, lr < 2/M", add_or_remove="sensitivity_c")
 def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.2: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisyGD is ``mu``-GDP with
 
@@ -107,7 +107,7 @@ def _geometric_ratio(lc: float, t: float) -> float:
     return (-math.expm1(t * lc)) * (1 + math.exp(lc)) / ((-math.expm1(lc)) * (1 + ct))
 
 
-@analysis("bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)", (FULL,), hidden_state=True, needs="D, lr <= 2/M, t >= D n/(lr L)")
+@analysis("bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)", (FULL,), hidden_state=True, needs="D, lr <= 2/M, t >= D n/(lr L)", add_or_remove="sensitivity_c")
 def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.3: convex, M-smooth, projection onto a set of diameter ``D``, ``eta in [0, 2/M]``
     and ``t >= D n/(eta L)``: NoisyGD is ``mu``-GDP with

@@ -43,7 +43,7 @@ def required_initial_std(*, dataset_size: int, noise_multiplier: float, clip_nor
 
 @analysis(
     "chourasia_thm2", f"{CITE}, Thm 2, eq. (16) (noisy GD, declared LSI constant)", (FULL,),
-    hidden_state=True, needs="a declared LSI constant")
+    hidden_state=True, needs="a declared LSI constant", add_or_remove="sensitivity_c")
 def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 2, eq. (16): if the coupled tracing diffusions satisfy ``c``-LSI throughout
     (declared as ``LossGeometry(lsi_constant=c)``; not checkable here), then
@@ -72,7 +72,7 @@ def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 @analysis(
     "chourasia_cor1", f"{CITE}, Cor. 1 (noisy GD, strongly convex)", (FULL,),
-    hidden_state=True, needs="m > 0, lr < 1/M, Gaussian initialisation")
+    hidden_state=True, needs="m > 0, lr < 1/M, Gaussian initialisation", add_or_remove="sensitivity_c")
 def cor_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Cor. 1 (Lemma 5 + Thm 2): ``lambda``-strongly convex, ``beta``-smooth, ``eta < 1/beta``,
     ``theta_0 ~ Proj_C(N(0, 2 sigma^2/lambda I))`` (declared with ``gaussian_initialization``)::

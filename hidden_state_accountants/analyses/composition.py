@@ -1,4 +1,4 @@
-"""Composition baselines (every iterate released), all under REPLACE_ONE.
+"""Composition baselines (every iterate released), under REPLACE_ONE or ADD_OR_REMOVE_ONE.
 
 Bok et al.'s Thms 4.1/4.4/4.8 (in :mod:`.bok`) cover full, cyclic and
 sampling-without-replacement batches as exact GDP/f-DP compositions. This module adds the
@@ -9,6 +9,12 @@ Sensitivity convention: a ``GaussianDpEvent(z)`` adds ``N(0, (zC)^2)`` to a sum 
 of norm ``<= C`` (dp_event's docstring); replacing one record changes the sum by up to
 ``2C``, so the event is ``G(2/z)``. (dp_accounting 0.4.3's PLD accountant uses sensitivity
 ``C`` under REPLACE_ONE, the newest uses ``2C``; we follow the docstring, the larger.)
+
+Under ADD_OR_REMOVE_ONE (``ctx.neighboring_relation``) the sensitivity is ``C``: a
+``GaussianDpEvent(z)`` is ``G(1/z)``, a Poisson-sampled Gaussian is dp_accounting's own
+add/remove PLD (add and remove directions composed separately, the exact object for this
+relation: docs/derivations.md section 8, section 11) and RDP; sampling without replacement has no
+add/remove statement (as in dp_accounting) and is refused.
 """
 
 from __future__ import annotations
@@ -27,12 +33,19 @@ from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound, RdpBound
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE
 from hidden_state_accountants.schedules import POISSON, WITHOUT_REPLACEMENT
 
 from hidden_state_accountants.analyses import long_composition as lc
 
 POISSON_PLD_CITATION = "Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD"
+POISSON_AR_PLD_CITATION = ("Poisson-subsampled Gaussian, ADD_OR_REMOVE_ONE: dp_accounting's PLD "
+                           "(from_gaussian_mechanism with sampling_prob, both directions), composed")
+POISSON_AR_RDP_CITATION = ("Mironov, Talwar & Zhang (2019), sampled Gaussian mechanism RDP (dp_accounting), "
+                           "ADD_OR_REMOVE_ONE, composed")
 POISSON_RDP_CITATION = ("Mironov (2017) Prop. 11 (weak triangle inequality) over the add/remove "
                         "sampled-Gaussian RDP of Mironov, Talwar & Zhang (2019); Ye & Shokri (2022) Lemma 4.1 "
                         "(joint convexity); Poisson, REPLACE_ONE")
@@ -156,18 +169,68 @@ def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
                     values=total, monotone_in_steps=True)
 
 
-@analysis("composition_poisson_pld", POISSON_PLD_CITATION, (POISSON,), hidden_state=False, needs="nothing")
+def add_remove_sampled_gaussian_pld(q: float, noise_multiplier: float, discretization: float) -> fdp.PLD:
+    """One Poisson-subsampled Gaussian step under ADD_OR_REMOVE_ONE: dp_accounting's own
+    pessimistic PLD (the constructor its ``PLDAccountant`` uses), add and remove directions kept
+    separately."""
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=float(noise_multiplier), sensitivity=1.0, pessimistic_estimate=True,
+        value_discretization_interval=discretization, sampling_prob=float(q))
+
+
+def _poisson_ar_pld_bound(name: str, q: float, counts: Counter, discretization: float, repeats: int = 1) -> Bound:
+    """Poisson-sampled Gaussian steps under ADD_OR_REMOVE_ONE composed as dp_accounting's
+    ``PLDAccountant`` does (``from_gaussian_mechanism(...).self_compose(count)`` per noise level)."""
+    steps = sum(counts.values())
+    mu = float(fdp.subsampled_gaussian_clt_mu(1.0 / min(counts), q, steps * repeats))
+    d_min = fdp.discretization_for(mu, discretization)
+    if d_min is None:
+        return NotApplicable(name=name, citation=POISSON_AR_PLD_CITATION, hidden_state=False, reason=fdp.TOO_LARGE)
+
+    def build(delta, d):
+        total = None
+        for z, k in counts.items():
+            part = add_remove_sampled_gaussian_pld(q, z, d)
+            part = part.self_compose(k)  # also for k = 1, as dp_accounting does (it truncates tails)
+            total = part if total is None else total.compose(part)
+        return total, f"q = {q:.6g}, ADD_OR_REMOVE_ONE"
+
+    return PldBound(name=name, citation=POISSON_AR_PLD_CITATION, hidden_state=False, build=build,
+                    discretization=d_min, monotone_in_steps=True)
+
+
+def _poisson_ar_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
+    """``sum_z count_z * eps_SGM(q, z)``: dp_accounting's ``RdpAccountant`` under ADD_OR_REMOVE_ONE."""
+    total = np.zeros(len(orders))
+    for z, k in counts.items():
+        total += k * rdp_tools.sampled_gaussian_rdp(q, z, orders)
+    return RdpBound(name=name, citation=POISSON_AR_RDP_CITATION, hidden_state=False, orders=tuple(orders),
+                    values=total, monotone_in_steps=True)
+
+
+@analysis("composition_poisson_pld", POISSON_PLD_CITATION, (POISSON,), hidden_state=False, needs="nothing",
+          add_or_remove="native")
 def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    """Poisson sampling under REPLACE_ONE, every step composed as a PLD (see
-    :func:`hidden_state_accountants.fdp.poisson_replace_one_profile`), for any number of steps."""
+    """Poisson sampling, every step composed as a PLD, for any number of steps. REPLACE_ONE: the
+    package's per-step profile (:func:`hidden_state_accountants.fdp.poisson_replace_one_profile`);
+    ADD_OR_REMOVE_ONE: dp_accounting's (equal to its ``PLDAccountant`` on
+    ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed ``T`` times)."""
     q = run.sampling_rate
+    if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
+        out = _poisson_ar_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization)
+        out.citation = POISSON_AR_PLD_CITATION
+        return out
     return _poisson_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization)
 
 
-@analysis("composition_poisson_rdp", POISSON_RDP_CITATION, (POISSON,), hidden_state=False, needs="nothing")
+@analysis("composition_poisson_rdp", POISSON_RDP_CITATION, (POISSON,), hidden_state=False, needs="nothing",
+          add_or_remove="native")
 def poisson_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    """Poisson sampling under REPLACE_ONE composed in RDP (:func:`poisson_replace_one_rdp`)."""
+    """Poisson sampling composed in RDP: :func:`poisson_replace_one_rdp` (REPLACE_ONE) or the sampled
+    Gaussian's RDP (ADD_OR_REMOVE_ONE, equal to dp_accounting's ``RdpAccountant``)."""
     q = run.sampling_rate
+    if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
+        return _poisson_ar_rdp_bound("composition_poisson_rdp", q, Counter(run.noise_counts()), ctx.orders)
     return _poisson_rdp_bound("composition_poisson_rdp", q, Counter(run.noise_counts()), ctx.orders)
 
 
@@ -204,10 +267,12 @@ def _wor_sizes(event: dp_event.SampledWithoutReplacementDpEvent):
 
 
 def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int = 1) -> List[Bound]:
-    """Bounds for one standard dp_accounting event under REPLACE_ONE (raises UnsupportedEvent,
-    or ParameterError for an event whose parameters are out of range).
+    """Bounds for one standard dp_accounting event under ``ctx.neighboring_relation`` (raises
+    UnsupportedEvent, or ParameterError for an event whose parameters are out of range).
 
     ``count`` (how often the event is composed) only sizes PLD grids."""
+    if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
+        return _add_remove_event_bounds(event, ctx, count)
     if isinstance(event, dp_event.GaussianDpEvent):
         z = _noise(event)
         if z <= 0:
@@ -255,6 +320,44 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             build=lambda delta, d: (fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), d), ""),
         )
         return [pld, rdp]
+    raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
+
+
+def _add_remove_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int) -> List[Bound]:
+    """The standard events under ADD_OR_REMOVE_ONE (sensitivity ``C``), as dp_accounting accounts them."""
+    if isinstance(event, dp_event.GaussianDpEvent):
+        z = _noise(event)
+        if z <= 0:
+            return [non_private_bound("GaussianDpEvent with noise_multiplier 0")]
+        return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity C (ADD_OR_REMOVE_ONE)",
+                         hidden_state=False, mu=1.0 / z)]
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        b = _noise(event)
+        if b <= 0:
+            return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
+        eps = 1.0 / b  # L1 sensitivity C under ADD_OR_REMOVE_ONE
+        orders = np.asarray(ctx.orders, dtype=float)
+        return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP",
+                         hidden_state=False, orders=ctx.orders, values=np.minimum(eps, orders * eps * eps / 2))]
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        z = _gaussian_noise(event.event)
+        q = _rate(event)
+        if q == 0:
+            return []
+        if z == 0:
+            return [non_private_bound("Poisson-sampled Gaussian with noise_multiplier 0")]
+        if q >= 1:
+            return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity C (ADD_OR_REMOVE_ONE)",
+                             hidden_state=False, mu=1.0 / z)]
+        counts = Counter({z: 1})
+        return [_poisson_ar_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, repeats=count),
+                _poisson_ar_rdp_bound("poisson_gaussian_rdp", q, counts, ctx.orders)]
+    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        _wor_sizes(event)
+        raise UnsupportedEvent(
+            "SampledWithoutReplacementDpEvent is not supported under ADD_OR_REMOVE_ONE (as in dp_accounting): "
+            "an added record changes every inclusion probability and displaces another record of the fixed-size "
+            "sample; use REPLACE_ONE")
     raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
 
 

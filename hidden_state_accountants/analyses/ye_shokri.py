@@ -239,9 +239,15 @@ def thm_4_3_log_s(run: TrainingRunDpEvent, orders: np.ndarray, steps: int) -> np
     (relative): exact up to that tolerance, never below the true value.
     """
     orders = np.asarray(orders, dtype=float)
-    q = run.sampling_rate
-    rho = math.exp(_log_rho(run))
-    a_all = math.log(q) + (orders - 1) * _unit(run, orders)  # log(q e^{(alpha-1) unit})
+    return recursion_log_s(run.sampling_rate, _log_rho(run), _unit(run, orders), orders, steps)
+
+
+def recursion_log_s(q: float, log_rho: float, unit: np.ndarray, orders: np.ndarray, steps: int) -> np.ndarray:
+    """The recursion of :func:`thm_4_3_log_s` for a rate ``q``, ``log rho`` and per-order ``unit``
+    (the RDP of a step holding the differing record); certified as described there."""
+    orders = np.asarray(orders, dtype=float)
+    rho = math.exp(log_rho)
+    a_all = math.log(q) + (orders - 1) * np.asarray(unit, dtype=float)  # log(q e^{(alpha-1) unit})
     b = math.log1p(-q)
     fixed = np.array([_fixed_point_or_inf(ai, b, rho) for ai in a_all])
     finite = np.isfinite(fixed)
@@ -346,3 +352,43 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     vals = thm_4_3_log_s(run, orders, run.steps) / (orders - 1)
     return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)
+
+
+@analysis(
+    "ye_shokri_thm4.3_poisson",
+    f"{CITE}, Thm 4.3 with b/n -> q for Poisson batches (docs/derivations.md section 10); batch-size cap (sections 6-7)",
+    ("poisson",), hidden_state=True, needs="l2_regularization > 0, lr < 2/(m_reg + M_(K+1))",
+    add_or_remove="native")
+def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """Thm 4.3's recursion for Poisson batches (section 10), conditioned on a cap ``K`` on the other
+    records' batch size: ``lambda = m_reg`` (an empty batch is possible), ``beta = M_{K+1} =
+    m_reg + ((K+1)/b)(M - m_reg)``, condition ``lr < 2/(lambda + beta)`` so every capped step map is
+    ``(1 - lr m_reg)``-Lipschitz, ``rho = (1 - lr m_reg)^2``; the step holding the differing record
+    costs ``u_a = 2a/z^2`` (REPLACE_ONE, Cor. 5.3) or ``a/(2 z^2)`` (ADD_OR_REMOVE_ONE). The transfer
+    rests on the proof structure the paper's main text describes (Lemma 3.2 per fixed batch
+    sequence, Lemma 4.1, Jensen); see section 10 for the caveat."""
+    from hidden_state_accountants.analyses import poisson_hidden_state as ph
+    from hidden_state_accountants.relations import sensitivity_factor
+
+    s, reason = ph.poisson_setup(run, ctx)
+    if s is None:
+        return NotApplicable(reason=reason)
+    if s.m_reg is None or s.m_reg <= 0:
+        return NotApplicable(reason=ph.NEED_L2)
+    if math.log1p(-min(s.lr * s.m_reg, 0.5)) == 0.0:
+        return NotApplicable(reason="lr * l2_regularization underflows: the contraction 1 - lr m_reg is 1 in floating point")
+    target = math.log1p(-s.lr * s.m_reg) if s.lr * s.m_reg < 1 else -math.inf
+    admissible = lambda lc: lc <= target + 1e-15 * abs(target)
+    orders = np.asarray(ctx.orders, dtype=float)
+    unit = orders * sensitivity_factor(ctx.neighboring_relation) ** 2 / (2.0 * s.z * s.z)
+
+    def inner(c) -> Bound:
+        beta = s.m_reg + ((c.cap + 1) / s.b) * (s.M - s.m_reg)
+        if not s.lr < 2.0 / (s.m_reg + beta):
+            return NotApplicable(reason=f"needs lr < 2/(lambda + beta) = {2.0 / (s.m_reg + beta):.6g} for batches of "
+                                        f"up to {c.cap + 1} records, got {s.lr:.6g}")
+        log_rho = 2.0 * math.log1p(-s.lr * s.m_reg)
+        vals = recursion_log_s(s.q, log_rho, unit, orders, s.steps) / (orders - 1)
+        return RdpBound(orders=ctx.orders, values=vals, note=f"rho = (1 - lr m_reg)^2, batches of <= {c.cap + 1}")
+
+    return ph.capped(run, ctx, s, admissible, inner)

@@ -229,3 +229,23 @@ def test_reshuffled_runs_are_never_accounted_as_one_partition():
         warnings.simplefilter("error")
         assert HiddenStateAccountant().compose(run).get_epsilon(1e-5) >= truth
     assert HiddenStateAccountant().compose(run.replace(sampling=SHUFFLE_PARTITION)).get_epsilon(1e-5) < truth
+
+
+def test_kept_batch_size_with_a_projection_needs_the_recorded_l2_in_m_to_M():
+    """derivations.md 3.5: a short batch divided by b contracts like the others when the L2 term
+    lies in [m, M]; with a projection only the recorded l2_regularization can show it."""
+    from hidden_state_accountants import HiddenStateAccountant, LossGeometry, TrainingRunDpEvent
+
+    geometry = LossGeometry(smoothness=1.0, strong_convexity=0.1, diameter=4.0)
+
+    def report(l2):
+        run = TrainingRunDpEvent(dataset_size=64, batch_size=10, steps=21, noise_multiplier=2.0, clip_norm=1.0,
+                                 learning_rate=0.5, sampling="reshuffle", geometry=geometry,
+                                 last_batch="kept_batch_size", l2_regularization=l2)
+        return {a.name: a for a in HiddenStateAccountant().compose(run).explain(1e-5).analyses}
+
+    assert "not recorded" in report(None)["si_reshuffle_average"].reason
+    assert "[m, M]" in report(2.0)["si_reshuffle_average"].reason
+    assert report(0.05)["si_reshuffle_average"].reason is not None  # below m
+    inside = report(0.5)
+    assert inside["si_reshuffle_average"].epsilon is not None and inside["si_reshuffle_worst"].epsilon is not None

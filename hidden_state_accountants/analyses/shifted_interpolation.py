@@ -269,11 +269,17 @@ def _constrained(run: TrainingRunDpEvent) -> Optional[str]:
 
 def _kept_short(run: TrainingRunDpEvent) -> Optional[str]:
     """A short batch divided by ``b`` contracts like a full one only if the L2 term lies in
-    ``[m, M]``, which the declared geometry forces when there is no projection
-    (docs/derivations.md 3.5)."""
-    if run.last_batch == KEPT_BATCH_SIZE and run.geometry.diameter is not None:
+    ``[m, M]``, which the declared geometry forces when there is no projection and which the
+    recorded L2 strength shows otherwise (docs/derivations.md 3.5)."""
+    if run.last_batch != KEPT_BATCH_SIZE or run.geometry.diameter is None:
+        return None
+    m, M, m_reg = run.geometry.strong_convexity, run.geometry.smoothness, run.l2_regularization
+    if m_reg is None:
         return ("a kept short batch divided by b with a projection: its contraction depends on the L2 strength, "
-                "which is not recorded")
+                "which is not recorded (l2_regularization)")
+    if not m * (1 - 1e-12) <= m_reg <= M * (1 + 1e-12):
+        return (f"a kept short batch divided by b with a projection contracts like the others only if the L2 "
+                f"strength lies in [m, M] = [{m:g}, {M:g}], got l2_regularization={m_reg:g}")
     return None
 
 

@@ -37,6 +37,7 @@ from typing import Dict, List
 
 import numpy as np
 import torch
+from _tee import Tee  # benchmarks/ is on sys.path when a script runs
 from opacus import PrivacyEngine
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -147,24 +148,6 @@ def components(setups, device: torch.device, repeats: int = 7, number: int = 300
     return out
 
 
-class _Tee:
-    """Writes what the benchmark prints to stdout and to ``--output`` as well."""
-
-    def __init__(self, path):
-        self.path, self.parts = path, []
-
-    def write(self, text):
-        self.parts.append(text)
-        return sys.__stdout__.write(text)
-
-    def flush(self):
-        sys.__stdout__.flush()
-
-    def save(self):
-        with open(self.path, "w") as f:
-            f.write("".join(self.parts))
-
-
 def main(argv=None) -> Dict[str, object]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=["digits", "synthetic"], default="digits")
@@ -219,7 +202,7 @@ def main(argv=None) -> Dict[str, object]:
     eps = engine.get_epsilon(1e-5)
     t_eps = time.perf_counter() - t0
 
-    tee = _Tee(a.output) if a.output else None
+    tee = Tee(a.output) if a.output else None
     if tee is not None:
         sys.stdout = tee
     if device.type == "cuda":

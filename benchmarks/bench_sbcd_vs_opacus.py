@@ -25,6 +25,8 @@ import sys
 import time
 import warnings
 
+from _tee import Tee  # benchmarks/ is on sys.path when a script runs
+
 
 def _rss_mb() -> float:
     """Current resident set size (Linux /proc), MiB."""
@@ -107,24 +109,6 @@ def worker(args) -> dict:
     return out
 
 
-class _Tee:
-    """Writes what the benchmark prints to stdout and to ``--output`` as well."""
-
-    def __init__(self, path):
-        self.path, self.parts = path, []
-
-    def write(self, text):
-        self.parts.append(text)
-        return sys.__stdout__.write(text)
-
-    def flush(self):
-        sys.__stdout__.flush()
-
-    def save(self):
-        with open(self.path, "w") as f:
-            f.write("".join(self.parts))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=20000)
@@ -151,7 +135,7 @@ def main():
         cmd = [sys.executable, __file__, "--worker", m] + _without(sys.argv[1:], ("--methods", "--output"))
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    out = _Tee(args.output) if args.output else None
+    out = Tee(args.output) if args.output else None
     if out is not None:
         sys.stdout = out
     print(f"MLP {args.features}-" + "-".join([str(args.width)] * args.depth) + f"-10, n = {args.n}, batch = {args.batch}, "

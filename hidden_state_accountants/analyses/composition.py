@@ -268,22 +268,26 @@ def _wor_sizes(event: dp_event.SampledWithoutReplacementDpEvent):
 
 def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int = 1) -> List[Bound]:
     """Bounds for one standard dp_accounting event under ``ctx.neighboring_relation`` (raises
-    UnsupportedEvent, or ParameterError for an event whose parameters are out of range).
+    UnsupportedEvent, or ParameterError for an event whose parameters are out of range): the
+    sensitivity is ``2C`` under REPLACE_ONE and ``C`` under ADD_OR_REMOVE_ONE, as dp_accounting
+    accounts them.
 
     ``count`` (how often the event is composed) only sizes PLD grids."""
-    if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
-        return _add_remove_event_bounds(event, ctx, count)
+    add_remove = ctx.neighboring_relation == ADD_OR_REMOVE_ONE
+    sensitivity, label = (1.0, "C (ADD_OR_REMOVE_ONE)") if add_remove else (2.0, "2C (REPLACE_ONE)")
+
+    def gaussian(z: float) -> Bound:
+        return GdpBound(name="gaussian", citation=f"Gaussian mechanism, sensitivity {label}", hidden_state=False,
+                        mu=sensitivity / z)
+
     if isinstance(event, dp_event.GaussianDpEvent):
         z = _noise(event)
-        if z <= 0:
-            return [non_private_bound("GaussianDpEvent with noise_multiplier 0")]
-        return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C (REPLACE_ONE)",
-                         hidden_state=False, mu=2.0 / z)]
+        return [non_private_bound("GaussianDpEvent with noise_multiplier 0")] if z <= 0 else [gaussian(z)]
     if isinstance(event, dp_event.LaplaceDpEvent):
         b = _noise(event)
         if b <= 0:
             return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
-        eps = 2.0 / b  # L1 sensitivity 2C under REPLACE_ONE
+        eps = sensitivity / b  # L1 sensitivity
         orders = np.asarray(ctx.orders, dtype=float)
         return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP",
                          hidden_state=False, orders=ctx.orders, values=np.minimum(eps, orders * eps * eps / 2))]
@@ -295,13 +299,20 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
         if z == 0:
             return [non_private_bound("Poisson-sampled Gaussian with noise_multiplier 0")]
         if q >= 1:
-            return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity 2C", hidden_state=False, mu=2.0 / z)]
+            return [gaussian(z)]
         counts = Counter({z: 1})
-        return [_poisson_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, repeats=count),
-                _poisson_rdp_bound("poisson_gaussian_rdp", q, counts, ctx.orders)]
+        pld, rdp = (_poisson_ar_pld_bound, _poisson_ar_rdp_bound) if add_remove else (_poisson_pld_bound,
+                                                                                      _poisson_rdp_bound)
+        return [pld("poisson_gaussian_pld", q, counts, ctx.discretization, repeats=count),
+                rdp("poisson_gaussian_rdp", q, counts, ctx.orders)]
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         z = _gaussian_noise(event.event)
         n, k = _wor_sizes(event)
+        if add_remove:
+            raise UnsupportedEvent(
+                "SampledWithoutReplacementDpEvent is not supported under ADD_OR_REMOVE_ONE (as in dp_accounting): "
+                "an added record changes every inclusion probability and displaces another record of the "
+                "fixed-size sample; use REPLACE_ONE")
         if k == 0:
             return []
         if z == 0:
@@ -320,44 +331,6 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             build=lambda delta, d: (fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), d), ""),
         )
         return [pld, rdp]
-    raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
-
-
-def _add_remove_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int) -> List[Bound]:
-    """The standard events under ADD_OR_REMOVE_ONE (sensitivity ``C``), as dp_accounting accounts them."""
-    if isinstance(event, dp_event.GaussianDpEvent):
-        z = _noise(event)
-        if z <= 0:
-            return [non_private_bound("GaussianDpEvent with noise_multiplier 0")]
-        return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity C (ADD_OR_REMOVE_ONE)",
-                         hidden_state=False, mu=1.0 / z)]
-    if isinstance(event, dp_event.LaplaceDpEvent):
-        b = _noise(event)
-        if b <= 0:
-            return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
-        eps = 1.0 / b  # L1 sensitivity C under ADD_OR_REMOVE_ONE
-        orders = np.asarray(ctx.orders, dtype=float)
-        return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP",
-                         hidden_state=False, orders=ctx.orders, values=np.minimum(eps, orders * eps * eps / 2))]
-    if isinstance(event, dp_event.PoissonSampledDpEvent):
-        z = _gaussian_noise(event.event)
-        q = _rate(event)
-        if q == 0:
-            return []
-        if z == 0:
-            return [non_private_bound("Poisson-sampled Gaussian with noise_multiplier 0")]
-        if q >= 1:
-            return [GdpBound(name="gaussian", citation="Gaussian mechanism, sensitivity C (ADD_OR_REMOVE_ONE)",
-                             hidden_state=False, mu=1.0 / z)]
-        counts = Counter({z: 1})
-        return [_poisson_ar_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, repeats=count),
-                _poisson_ar_rdp_bound("poisson_gaussian_rdp", q, counts, ctx.orders)]
-    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
-        _wor_sizes(event)
-        raise UnsupportedEvent(
-            "SampledWithoutReplacementDpEvent is not supported under ADD_OR_REMOVE_ONE (as in dp_accounting): "
-            "an added record changes every inclusion probability and displaces another record of the fixed-size "
-            "sample; use REPLACE_ONE")
     raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
 
 

@@ -778,6 +778,22 @@ class RunRecorder:
         self._ledger = ledger
         self._steps = sum(c for _, c in ledger)
 
+    def replay(self, state: Sequence[Sequence[Any]], steps: int, subject: str) -> None:
+        """Records a stored ledger (:meth:`ledger_state`) through :meth:`record`, so every
+        entry passes the checks it passed when it was first recorded (types and counts, the
+        claim, the schedule's divisors), and checks that it accounts ``steps`` steps. Errors
+        name ``checkpoint`` and begin with ``subject`` (e.g. "the hidden-state privacy state")."""
+        parsed = RunRecorder(schedule=None)
+        try:
+            parsed.load_ledger_state(state)
+            for step, count in parsed.ledger:
+                self.record(step, count)
+        except v.ParameterError as err:
+            raise v.ParameterError("checkpoint", f"{subject} has an invalid ledger ({err})") from None
+        if self.steps != steps:
+            raise v.ParameterError("checkpoint", f"{subject} says {steps} steps were taken but its ledger accounts "
+                                                 f"{self.steps}")
+
 
 # ------------------------------------------------------------------- sealed states
 def _canonical(payload: Dict[str, Any], what: str) -> bytes:
@@ -826,6 +842,36 @@ def unseal_state(state: Any, what: str = "state") -> Dict[str, Any]:
     return payload
 
 
+def open_state(state: Any, *, subject: str, fmt: str, version: int, keys: Sequence[str]) -> Dict[str, Any]:
+    """The payload of an adapter's sealed checkpoint state (:func:`seal_state`), after the
+    checks every adapter needs: the digest, the format and version, the keys, and ``steps``
+    a non-negative integer. Errors name ``checkpoint`` and begin with ``subject``.
+
+    >>> state = seal_state({"format": "demo", "version": 1, "steps": 2, "ledger": []})
+    >>> open_state(state, subject="the demo state", fmt="demo", version=1, keys=("ledger",))["steps"]
+    2
+    >>> open_state(state, subject="the demo state", fmt="demo", version=2, keys=())
+    Traceback (most recent call last):
+    ...
+    hidden_state_accountants.validation.ParameterError: checkpoint: the demo state is of format 'demo' version 1; this version of the package reads 'demo' version 2
+    """
+    payload = unseal_state(state, "checkpoint")
+
+    def bad(what: str) -> v.ParameterError:
+        return v.ParameterError("checkpoint", f"{subject} {what}")
+
+    if payload.get("format") != fmt or payload.get("version") != version:
+        raise bad(f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this version of the "
+                  f"package reads {fmt!r} version {version}")
+    missing = sorted((set(keys) | {"steps"}) - set(payload))
+    if missing:
+        raise bad(f"lacks {', '.join(missing)}")
+    steps = payload["steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise bad(f"has steps={steps!r}; must be an integer >= 0")
+    return payload
+
+
 __all__ = [
     "NO_GEOMETRY",
     "HiddenStateWarning",
@@ -838,6 +884,7 @@ __all__ = [
     "unaccountable",
     "update_departure",
     "effective_step",
+    "open_state",
     "REPLICA_REDUCTIONS",
     "model_refusal",
     "check_batch_source",

@@ -338,3 +338,31 @@ def test_a_plan_with_a_kept_short_batch_is_checked_at_the_schedule_positions():
     rec.record(full, 4)
     rec.record(short)
     assert rec.run().last_batch == "kept_own_size"
+
+
+def test_sealed_adapter_states_are_opened_and_replayed_in_one_place():
+    """Both adapters' checkpoints go through open_state and RunRecorder.replay: the digest,
+    format, keys and steps, then every ledger entry through record's checks."""
+    import doctest
+
+    from hidden_state_accountants import recording
+    from hidden_state_accountants.recording import open_state, seal_state
+
+    assert doctest.testmod(recording).failed == 0
+    source = recorder(geometry=None)
+    source.record(step(), 3)
+    payload = {"format": "f", "version": 2, "steps": 3, "ledger": source.ledger_state()}
+    opened = open_state(seal_state(payload), subject="the state", fmt="f", version=2, keys=("ledger",))
+    target = recorder(geometry=None)
+    target.replay(opened["ledger"], 3, "the state")
+    assert target.ledger == source.ledger
+    with pytest.raises(ParameterError, match="^checkpoint: the state says 4 steps were taken but its ledger accounts 3$"):
+        recorder(geometry=None).replay(opened["ledger"], 4, "the state")
+    with pytest.raises(ParameterError, match="^checkpoint: the state has an invalid ledger .*divides the clipped sum"):
+        recorder(geometry=None).replay([[step(divisor=7).to_dict(), 1]], 1, "the state")  # not the schedule's b
+    with pytest.raises(ParameterError, match="^checkpoint: the state lacks ledger$"):
+        open_state(seal_state({"format": "f", "version": 2, "steps": 0}), subject="the state", fmt="f", version=2,
+                   keys=("ledger",))
+    with pytest.raises(ParameterError, match=r"^checkpoint: the state has steps=-1; must be an integer >= 0$"):
+        open_state(seal_state({"format": "f", "version": 2, "steps": -1}), subject="the state", fmt="f", version=2,
+                   keys=())

@@ -45,6 +45,7 @@ from hidden_state_accountants.recording import (
     StepFacts,
     check_batch_source,
     check_position,
+    open_state,
     seal_state,
     unseal_state,
 )
@@ -429,7 +430,7 @@ class OpacusHiddenStateAccountant(IAccountant):
 
     def _load_checked(self, state_dict) -> None:
         def bad(what: str) -> v.ParameterError:
-            return v.ParameterError("checkpoint", f"the hidden-state accountant state {what}")
+            return v.ParameterError("checkpoint", f"{_SUBJECT} {what}")
 
         if not isinstance(state_dict, dict) or "history" not in state_dict or \
                 state_dict.get("mechanism") != self.mechanism():
@@ -442,16 +443,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
             raise bad(f"has version {hs.get('version')!r} without an integrity digest; this version of the package "
                       f"reads version {STATE_VERSION} (sealed)")
-        payload = unseal_state(hs, "checkpoint")
-        if payload.get("format") != _STATE_FORMAT or payload.get("version") != STATE_VERSION:
-            raise bad(f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this version of "
-                      f"the package reads {_STATE_FORMAT!r} version {STATE_VERSION}")
-        missing = sorted(set(_STATE_KEYS) - set(payload))
-        if missing:
-            raise bad(f"lacks {', '.join(missing)}")
+        payload = open_state(hs, subject=_SUBJECT, fmt=_STATE_FORMAT, version=STATE_VERSION, keys=_STATE_KEYS)
         steps = payload["steps"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise bad(f"has steps={steps!r}; must be an integer >= 0")
         for flag in ("assume_convex_model", "gaussian_initialization"):
             if not isinstance(payload[flag], bool):
                 raise bad(f"has {flag}={payload[flag]!r}; must be true or false")
@@ -538,12 +531,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                                    dataset_size=dataset_size if schedule is None else None)
         except v.ParameterError as err:
             raise bad(f"has a claim that does not hold ({err})") from None
-        try:
-            _replay(recorder, payload["ledger"])
-        except v.ParameterError as err:
-            raise bad(f"has a ledger that does not hold ({err})") from None
-        if recorder.steps != steps:
-            raise bad(f"says {steps} steps were taken but its ledger accounts {recorder.steps}")
+        recorder.replay(payload["ledger"], steps, _SUBJECT)
         if _history(recorder) != _as_history(state_dict["history"]):
             raise bad("has an Opacus history that is not its ledger's")
         # everything holds: apply
@@ -634,17 +622,9 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
 
 
 _STATE_FORMAT = "hidden_state_accountants.opacus"
+_SUBJECT = "the hidden-state accountant state"
 _STATE_KEYS = ("steps", "ledger", "geometry", "model", "assume_convex_model", "gaussian_initialization", "sampler",
                "loader_schedule", "dataset_size")
-
-
-def _replay(recorder: RunRecorder, ledger) -> None:
-    """Records a stored ledger through ``recorder``, so every entry passes the checks it passed
-    when it was first recorded (types and counts, the claim, the schedule's divisor)."""
-    parsed = RunRecorder(schedule=None)
-    parsed.load_ledger_state(ledger)
-    for step, count in parsed.ledger:
-        recorder.record(step, count)
 
 
 def _history(recorder: RunRecorder) -> List[Tuple[float, float, int]]:

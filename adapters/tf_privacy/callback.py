@@ -51,8 +51,8 @@ from hidden_state_accountants.recording import (
     check_geometry,
     check_position,
     effective_step,
+    open_state,
     seal_state,
-    unseal_state,
 )
 from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule, steps_per_epoch
 
@@ -409,21 +409,14 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._restored = self._check_state(state)
 
     def _check_state(self, state) -> Dict[str, Any]:
-        payload = unseal_state(state, "checkpoint")
+        subject = "the hidden-state privacy state"
+        payload = open_state(state, subject=subject, fmt=_STATE_FORMAT, version=_STATE_VERSION,
+                             keys=("schedule", "seed_is_secret", "ledger", "history"))
 
         def bad(what):
-            return ParameterError("checkpoint", f"the hidden-state privacy state {what}")
+            return ParameterError("checkpoint", f"{subject} {what}")
 
-        if payload.get("format") != _STATE_FORMAT:
-            raise bad(f"is not a HiddenStatePrivacyCallback state (format {payload.get('format')!r})")
-        if payload.get("version") != _STATE_VERSION:
-            raise bad(f"has version {payload.get('version')!r}; this version of the package reads {_STATE_VERSION}")
-        missing = sorted({"schedule", "seed_is_secret", "steps", "ledger", "history"} - set(payload))
-        if missing:
-            raise bad(f"lacks {', '.join(missing)}")
         steps, described = payload["steps"], payload["schedule"]
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise bad(f"has steps={steps!r}; must be an integer >= 0")
         if described is None:
             if steps or payload["ledger"]:
                 raise bad(f"accounts {steps} steps without a batch schedule")
@@ -443,13 +436,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if self.last_batch is not None and schedule.last_batch != self.last_batch:
             raise bad(f"is a run with last_batch={schedule.last_batch!r}, but this callback was declared with "
                       f"last_batch={self.last_batch!r}")
-        probe = RunRecorder(schedule=schedule)
-        try:
-            probe.load_ledger_state(payload["ledger"])
-        except ParameterError as err:
-            raise bad(f"has an invalid ledger ({err})") from None
-        if probe.steps != steps:
-            raise bad(f"says {steps} steps were taken but its ledger accounts {probe.steps}")
+        RunRecorder(schedule=schedule).replay(payload["ledger"], steps, subject)
         try:
             history = [_decode_epoch(h) for h in payload["history"]]
         except (TypeError, ValueError, KeyError) as err:

@@ -61,3 +61,21 @@ def test_example_trains_on_cuda(example):
     assert all(p.is_cuda for p in res["model"].parameters())
     cpu = example.train(epochs=4, progress=False, device="cpu")
     assert res["epsilon"] == cpu["epsilon"], "accounting does not depend on the device"
+
+
+def test_example_distributed_mode_reports_the_one_process_run(example, tmp_path):
+    """``--distributed 2``: two gloo processes under DPDDP train the same run and report the
+    epsilon of one process's run (issue 13: the README's command)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--distributed", "2", "--epochs", "2", "--device", "cpu",
+                          "--json", "--output", str(tmp_path / "p.png")],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    res = json.loads(out.strip().splitlines()[-1])
+    assert "(2 processes)" in out and res["relation"] == "REPLACE_ONE"
+    one = example.train(epochs=2, progress=False)
+    assert res["epsilon"] == pytest.approx(one["epsilon"], rel=1e-12)
+    assert res["composition_epsilon"] == pytest.approx(one["composition_epsilon"], rel=1e-12)
+    assert res["final_accuracy"] > 0.2

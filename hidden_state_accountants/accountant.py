@@ -145,18 +145,20 @@ class PrivacyReport:
         }
 
     def to_table(self) -> str:
+        w = max([26] + [len(a.name) for a in self.analyses])  # names up to 31 characters
+        k = max([5] + [len(a.kind) for a in self.analyses])
         lines = [
             f"epsilon = {_fmt(self.epsilon)} at delta = {self.delta:g} "
             f"({self.neighboring_relation}), from {self.analysis}",
             "",
-            f"{'analysis':<26} {'kind':<5} {'epsilon':>10}  notes",
-            f"{'-' * 26} {'-' * 5} {'-' * 10}  {'-' * 40}",
+            f"{'analysis':<{w}} {'kind':<{k}} {'epsilon':>10}  notes",
+            f"{'-' * w} {'-' * k} {'-' * 10}  {'-' * 40}",
         ]
         for a in self.analyses:
             tag = "" if a.hidden_state else "[composition] "
             text = a.reason if a.reason else a.detail
             mark = "*" if a.name == self.analysis else " "
-            lines.append(f"{a.name:<26} {a.kind:<5} {_fmt(a.epsilon):>10}{mark} {tag}{text}")
+            lines.append(f"{a.name:<{w}} {a.kind:<{k}} {_fmt(a.epsilon):>10}{mark} {tag}{text}")
         lines += [""] + [f"note: {n}" for n in self.notes]
         return "\n".join(lines).rstrip()
 

@@ -96,14 +96,21 @@ def compute_hidden_state_privacy_statement(
     declared = dict(weight_decay=geometry.strong_convexity, projection_diameter=geometry.diameter) if geometry else {}
     spe, short = schedule.steps_per_epoch, schedule.dataset_size % schedule.batch_size
     kept = schedule.last_batch != DROPPED
-    per_step = (lr for lr, count in runs for _ in range(count))
     # a kept short batch (the last step of every epoch) is divided by its own size, as TF-Privacy does
-    divisors = ((short if kept and t % spe == spe - 1 else schedule.batch_size) for t in itertools.count())
-    for (lr, divisor), group in itertools.groupby(zip(per_step, divisors)):
+    def divisor(t: int) -> int:
+        return short if kept and t % spe == spe - 1 else schedule.batch_size
+
+    if len(runs) == 1:  # a constant learning rate: two epochs show every kind of step; the rest repeats them
+        shown = min(int(steps), 2 * spe)
+        per_step = itertools.repeat(runs[0][0], shown)
+    else:  # one value per step, as given
+        shown = int(steps)
+        per_step = (lr for lr, count in runs for _ in range(count))
+    for (lr, d), group in itertools.groupby(zip(per_step, map(divisor, itertools.count()))):
         recorder.record(StepFacts(noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr,
-                                  divisor=divisor, **declared), len(list(group)))
+                                  divisor=d, **declared), sum(1 for _ in group))
     # the text states why no hidden-state claim is made, so no warning is added
-    return statement_for_run(recorder.run(warn=False), delta, notes=recorder.notes(),
+    return statement_for_run(recorder.run(steps=int(steps), warn=False), delta, notes=recorder.notes(),
                              include_analyses=include_analyses)
 
 

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[all,dev]"
 # the default suite; the long grids (pytest -m slow: exact-value grids over every schedule, the
-# examples end to end; about 20+ minutes on 2 cores) run when HSA_SLOW=1, so CI stays under 30 minutes
+# examples end to end; about an hour on 2 cores) run when HSA_SLOW=1, so CI stays under 30 minutes
 if [ -n "${HSA_SLOW:-}" ]; then marks="slow or not slow"; else marks="not slow"; fi
 .venv/bin/python -m pytest -q -p no:cacheprovider -m "$marks" "$@"
 if [ -z "${HSA_SKIP_NEWEST:-}" ]; then

@@ -215,6 +215,10 @@ class BatchSourceFacts:
     next_step: Optional[int] = attr.ib(default=None)
     """The step of ``schedule`` whose batch the source hands out next (``None``: unknown,
     taken to be the run's position)."""
+    independent_draws: int = attr.ib(default=1)
+    """How many processes each draw the framework's permutation on their own and feed their
+    part of it (several ranks each running ``DataLoader(shuffle=True)``, Keras
+    ``fit(shuffle=True)`` on several workers); 1 for one process or a shared draw."""
 
 
 def effective_step(step: StepFacts) -> StepFacts:
@@ -348,6 +352,11 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps:
         raise v.ParameterError(
             "data", f"the batches do not come from a schedule of this package ({source.description}); "
             f"the {schedule.sampling!r} bounds need exactly that schedule")
+    if source.schedule.external and source.independent_draws > 1:
+        raise v.ParameterError(
+            "data", f"{source.description}: {source.independent_draws} processes each draw their own permutation "
+            "and feed their part of it, so the global batches are not cut from one permutation; use a schedule of "
+            "this package, which every process follows with a shared secret seed")
     drawn_elsewhere = source.schedule.external or schedule.external
     if not (source.schedule.same_law(schedule) if drawn_elsewhere else source.schedule.same_schedule(schedule)):
         raise v.ParameterError(

@@ -166,6 +166,16 @@ def test_loaders_that_are_not_a_schedule_are_refused_with_the_reason():
     assert acc.configure(data_loader=DataLoader(data(60), batch_sampler=s)).sampler is s
 
 
+def test_a_plain_shuffled_loader_on_several_ranks_is_refused(monkeypatch):
+    """Every rank's DataLoader(shuffle=True) draws its own permutation of all records: the core
+    refuses that source (the same rule as Keras fit(shuffle=True) on several workers)."""
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+    with pytest.raises(ParameterError, match="^data: DataLoader.*2 processes each draw their own permutation"):
+        hso.OpacusHiddenStateAccountant().configure(data_loader=DataLoader(data(60), batch_size=10, shuffle=True))
+
+
 def test_shuffled_loader_checkpoint_resumes_at_an_epoch_end_only():
     n, b = 60, 10
     engine, *_ = run(hso.secret_shuffle(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True)), n=n,

@@ -8,11 +8,13 @@ import pytest
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants.recording import (
+    BatchSourceFacts,
     CompositionFallbackWarning,
     LayerFacts,
     ModelFacts,
     RunRecorder,
     StepFacts,
+    check_batch_source,
     effective_step,
     model_refusal,
     seal_state,
@@ -366,3 +368,16 @@ def test_sealed_adapter_states_are_opened_and_replayed_in_one_place():
     with pytest.raises(ParameterError, match=r"^checkpoint: the state has steps=-1; must be an integer >= 0$"):
         open_state(seal_state({"format": "f", "version": 2, "steps": -1}), subject="the state", fmt="f", version=2,
                    keys=())
+
+
+def test_a_framework_shuffle_drawn_in_several_processes_is_not_the_schedule():
+    """DataLoader(shuffle=True) on several ranks, Keras fit(shuffle=True) on several workers:
+    each process draws its own permutation, so the global batches follow no one schedule.
+    The core refuses it for every adapter; one process (or a shared draw) is the schedule."""
+    law = BatchSchedule.framework(100, 10, last_batch="dropped", secret=True)
+    check_batch_source(law, BatchSourceFacts(schedule=law, description="one loader"))
+    with pytest.raises(ParameterError, match=r"^data: two loaders: 2 processes each draw their own permutation"):
+        check_batch_source(law, BatchSourceFacts(schedule=law, description="two loaders", independent_draws=2))
+    shared = BatchSchedule(100, 10, "reshuffle")  # the package's sampler: every process follows one seed
+    check_batch_source(shared, BatchSourceFacts(schedule=shared, description="ReshuffleBatchSampler",
+                                                independent_draws=2))

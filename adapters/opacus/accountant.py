@@ -227,12 +227,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                     "DataLoader(dataset, batch_size=b, shuffle=True) or batch_sampler=<a sampler of this package>, "
                     "and make_private(..., poisson_sampling=False)")
             else:
-                dist = torch.distributed
-                if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                    raise v.ParameterError(
-                        "data_loader", "a plain DataLoader(shuffle=True) is not sharded across ranks (every rank "
-                        "would draw its own permutation of all records); use ReshuffleBatchSampler, which every "
-                        "rank follows with a shared secret seed")
+                check_batch_source(source.schedule, source)  # e.g. one permutation per rank is refused
                 loader_schedule = source.schedule
         schedule = sampler.schedule if sampler is not None else loader_schedule
         facts = None if model is None else model_facts(model)

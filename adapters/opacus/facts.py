@@ -140,8 +140,11 @@ def loader_facts(data_loader) -> BatchSourceFacts:
                                            secret=secret)
         where = ("a generator seeded secretly by secret_shuffle" if secret else
                  "torch's global generator or one seeded by the script")
-        return BatchSourceFacts(schedule=schedule, steps_per_epoch=len(data_loader), description=(
-            f"DataLoader(batch_size={bs.batch_size}, shuffle=True, drop_last={bs.drop_last}) drawing from {where}"))
+        dist = torch.distributed
+        ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return BatchSourceFacts(schedule=schedule, steps_per_epoch=len(data_loader), independent_draws=ranks,
+                                description=f"DataLoader(batch_size={bs.batch_size}, shuffle=True, "
+                                            f"drop_last={bs.drop_last}) drawing from {where}")
     what = type(bs).__name__ if rs is None else f"{type(bs).__name__} over a {type(rs).__name__}"
     return BatchSourceFacts(schedule=None, description=f"a DataLoader with a {what}")
 

@@ -344,10 +344,8 @@ def _array_source(adapter, strategy=None) -> BatchSourceFacts:
             return BatchSourceFacts(schedule=None, description=(
                 f"{what}: a new random permutation every epoch, but Keras' shuffle op could not be read "
                 f"({len(seeds)} found), so whether its randomness is secret is unknown"))
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and strategy.extended._num_workers > 1:
-            return BatchSourceFacts(schedule=None, description=(
-                f"{what} under MultiWorkerMirroredStrategy: every worker draws its own permutation and feeds its "
-                "shard of it, so the global batches are not cut from one permutation"))
+        workers = strategy.extended._num_workers if isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy) else 1
         seed, seed2 = seeds[0]
         secret = seed == 0 and seed2 == 0  # TensorFlow then seeds the op from the operating system
         randomness = ("secret: not seeded, TensorFlow seeds the op from the operating system" if secret else
@@ -359,7 +357,7 @@ def _array_source(adapter, strategy=None) -> BatchSourceFacts:
             schedule=BatchSchedule.framework(n, b, RESHUFFLE, last_batch=last, secret=secret),
             description=f"{what}: Keras draws a new random permutation of the records every epoch ({randomness})"
                         f"{short}{kept}",
-            next_step=0)  # every fit starts a new epoch
+            next_step=0, independent_draws=workers)  # every fit starts a new epoch
     # none of the core's schedules: say what Keras does
     if shuffle == "batch":
         what += ": a shuffle in chunks of the batch size every epoch"

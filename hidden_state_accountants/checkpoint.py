@@ -49,7 +49,8 @@ RUN_KEYS = ("steps", "ledger", "claim", "weights_digest")
 _HEX = frozenset("0123456789abcdef")
 
 
-def _refusal(subject: str, what: str) -> v.ParameterError:
+def refusal(subject: str, what: str) -> v.ParameterError:
+    """The error for a checkpoint that does not hold: ``checkpoint: <subject> <what>``."""
     return v.ParameterError("checkpoint", f"{subject} {what}")
 
 
@@ -115,18 +116,18 @@ def open_state(state: Any, *, subject: str, fmt: str, version: int, keys: Sequen
     """
     payload = unseal_state(state, "checkpoint")
     if payload.get("format") != fmt or payload.get("version") != version:
-        raise _refusal(subject, f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this "
+        raise refusal(subject, f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this "
                                 f"version of the package reads {fmt!r} version {version}")
     missing = sorted((set(keys) | {"steps"}) - set(payload))
     if missing:
-        raise _refusal(subject, f"lacks {', '.join(missing)}")
+        raise refusal(subject, f"lacks {', '.join(missing)}")
     _check_steps(payload["steps"], subject)
     return payload
 
 
 def _check_steps(steps: Any, subject: str) -> int:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise _refusal(subject, f"has steps={steps!r}; must be an integer >= 0")
+        raise refusal(subject, f"has steps={steps!r}; must be an integer >= 0")
     return steps
 
 
@@ -200,17 +201,17 @@ class RunState:
     ) -> None:
         steps = _check_steps(steps, subject)
         if model is not None and not isinstance(model, ModelFacts):
-            raise _refusal(subject, f"has model={model!r}; must be ModelFacts or None")
+            raise refusal(subject, f"has model={model!r}; must be ModelFacts or None")
         if weights_digest is not None and not (isinstance(weights_digest, str) and len(weights_digest) == 64
                                                and set(weights_digest) <= _HEX):
-            raise _refusal(subject, f"has weights_digest={weights_digest!r}; must be a SHA-256 hex digest or null")
+            raise refusal(subject, f"has weights_digest={weights_digest!r}; must be a SHA-256 hex digest or null")
         try:
             relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
             recorder = RunRecorder(schedule=schedule, geometry=geometry, model=model,
                                    assume_convex_model=assume_convex_model,
                                    gaussian_initialization=gaussian_initialization, dataset_size=dataset_size)
         except v.ParameterError as err:
-            raise _refusal(subject, f"has a claim that does not hold ({err})") from None
+            raise refusal(subject, f"has a claim that does not hold ({err})") from None
         parsed = RunRecorder(schedule=None)
         try:
             parsed.load_ledger_state(ledger)  # types and counts
@@ -219,21 +220,21 @@ class RunState:
                 for step, count in parsed.ledger:
                     recorder.record(step, count)  # the checks each step passed when it was first recorded
         except v.ParameterError as err:
-            raise _refusal(subject, f"has an invalid ledger ({err})") from None
+            raise refusal(subject, f"has an invalid ledger ({err})") from None
         if recorder.steps != steps:
-            raise _refusal(subject, f"says {steps} steps were taken but its ledger accounts {recorder.steps}")
+            raise refusal(subject, f"says {steps} steps were taken but its ledger accounts {recorder.steps}")
         self.recorder, self.neighboring_relation, self.weights_digest = recorder, relation, weights_digest
+        self.subject = subject
 
     @classmethod
-    def of(cls, recorder: RunRecorder, *, neighboring_relation=None,
-           weights_digest: Optional[str] = None) -> "RunState":
+    def of(cls, recorder: RunRecorder, *, neighboring_relation=None, weights_digest: Optional[str] = None,
+           subject: str = "the run's state") -> "RunState":
         """The state of a live recorder (checked as it recorded: nothing is replayed)."""
         if not isinstance(recorder, RunRecorder):
             raise v.ParameterError("recorder", f"must be a RunRecorder, got {type(recorder).__name__}")
         run = cls.__new__(cls)
-        run.recorder = recorder
+        run.recorder, run.weights_digest, run.subject = recorder, weights_digest, subject
         run.neighboring_relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
-        run.weights_digest = weights_digest
         return run
 
     @property
@@ -264,13 +265,11 @@ class RunState:
         """Raises unless the state was saved with the weights whose :func:`weights_digest` is
         ``digest`` (``what`` names them in the error)."""
         if self.weights_digest is None:
-            raise v.ParameterError("checkpoint", f"its accountant state is not bound to model weights (it was not "
-                                                 f"written with them by save_checkpoint), so it cannot be shown to "
-                                                 f"describe {what}")
+            raise refusal(self.subject, f"is not bound to model weights (it was not written with them, e.g. by "
+                                        f"save_checkpoint), so it cannot be shown to describe {what}")
         if self.weights_digest != digest:
-            raise v.ParameterError("checkpoint", f"its accountant state was saved with other model weights than "
-                                                 f"{what} (spliced from another checkpoint?): the ledger would not be "
-                                                 "the run of these weights")
+            raise refusal(self.subject, f"was saved with other model weights than {what} (spliced from another "
+                                        "checkpoint?): its ledger is not the run of these weights")
 
 
 def seal_run(run: Optional[RunState], *, fmt: str, version: int, **extra: Any) -> Dict[str, Any]:
@@ -295,12 +294,12 @@ def open_run(state: Any, *, fmt: str, version: int, subject: str = "the run's st
     payload = open_state(state, subject=subject, fmt=fmt, version=version, keys=RUN_KEYS + tuple(extra))
     unknown = sorted(set(payload) - {"format", "version", *RUN_KEYS, *extra})
     if unknown:
-        raise _refusal(subject, f"has unknown fields {', '.join(unknown)}")
+        raise refusal(subject, f"has unknown fields {', '.join(unknown)}")
     extras = {k: payload[k] for k in extra}
     claim = payload["claim"]
     if claim is None:
         if payload["steps"] or payload["ledger"] or payload["weights_digest"] is not None:
-            raise _refusal(subject, f"accounts {payload['steps']} steps without a claim (no batch schedule)")
+            raise refusal(subject, f"accounts {payload['steps']} steps without a claim (no batch schedule)")
         return None, extras
     run = RunState(**_decode_claim(claim, subject), ledger=payload["ledger"], steps=payload["steps"],
                    weights_digest=payload["weights_digest"], subject=subject)
@@ -311,32 +310,32 @@ def _decode_claim(claim: Any, subject: str) -> Dict[str, Any]:
     """:meth:`RunState.claim`'s JSON back as :class:`RunState`'s arguments, every type checked."""
     if not isinstance(claim, dict) or set(claim) != set(CLAIM_KEYS):
         got = sorted(claim) if isinstance(claim, dict) else type(claim).__name__
-        raise _refusal(subject, f"has a claim with fields {got}; must have {sorted(CLAIM_KEYS)}")
+        raise refusal(subject, f"has a claim with fields {got}; must have {sorted(CLAIM_KEYS)}")
     out = dict(claim)
     for flag in ("seed_is_secret", "assume_convex_model", "gaussian_initialization"):
         if not isinstance(claim[flag], bool):
-            raise _refusal(subject, f"has {flag}={claim[flag]!r}; must be true or false")
+            raise refusal(subject, f"has {flag}={claim[flag]!r}; must be true or false")
     described = out.pop("schedule")
     secret = out.pop("seed_is_secret")
     if described is not None:
         if isinstance(described, dict) and described.get("seed") is None and described.get("sampling") in RANDOM \
                 and not described.get("external", False):
-            raise _refusal(subject, f"has a {described['sampling']} schedule without its seed")
+            raise refusal(subject, f"has a {described['sampling']} schedule without its seed")
         try:
             described = BatchSchedule.from_description(described, seed_is_secret=secret)
         except (v.ParameterError, TypeError, ValueError) as err:
-            raise _refusal(subject, f"has an invalid schedule ({err})") from None
+            raise refusal(subject, f"has an invalid schedule ({err})") from None
     out["schedule"] = described
     size = claim["dataset_size"]
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-        raise _refusal(subject, f"has dataset_size={size!r}; must be a positive integer or null")
+        raise refusal(subject, f"has dataset_size={size!r}; must be a positive integer or null")
     try:
         if claim["geometry"] is not None:
             out["geometry"] = LossGeometry(**claim["geometry"])
         if claim["model"] is not None:
             out["model"] = _decode_model(claim["model"])
     except (TypeError, ValueError, KeyError) as err:  # ParameterError included
-        raise _refusal(subject, f"has an invalid geometry or model ({err})") from None
+        raise refusal(subject, f"has an invalid geometry or model ({err})") from None
     return out
 
 
@@ -386,6 +385,7 @@ __all__ = [
     "RunState",
     "open_run",
     "open_state",
+    "refusal",
     "seal_run",
     "seal_state",
     "unseal_state",

@@ -123,12 +123,12 @@ def test_an_inconsistent_run_is_refused_with_what_does_not_hold(edit, message):
 
 
 def test_the_weights_binding():
-    run = RunState.of(live(), weights_digest="0" * 64)
+    run = RunState.of(live(), weights_digest="0" * 64, subject="the state")
     run.check_weights("0" * 64, "the weights")
-    with pytest.raises(ParameterError, match="^checkpoint: its accountant state was saved with other model weights "
-                                             "than the weights"):
+    with pytest.raises(ParameterError, match="^checkpoint: the state was saved with other model weights than the "
+                                             "weights"):
         run.check_weights("1" * 64, "the weights")
-    with pytest.raises(ParameterError, match="^checkpoint: its accountant state is not bound to model weights"):
+    with pytest.raises(ParameterError, match="^checkpoint: the run's state is not bound to model weights"):
         RunState.of(live()).check_weights("0" * 64, "the weights")
 
 

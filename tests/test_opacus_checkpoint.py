@@ -90,8 +90,8 @@ def test_an_accountant_state_spliced_next_to_later_weights_is_refused(checkpoint
     torch.save(spliced, tmp_path / "spliced.pt")
     engine, model, opt, _ = build(seed=1)
     before = snapshot(engine, model, opt)
-    with pytest.raises(ParameterError, match=r"^checkpoint: its accountant state was saved with other model weights "
-                                             r"than the module_state_dict next to it \(spliced"):
+    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state accountant state was saved with other "
+                                             r"model weights than the module_state_dict next to it in the file \(spliced"):
         engine.load_checkpoint(path=tmp_path / "spliced.pt", module=model, optimizer=opt)
     assert unchanged(before, engine, model, opt)
     engine.load_checkpoint(path=tmp / "epoch3.pt", module=model, optimizer=opt)  # the real one loads
@@ -106,7 +106,7 @@ def test_a_checkpoint_without_the_accountant_state_changes_nothing(checkpoints, 
     torch.save(partial, tmp_path / "partial.pt")
     engine, model, opt, _ = build(seed=1)
     before = snapshot(engine, model, opt)
-    with pytest.raises(ParameterError, match="^checkpoint: has no privacy_accountant_state_dict .*; nothing was "
+    with pytest.raises(ParameterError, match="^checkpoint: the file has no privacy_accountant_state_dict .*; nothing was "
                                              "loaded$"):
         engine.load_checkpoint(path=tmp_path / "partial.pt", module=model, optimizer=opt)
     assert unchanged(before, engine, model, opt)
@@ -121,7 +121,7 @@ def test_a_broken_optimizer_state_changes_nothing(checkpoints, tmp_path):
     torch.save(broken, tmp_path / "broken.pt")
     engine, model, opt, _ = build(seed=1)
     before = snapshot(engine, model, opt)
-    with pytest.raises(ParameterError, match="^checkpoint: has an optimizer_state_dict that does not load into the "
+    with pytest.raises(ParameterError, match="^checkpoint: the file has an optimizer_state_dict that does not load into the "
                                              "optimizer .*; nothing was loaded$"):
         engine.load_checkpoint(path=tmp_path / "broken.pt", module=model, optimizer=opt)
     assert unchanged(before, engine, model, opt)
@@ -137,7 +137,7 @@ def test_module_weights_of_another_shape_change_nothing(checkpoints, tmp_path):
     torch.save(wrong, tmp_path / "wrong.pt")
     engine, model, opt, _ = build(seed=1)
     before = snapshot(engine, model, opt)
-    with pytest.raises(ParameterError, match=f"^checkpoint: has {key} of shape \\({K + 1},\\) in its "
+    with pytest.raises(ParameterError, match=f"^checkpoint: the file has {key} of shape \\({K + 1},\\) in its "
                                              "module_state_dict; the module's is"):
         engine.load_checkpoint(path=tmp_path / "wrong.pt", module=model, optimizer=opt)
     assert unchanged(before, engine, model, opt)
@@ -153,8 +153,8 @@ def test_an_unbound_or_history_only_accountant_state_is_refused_by_load_checkpoi
         ckpt["privacy_accountant_state_dict"] = state or trained.accountant.state_dict()  # written without weights
         torch.save(ckpt, tmp_path / f"{name}.pt")
         before = snapshot(engine, model, opt)
-        with pytest.raises(ParameterError, match="^(checkpoint: its accountant state is not bound|sampler: the "
-                                                 "checkpoint holds only Opacus' history)"):
+        with pytest.raises(ParameterError, match="^(checkpoint: the hidden-state accountant state is not bound|"
+                                                 "sampler: the checkpoint holds only Opacus' history)"):
             engine.load_checkpoint(path=tmp_path / f"{name}.pt", module=model, optimizer=opt)
         assert unchanged(before, engine, model, opt)
 

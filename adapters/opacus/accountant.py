@@ -35,7 +35,7 @@ from opacus.optimizers import DPOptimizer
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, PrivacyReport, TrainingRunDpEvent
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.checkpoint import RunState, open_run, seal_run
+from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
     BatchSourceFacts,
     ModelFacts,
@@ -374,7 +374,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         out = {} if destination is None else destination
         out["mechanism"] = self.mechanism()
         out["history"] = self.history
-        run = RunState.of(self._recorder, neighboring_relation=self.neighboring_relation, weights_digest=weights_digest)
+        run = RunState.of(self._recorder, neighboring_relation=self.neighboring_relation, weights_digest=weights_digest,
+                          subject=_SUBJECT)
         out["hidden_state"] = seal_run(run, fmt=_STATE_FORMAT, version=STATE_VERSION,
                                        sampler=None if self.sampler is None else type(self.sampler).__name__)
         return out
@@ -402,22 +403,22 @@ class OpacusHiddenStateAccountant(IAccountant):
         if not isinstance(state_dict, dict) or "history" not in state_dict or \
                 state_dict.get("mechanism") != self.mechanism():
             got = state_dict.get("mechanism") if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise _refusal(f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} accountant "
+            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} accountant "
                            "loads here")
         hs = state_dict.get("hidden_state")
         if hs is None:
             return self._prepare_history_only(state_dict["history"]), None
         if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
-            raise _refusal(f"has version {hs.get('version')!r} without an integrity digest; this version of the "
+            raise refusal(_SUBJECT, f"has version {hs.get('version')!r} without an integrity digest; this version of the "
                            f"package reads version {STATE_VERSION} (sealed)")
         run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
         if run is None:
-            raise _refusal("holds no run")
+            raise refusal(_SUBJECT, "holds no run")
         steps, stored, sampler_class = run.steps, run.recorder, extra["sampler"]
         loader_schedule = stored.schedule if stored.schedule is not None and stored.schedule.external else None
         if (sampler_class is not None) != (stored.schedule is not None and loader_schedule is None) or \
                 not isinstance(sampler_class, (str, type(None))):
-            raise _refusal(f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler class "
+            raise refusal(_SUBJECT, f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler class "
                            "goes with a schedule of this package, and only with one)")
         if self.loader_schedule is not None:  # configured with DataLoader(shuffle=True)
             if loader_schedule is None:
@@ -443,10 +444,10 @@ class OpacusHiddenStateAccountant(IAccountant):
                                                        "position": steps},
                                                       seed_is_secret=stored.schedule.seed_is_secret)
                 except v.ParameterError as err:
-                    raise _refusal(f"has an invalid sampler ({err})") from None
+                    raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
         recorder = run.recorder
         if _history(recorder) != _as_history(state_dict["history"]):
-            raise _refusal("has an Opacus history that is not its ledger's")
+            raise refusal(_SUBJECT, "has an Opacus history that is not its ledger's")
 
         def apply() -> None:
             self.geometry, self.model, self.dataset_size = recorder.geometry, recorder.model, recorder.dataset_size
@@ -502,13 +503,13 @@ class OpacusHiddenStateAccountant(IAccountant):
                                               "or batch schedule); it cannot continue the configured sampler")
         entries = _as_history(history)
         if entries is None:
-            raise _refusal(f"has a history that is not a list of (noise_multiplier, sample_rate, steps): {history!r}")
+            raise refusal(_SUBJECT, f"has a history that is not a list of (noise_multiplier, sample_rate, steps): {history!r}")
         recorder = RunRecorder(schedule=None)
         try:
             for z, q, count in entries:
                 recorder.record(StepFacts(noise_multiplier=z, sample_rate=q), count)
         except v.ParameterError as err:
-            raise _refusal(f"has a history that does not hold ({err})") from None
+            raise refusal(_SUBJECT, f"has a history that does not hold ({err})") from None
 
         def apply() -> None:
             self._recorder, self._cache = recorder, (None, None)
@@ -547,10 +548,6 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
 
 _STATE_FORMAT = "hidden_state_accountants.opacus"
 _SUBJECT = "the hidden-state accountant state"
-
-
-def _refusal(what: str) -> v.ParameterError:
-    return v.ParameterError("checkpoint", f"{_SUBJECT} {what}")
 
 
 def _history(recorder: RunRecorder) -> List[Tuple[float, float, int]]:

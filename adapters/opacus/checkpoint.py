@@ -39,12 +39,13 @@ from opacus import PrivacyEngine
 from opacus.optimizers import DPOptimizer
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.checkpoint import weights_digest, write_atomically
+from hidden_state_accountants.checkpoint import refusal, weights_digest, write_atomically
 
 from .accountant import OpacusHiddenStateAccountant
 
 __all__ = ["save_checkpoint", "load_checkpoint", "module_weights_digest", "install"]
 
+_FILE, _NOTHING_LOADED = "the file", "; nothing was loaded"
 _MODULE, _ACCOUNTANT, _OPTIMIZER = "module_state_dict", "privacy_accountant_state_dict", "optimizer_state_dict"
 _SCHEDULERS = (("noise_scheduler", "noise_scheduler_state_dict"),
                ("grad_clip_scheduler", "grad_clip_scheduler_state_dict"))
@@ -104,18 +105,18 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
     accountant = _hidden_state_accountant(engine)
     checkpoint = torch.load(path, **(torch_load_kwargs or {}), weights_only=False)
     if not isinstance(checkpoint, dict):
-        raise _refused(f"is a {type(checkpoint).__name__}, not the dict save_checkpoint writes")
+        raise refusal(_FILE, f"is a {type(checkpoint).__name__}, not the dict save_checkpoint writes{_NOTHING_LOADED}")
     for key in (_MODULE, _ACCOUNTANT):
         if key not in checkpoint:
-            raise _refused(f"has no {key} (not written by PrivacyEngine.save_checkpoint)")
+            raise refusal(_FILE, f"has no {key} (not written by PrivacyEngine.save_checkpoint){_NOTHING_LOADED}")
     module_kwargs = module_load_dict_kwargs or {}
     apply_accountant, run = accountant._prepare_load(checkpoint[_ACCOUNTANT])
     if run is None:
-        raise v.ParameterError("checkpoint", "its accountant state holds Opacus' history only, which cannot be shown "
-                                             "to describe the module_state_dict next to it; load it alone with "
-                                             "engine.accountant.load_state_dict if you vouch for it")
+        raise refusal(_FILE, f"has an accountant state of Opacus' history only, which cannot be shown to describe "
+                             f"the {_MODULE} next to it (load it alone with engine.accountant.load_state_dict if you "
+                             f"vouch for it){_NOTHING_LOADED}")
     _check_module_state(module, checkpoint[_MODULE], strict=module_kwargs.get("strict", True))
-    run.check_weights(module_weights_digest(checkpoint[_MODULE]), f"the {_MODULE} next to it")
+    run.check_weights(module_weights_digest(checkpoint[_MODULE]), f"the {_MODULE} next to it in the file")
     optimizer_state = checkpoint.pop(_OPTIMIZER, {})
     load_optimizer = optimizer is not None and len(optimizer_state) > 0
     if load_optimizer:
@@ -127,7 +128,7 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
     for (name, key), scheduler in zip(_SCHEDULERS, (noise_scheduler, grad_clip_scheduler)):
         state = checkpoint.pop(key, {})
         if not isinstance(state, dict):
-            raise _refused(f"has a {key} that is not a dict")
+            raise refusal(_FILE, f"has a {key} that is not a dict{_NOTHING_LOADED}")
         if scheduler is not None and state:
             schedulers.append((scheduler, state))
 
@@ -157,23 +158,21 @@ def _hidden_state_accountant(engine) -> OpacusHiddenStateAccountant:
     return accountant
 
 
-def _refused(what: str) -> v.ParameterError:
-    return v.ParameterError("checkpoint", f"{what}; nothing was loaded")
-
-
 def _check_module_state(module, state, *, strict: bool) -> None:
     """What ``module.load_state_dict`` checks (keys, shapes), before it copies anything."""
     if not isinstance(state, Mapping):
-        raise _refused(f"has a {_MODULE} that is a {type(state).__name__}, not a mapping")
+        raise refusal(_FILE, f"has a {_MODULE} that is a {type(state).__name__}, not a mapping{_NOTHING_LOADED}")
     current = module.state_dict()
     missing, unexpected = sorted(set(current) - set(state)), sorted(set(state) - set(current))
     if strict and (missing or unexpected):
-        raise _refused(f"has a {_MODULE} of another module: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise refusal(_FILE, f"has a {_MODULE} of another module: missing {missing[:5]}, unexpected "
+                             f"{unexpected[:5]}{_NOTHING_LOADED}")
     for key in sorted(set(current) & set(state)):
         mine, theirs = current[key], state[key]
         if isinstance(mine, torch.Tensor) and (not isinstance(theirs, torch.Tensor) or theirs.shape != mine.shape):
             shape = tuple(theirs.shape) if isinstance(theirs, torch.Tensor) else type(theirs).__name__
-            raise _refused(f"has {key} of shape {shape} in its {_MODULE}; the module's is {tuple(mine.shape)}")
+            raise refusal(_FILE, f"has {key} of shape {shape} in its {_MODULE}; the module's is "
+                                 f"{tuple(mine.shape)}{_NOTHING_LOADED}")
 
 
 def _check_optimizer_state(optimizer, state) -> None:
@@ -186,8 +185,8 @@ def _check_optimizer_state(optimizer, state) -> None:
     try:
         trial.load_state_dict(state)
     except Exception as err:  # noqa: BLE001 - any failure means the state does not load
-        raise _refused(f"has an {_OPTIMIZER} that does not load into the optimizer ({type(err).__name__}: "
-                       f"{err})") from None
+        raise refusal(_FILE, f"has an {_OPTIMIZER} that does not load into the optimizer ({type(err).__name__}: "
+                             f"{err}){_NOTHING_LOADED}") from None
 
 
 def install() -> None:

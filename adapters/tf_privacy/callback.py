@@ -44,7 +44,7 @@ from hidden_state_accountants import (
 )
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import PrivacyReport
-from hidden_state_accountants.checkpoint import RunState, open_run, seal_run
+from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
     RunRecorder,
     StepFacts,
@@ -385,7 +385,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         else:
             if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
                 self._sync()
-            run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION)
+            run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION, subject=_SUBJECT)
             history = self.history
         return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history])
 
@@ -411,22 +411,22 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         held = (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size,
                                                              schedule.batch_size)
         if held != declared:
-            raise _refusal(f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, batch_size={held[2]}, but "
+            raise refusal(_SUBJECT, f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, batch_size={held[2]}, but "
                            f"this callback was declared with sampling={declared[0]!r}, dataset_size={declared[1]}, "
                            f"batch_size={declared[2]}")
         if self.last_batch is not None and schedule.last_batch != self.last_batch:
-            raise _refusal(f"is a run with last_batch={schedule.last_batch!r}, but this callback was declared with "
+            raise refusal(_SUBJECT, f"is a run with last_batch={schedule.last_batch!r}, but this callback was declared with "
                            f"last_batch={self.last_batch!r}")
         stored = run.recorder
         for name, mine, theirs in (("geometry", self.declared_geometry, stored.geometry),
                                    ("assume_convex_model", self.assume_convex_model, stored.assume_convex_model),
                                    ("neighboring_relation", RELATION, getattr(run.neighboring_relation, "name", None))):
             if mine != theirs:
-                raise _refusal(f"is a run with {name}={theirs}, but this callback was declared with {name}={mine}")
+                raise refusal(_SUBJECT, f"is a run with {name}={theirs}, but this callback was declared with {name}={mine}")
         try:
             history = [_decode_epoch(h) for h in extra["history"]]
         except (TypeError, ValueError, KeyError) as err:
-            raise _refusal(f"has an invalid history ({err!r})") from None
+            raise refusal(_SUBJECT, f"has an invalid history ({err!r})") from None
         return run, history
 
     def _apply_state(self, restored: Tuple[Optional[RunState], List[EpochPrivacy]]) -> None:
@@ -445,7 +445,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         try:
             state = json.loads(text)
         except ValueError as err:
-            self._restore_error = _refusal(f"is not JSON ({err})")
+            self._restore_error = refusal(_SUBJECT, f"is not JSON ({err})")
             return
         try:
             self.load_privacy_state(state)
@@ -577,10 +577,6 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
                 f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling}"
                 f"{drawn} ({self.steps_per_epoch} steps/epoch, {left}); "
                 f"geometry: {g}; delta={self.delta:g} ({RELATION}){budget}")
-
-
-def _refusal(what: str) -> ParameterError:
-    return ParameterError("checkpoint", f"{_SUBJECT} {what}")
 
 
 def _encode_epoch(h: EpochPrivacy) -> Dict[str, Any]:

@@ -330,3 +330,12 @@ def test_a_framework_shuffle_drawn_in_several_processes_is_not_the_schedule():
     shared = BatchSchedule(100, 10, "reshuffle")  # the package's sampler: every process follows one seed
     check_batch_source(shared, BatchSourceFacts(schedule=shared, description="ReshuffleBatchSampler",
                                                 independent_draws=2))
+
+
+def test_module_doctests():
+    import doctest
+
+    from hidden_state_accountants import recording
+
+    result = doctest.testmod(recording)
+    assert result.failed == 0 and result.attempted > 0

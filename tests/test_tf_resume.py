@@ -17,7 +17,7 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tensorflow_privacy")
 pytestmark = pytest.mark.tf
 
-from hidden_state_accountants import BatchSchedule, ParameterError  # noqa: E402
+from hidden_state_accountants import BatchSchedule, LossGeometry, ParameterError  # noqa: E402
 from hidden_state_accountants.checkpoint import seal_state, unseal_state  # noqa: E402
 from hidden_state_accountants.tf_privacy import STATE_ATTRIBUTE, HiddenStatePrivacyCallback  # noqa: E402
 
@@ -211,6 +211,20 @@ def test_a_state_of_another_schedule_is_refused():
     other = HiddenStatePrivacyCallback(geometry=None, sampling="shuffle_partition", dataset_size=job.N,
                                        batch_size=job.B, delta=job.DELTA, verbose=0)
     with pytest.raises(ParameterError, match="^checkpoint: .* is a run of sampling='cyclic'"):
+        other.load_privacy_state(cb.privacy_state())
+
+
+def test_a_state_of_another_geometry_is_refused():
+    """The state carries the run's claim: a resumed callback declaring another geometry (here the
+    run's without its L2 term) would account the steps already taken under a claim they were not
+    checked against; it is refused as the Opacus accountant refuses it."""
+    _, cb = trained("cyclic")
+    other = HiddenStatePrivacyCallback(geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0,
+                                                                                 l2_regularization=0.0),
+                                       sampling="cyclic", dataset_size=job.N, batch_size=job.B, delta=job.DELTA,
+                                       verbose=0)
+    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state is a run with "
+                                             r"geometry=LossGeometry\(smoothness=1.05, strong_convexity=0.05"):
         other.load_privacy_state(cb.privacy_state())
 
 

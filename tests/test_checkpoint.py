@@ -104,7 +104,8 @@ def _resealed(edit):
 @pytest.mark.parametrize("edit, message", [
     (lambda p: p.update(steps=31), "says 31 steps were taken but its ledger accounts 30$"),
     (lambda p: p["ledger"][0][0].update(divisor=7), "has an invalid ledger .*divides the clipped sum by 7"),
-    (lambda p: p["ledger"][0][0].update(learning_rate=5.0), "has an invalid ledger .*learning_rate: must be < 2/smoothness"),
+    (lambda p: p["ledger"][0][0].update(learning_rate=5.0),
+     "has an invalid ledger .*learning_rate: must be < 2/smoothness"),
     (lambda p: p["claim"].update(model=None), "has a claim that does not hold .*model structure is unknown"),
     (lambda p: p["claim"].update(seed_is_secret="yes"), "has seed_is_secret='yes'; must be true or false"),
     (lambda p: p["claim"]["schedule"].update(seed=None), "has a shuffle_partition schedule without its seed"),

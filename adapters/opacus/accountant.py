@@ -403,14 +403,14 @@ class OpacusHiddenStateAccountant(IAccountant):
         if not isinstance(state_dict, dict) or "history" not in state_dict or \
                 state_dict.get("mechanism") != self.mechanism():
             got = state_dict.get("mechanism") if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} accountant "
-                           "loads here")
+            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} "
+                                    "accountant loads here")
         hs = state_dict.get("hidden_state")
         if hs is None:
             return self._prepare_history_only(state_dict["history"]), None
         if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
-            raise refusal(_SUBJECT, f"has version {hs.get('version')!r} without an integrity digest; this version of the "
-                           f"package reads version {STATE_VERSION} (sealed)")
+            raise refusal(_SUBJECT, f"has version {hs.get('version')!r} without an integrity digest; this version "
+                                    f"of the package reads version {STATE_VERSION} (sealed)")
         run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
         if run is None:
             raise refusal(_SUBJECT, "holds no run")
@@ -418,8 +418,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         loader_schedule = stored.schedule if stored.schedule is not None and stored.schedule.external else None
         if (sampler_class is not None) != (stored.schedule is not None and loader_schedule is None) or \
                 not isinstance(sampler_class, (str, type(None))):
-            raise refusal(_SUBJECT, f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler class "
-                           "goes with a schedule of this package, and only with one)")
+            raise refusal(_SUBJECT, f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler "
+                                    "class goes with a schedule of this package, and only with one)")
         if self.loader_schedule is not None:  # configured with DataLoader(shuffle=True)
             if loader_schedule is None:
                 raise v.ParameterError("data_loader", "the checkpoint was not taken with DataLoader(shuffle=True) "
@@ -503,7 +503,8 @@ class OpacusHiddenStateAccountant(IAccountant):
                                               "or batch schedule); it cannot continue the configured sampler")
         entries = _as_history(history)
         if entries is None:
-            raise refusal(_SUBJECT, f"has a history that is not a list of (noise_multiplier, sample_rate, steps): {history!r}")
+            raise refusal(_SUBJECT, "has a history that is not a list of (noise_multiplier, sample_rate, steps): "
+                                    f"{history!r}")
         recorder = RunRecorder(schedule=None)
         try:
             for z, q, count in entries:

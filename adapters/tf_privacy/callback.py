@@ -385,7 +385,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         else:
             if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
                 self._sync()
-            run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION, subject=_SUBJECT)
+            run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION,
+                                                                 subject=_SUBJECT)
             history = self.history
         return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history])
 
@@ -411,18 +412,20 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         held = (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size,
                                                              schedule.batch_size)
         if held != declared:
-            raise refusal(_SUBJECT, f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, batch_size={held[2]}, but "
-                           f"this callback was declared with sampling={declared[0]!r}, dataset_size={declared[1]}, "
-                           f"batch_size={declared[2]}")
+            raise refusal(_SUBJECT, f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, "
+                                    f"batch_size={held[2]}, but this callback was declared with "
+                                    f"sampling={declared[0]!r}, dataset_size={declared[1]}, batch_size={declared[2]}")
         if self.last_batch is not None and schedule.last_batch != self.last_batch:
-            raise refusal(_SUBJECT, f"is a run with last_batch={schedule.last_batch!r}, but this callback was declared with "
-                           f"last_batch={self.last_batch!r}")
+            raise refusal(_SUBJECT, f"is a run with last_batch={schedule.last_batch!r}, but this callback was "
+                                    f"declared with last_batch={self.last_batch!r}")
         stored = run.recorder
+        relation = getattr(run.neighboring_relation, "name", None)
         for name, mine, theirs in (("geometry", self.declared_geometry, stored.geometry),
                                    ("assume_convex_model", self.assume_convex_model, stored.assume_convex_model),
-                                   ("neighboring_relation", RELATION, getattr(run.neighboring_relation, "name", None))):
+                                   ("neighboring_relation", RELATION, relation)):
             if mine != theirs:
-                raise refusal(_SUBJECT, f"is a run with {name}={theirs}, but this callback was declared with {name}={mine}")
+                raise refusal(_SUBJECT, f"is a run with {name}={theirs}, but this callback was declared with "
+                                        f"{name}={mine}")
         try:
             history = [_decode_epoch(h) for h in extra["history"]]
         except (TypeError, ValueError, KeyError) as err:

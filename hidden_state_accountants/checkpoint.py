@@ -35,7 +35,7 @@ import attr
 
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.events import LossGeometry
-from hidden_state_accountants.recording import HiddenStateWarning, LayerFacts, ModelFacts, RunRecorder, StepFacts
+from hidden_state_accountants.recording import HiddenStateWarning, LayerFacts, ModelFacts, RunRecorder
 from hidden_state_accountants.relations import parse_relation
 from hidden_state_accountants.schedules import RANDOM, BatchSchedule
 
@@ -158,58 +158,45 @@ class RunState:
     digest of the model weights it describes.
 
     The constructor checks every field and records every ledger entry again through
-    :meth:`RunRecorder.record <hidden_state_accountants.recording.RunRecorder.record>` under the
-    claim (the types and counts, the claim itself, the schedule's divisors), and that the ledger
-    accounts ``steps`` steps; the result is a state the run could have recorded. Errors are
-    :class:`~hidden_state_accountants.ParameterError` naming ``checkpoint`` and beginning with
-    ``subject``.
+    :meth:`RunRecorder.record <hidden_state_accountants.recording.RunRecorder.record>` into
+    ``recorder``, which holds the claim (the types and counts, the claim itself, the schedule's
+    divisors), and that the ledger accounts ``steps`` steps; the result is a state the run could
+    have recorded. Errors are :class:`~hidden_state_accountants.ParameterError` naming
+    ``checkpoint`` and beginning with ``subject``.
 
     Args:
-      schedule, geometry, model, assume_convex_model, gaussian_initialization, dataset_size: the
-        claim, as :class:`~hidden_state_accountants.recording.RunRecorder` takes it.
-      neighboring_relation: the relation the run is reported under, ``None`` for the adapter's
-        default.
+      recorder: a :class:`~hidden_state_accountants.recording.RunRecorder` of the claim (schedule,
+        geometry, model, flags, dataset size) without steps; the ledger is recorded into it.
       ledger: :meth:`RunRecorder.ledger_state` of the run.
       steps: the number of steps the run took.
+      neighboring_relation: the relation the run is reported under, ``None`` for the adapter's
+        default.
       weights_digest: :func:`weights_digest` of the weights the state describes, or ``None``.
       subject: how errors name the state (e.g. "the hidden-state accountant state").
 
-    >>> run = RunState(schedule=BatchSchedule(100, 10, "cyclic"), steps=3, ledger=[
+    >>> from hidden_state_accountants.recording import StepFacts
+    >>> claim = lambda: RunRecorder(schedule=BatchSchedule(100, 10, "cyclic"))
+    >>> run = RunState(claim(), steps=3, ledger=[
     ...     [StepFacts(noise_multiplier=1, clip_norm=1, learning_rate=0.1, divisor=10).to_dict(), 3]])
     >>> run.steps, open_run(seal_run(run, fmt="demo", version=1), fmt="demo", version=1)[0].steps
     (3, 3)
-    >>> RunState(schedule=BatchSchedule(100, 10, "cyclic"), steps=4, ledger=run.recorder.ledger_state())
+    >>> RunState(claim(), steps=4, ledger=run.recorder.ledger_state())
     Traceback (most recent call last):
     ...
     hidden_state_accountants.validation.ParameterError: checkpoint: the run's state says 4 steps were taken but its ledger accounts 3
     """
 
-    def __init__(
-        self,
-        *,
-        schedule: Optional[BatchSchedule],
-        geometry: Optional[LossGeometry] = None,
-        model: Optional[ModelFacts] = None,
-        assume_convex_model: bool = False,
-        gaussian_initialization: bool = False,
-        dataset_size: Optional[int] = None,
-        neighboring_relation=None,
-        ledger: Sequence[Sequence[Any]] = (),
-        steps: int = 0,
-        weights_digest: Optional[str] = None,
-        subject: str = "the run's state",
-    ) -> None:
+    def __init__(self, recorder: RunRecorder, *, ledger: Sequence[Sequence[Any]] = (), steps: int = 0,
+                 neighboring_relation=None, weights_digest: Optional[str] = None,
+                 subject: str = "the run's state") -> None:
+        if not isinstance(recorder, RunRecorder) or recorder.steps:
+            raise v.ParameterError("recorder", f"must be a RunRecorder without steps, got {recorder!r}")
         steps = _check_steps(steps, subject)
-        if model is not None and not isinstance(model, ModelFacts):
-            raise refusal(subject, f"has model={model!r}; must be ModelFacts or None")
         if weights_digest is not None and not (isinstance(weights_digest, str) and len(weights_digest) == 64
                                                and set(weights_digest) <= _HEX):
             raise refusal(subject, f"has weights_digest={weights_digest!r}; must be a SHA-256 hex digest or null")
         try:
             relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
-            recorder = RunRecorder(schedule=schedule, geometry=geometry, model=model,
-                                   assume_convex_model=assume_convex_model,
-                                   gaussian_initialization=gaussian_initialization, dataset_size=dataset_size)
         except v.ParameterError as err:
             raise refusal(subject, f"has a claim that does not hold ({err})") from None
         parsed = RunRecorder(schedule=None)
@@ -301,42 +288,43 @@ def open_run(state: Any, *, fmt: str, version: int, subject: str = "the run's st
         if payload["steps"] or payload["ledger"] or payload["weights_digest"] is not None:
             raise refusal(subject, f"accounts {payload['steps']} steps without a claim (no batch schedule)")
         return None, extras
-    run = RunState(**_decode_claim(claim, subject), ledger=payload["ledger"], steps=payload["steps"],
-                   weights_digest=payload["weights_digest"], subject=subject)
+    relation = claim.get("neighboring_relation") if isinstance(claim, dict) else None
+    run = RunState(_decode_claim(claim, subject), ledger=payload["ledger"], steps=payload["steps"],
+                   neighboring_relation=relation, weights_digest=payload["weights_digest"], subject=subject)
     return run, extras
 
 
-def _decode_claim(claim: Any, subject: str) -> Dict[str, Any]:
-    """:meth:`RunState.claim`'s JSON back as :class:`RunState`'s arguments, every type checked."""
+def _decode_claim(claim: Any, subject: str) -> RunRecorder:
+    """:meth:`RunState.claim`'s JSON back as a recorder of that claim, every type checked."""
     if not isinstance(claim, dict) or set(claim) != set(CLAIM_KEYS):
         got = sorted(claim) if isinstance(claim, dict) else type(claim).__name__
         raise refusal(subject, f"has a claim with fields {got}; must have {sorted(CLAIM_KEYS)}")
-    out = dict(claim)
     for flag in ("seed_is_secret", "assume_convex_model", "gaussian_initialization"):
         if not isinstance(claim[flag], bool):
             raise refusal(subject, f"has {flag}={claim[flag]!r}; must be true or false")
-    described = out.pop("schedule")
-    secret = out.pop("seed_is_secret")
-    if described is not None:
-        if isinstance(described, dict) and described.get("seed") is None and described.get("sampling") in RANDOM \
-                and not described.get("external", False):
-            raise refusal(subject, f"has a {described['sampling']} schedule without its seed")
+    schedule = claim["schedule"]
+    if schedule is not None:
+        if isinstance(schedule, dict) and schedule.get("seed") is None and schedule.get("sampling") in RANDOM \
+                and not schedule.get("external", False):
+            raise refusal(subject, f"has a {schedule['sampling']} schedule without its seed")
         try:
-            described = BatchSchedule.from_description(described, seed_is_secret=secret)
+            schedule = BatchSchedule.from_description(schedule, seed_is_secret=claim["seed_is_secret"])
         except (v.ParameterError, TypeError, ValueError) as err:
             raise refusal(subject, f"has an invalid schedule ({err})") from None
-    out["schedule"] = described
     size = claim["dataset_size"]
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise refusal(subject, f"has dataset_size={size!r}; must be a positive integer or null")
     try:
-        if claim["geometry"] is not None:
-            out["geometry"] = LossGeometry(**claim["geometry"])
-        if claim["model"] is not None:
-            out["model"] = _decode_model(claim["model"])
+        geometry = None if claim["geometry"] is None else LossGeometry(**claim["geometry"])
+        model = None if claim["model"] is None else _decode_model(claim["model"])
     except (TypeError, ValueError, KeyError) as err:  # ParameterError included
         raise refusal(subject, f"has an invalid geometry or model ({err})") from None
-    return out
+    try:
+        return RunRecorder(schedule=schedule, geometry=geometry, model=model,
+                           assume_convex_model=claim["assume_convex_model"],
+                           gaussian_initialization=claim["gaussian_initialization"], dataset_size=size)
+    except v.ParameterError as err:
+        raise refusal(subject, f"has a claim that does not hold ({err})") from None
 
 
 def _decode_model(d: Dict[str, Any]) -> ModelFacts:

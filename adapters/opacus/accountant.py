@@ -487,13 +487,14 @@ class OpacusHiddenStateAccountant(IAccountant):
             raise v.ParameterError("model", f"the checkpoint was taken with {stored.model.description or 'a model'} "
                                             f"of another structure than the configured one")
         schedule = self.sampler.schedule if self.sampler is not None else stored.schedule
-        return RunState(schedule=schedule, geometry=self.geometry,
-                        model=self.model if self.model is not None else stored.model,
-                        assume_convex_model=self.assume_convex_model,
-                        gaussian_initialization=self.gaussian_initialization,
-                        dataset_size=None if schedule is not None else (self.dataset_size or stored.dataset_size),
-                        neighboring_relation=run.neighboring_relation, ledger=stored.ledger_state(), steps=run.steps,
-                        weights_digest=run.weights_digest, subject=_SUBJECT)
+        claim = RunRecorder(schedule=schedule, geometry=self.geometry,
+                            model=self.model if self.model is not None else stored.model,
+                            assume_convex_model=self.assume_convex_model,
+                            gaussian_initialization=self.gaussian_initialization,
+                            dataset_size=None if schedule is not None else (self.dataset_size or stored.dataset_size))
+        return RunState(claim, ledger=stored.ledger_state(), steps=run.steps,
+                        neighboring_relation=run.neighboring_relation, weights_digest=run.weights_digest,
+                        subject=_SUBJECT)
 
     def _prepare_history_only(self, history) -> Callable[[], None]:
         """Opacus' own format, ``[(noise_multiplier, sample_rate, steps), ...]``: steps known only

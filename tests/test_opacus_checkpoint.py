@@ -227,3 +227,21 @@ def test_engines_with_other_accountants_keep_opacus_methods(tmp_path):
     other = PrivacyEngine(accountant="rdp")
     other.load_checkpoint(path=tmp_path / "rdp.pt", module=model)
     assert other.accountant.history == engine.accountant.history
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_weights_saved_on_a_device_load_with_map_location(tmp_path, device):
+    """The weights digest reads the bytes on the CPU: a checkpoint written from GPU weights and
+    loaded with ``map_location="cpu"`` is the same file, bound to the same weights."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    engine, model, opt, loader = build()
+    train(model, opt, loader, 1)
+    model.to(device)
+    engine.save_checkpoint(path=tmp_path / "dev.pt", module=model, optimizer=opt)
+    assert {t.device.type for t in load(tmp_path / "dev.pt")["module_state_dict"].values()} == {device}
+    other, model2, opt2, _ = build(seed=1)
+    other.load_checkpoint(path=tmp_path / "dev.pt", module=model2, optimizer=opt2,
+                          torch_load_kwargs={"map_location": "cpu"})
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(model.parameters(), model2.parameters()))
+    assert other.accountant.state_dict() == engine.accountant.state_dict()

@@ -93,6 +93,10 @@ def _foreign_optimizer(ckpt, _):
     ckpt["optimizer_state_dict"] = two_layers.state_dict()  # 4 parameters for the model's 2
 
 
+def _optimizer_state_not_a_dict(ckpt, _):
+    ckpt["optimizer_state_dict"] = 7
+
+
 def _wider_bias(ckpt, _):
     ckpt["module_state_dict"]["_module.1.bias"] = torch.zeros(K + 1)
 
@@ -108,6 +112,8 @@ _BROKEN = {  # what issue 18 found applied in part, and the message each is refu
     # Opacus applied the weights and the ledger, then the optimizer state failed
     "foreign optimizer state": (_foreign_optimizer, r"^checkpoint: the file has an optimizer_state_dict that does not "
                                                     r"load into the optimizer .*; nothing was loaded$"),
+    "optimizer state not a dict": (_optimizer_state_not_a_dict, r"^checkpoint: the file has an optimizer_state_dict "
+                                                                r"of type int, not a dict; nothing was loaded$"),
     # module.load_state_dict copies every tensor that fits before it raises for the one that does not
     "weights of another shape": (_wider_bias, rf"^checkpoint: the file has _module.1.bias of shape \({K + 1},\) in "
                                               r"its module_state_dict; the module's is"),

@@ -105,7 +105,7 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
     accountant = _hidden_state_accountant(engine)
     checkpoint = torch.load(path, **(torch_load_kwargs or {}), weights_only=False)
     if not isinstance(checkpoint, dict):
-        raise refusal(_FILE, f"is a {type(checkpoint).__name__}, not the dict save_checkpoint writes{_NOTHING_LOADED}")
+        raise refusal(_FILE, f"holds a {type(checkpoint).__name__}, not the dict save_checkpoint writes{_NOTHING_LOADED}")
     for key in (_MODULE, _ACCOUNTANT):
         if key not in checkpoint:
             raise refusal(_FILE, f"has no {key} (not written by PrivacyEngine.save_checkpoint){_NOTHING_LOADED}")
@@ -118,6 +118,9 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
     _check_module_state(module, checkpoint[_MODULE], strict=module_kwargs.get("strict", True))
     run.check_weights(module_weights_digest(checkpoint[_MODULE]), f"the {_MODULE} next to it in the file")
     optimizer_state = checkpoint.pop(_OPTIMIZER, {})
+    if not isinstance(optimizer_state, dict):
+        raise refusal(_FILE, f"has an {_OPTIMIZER} of type {type(optimizer_state).__name__}, not a "
+                             f"dict{_NOTHING_LOADED}")
     load_optimizer = optimizer is not None and len(optimizer_state) > 0
     if load_optimizer:
         _check_optimizer_state(optimizer, optimizer_state)
@@ -125,7 +128,7 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
         warnings.warn(f"optimizer_state_dict has {len(optimizer_state)} items but optimizer is "
                       f"{'' if optimizer else 'not'} provided.")  # Opacus' warning
     schedulers = []
-    for (name, key), scheduler in zip(_SCHEDULERS, (noise_scheduler, grad_clip_scheduler)):
+    for (_, key), scheduler in zip(_SCHEDULERS, (noise_scheduler, grad_clip_scheduler)):
         state = checkpoint.pop(key, {})
         if not isinstance(state, dict):
             raise refusal(_FILE, f"has a {key} that is not a dict{_NOTHING_LOADED}")
@@ -161,7 +164,7 @@ def _hidden_state_accountant(engine) -> OpacusHiddenStateAccountant:
 def _check_module_state(module, state, *, strict: bool) -> None:
     """What ``module.load_state_dict`` checks (keys, shapes), before it copies anything."""
     if not isinstance(state, Mapping):
-        raise refusal(_FILE, f"has a {_MODULE} that is a {type(state).__name__}, not a mapping{_NOTHING_LOADED}")
+        raise refusal(_FILE, f"has a {_MODULE} of type {type(state).__name__}, not a mapping{_NOTHING_LOADED}")
     current = module.state_dict()
     missing, unexpected = sorted(set(current) - set(state)), sorted(set(state) - set(current))
     if strict and (missing or unexpected):

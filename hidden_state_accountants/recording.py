@@ -36,8 +36,6 @@ The policy, one for every framework:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -681,7 +679,7 @@ class RunRecorder:
                 check_geometry(self.geometry, weight_decay=_group_value(steps[0].weight_decay),
                                projection_diameter=steps[0].projection_diameter)
             except v.ParameterError as err:
-                out.append(str(err).split(": ", 1)[1])
+                out.append(err.reason)
         return out
 
     def notes(self) -> List[str]:
@@ -787,99 +785,6 @@ class RunRecorder:
         self._ledger = ledger
         self._steps = sum(c for _, c in ledger)
 
-    def replay(self, state: Sequence[Sequence[Any]], steps: int, subject: str) -> None:
-        """Records a stored ledger (:meth:`ledger_state`) through :meth:`record`, so every
-        entry passes the checks it passed when it was first recorded (types and counts, the
-        claim, the schedule's divisors), and checks that it accounts ``steps`` steps. Errors
-        name ``checkpoint`` and begin with ``subject`` (e.g. "the hidden-state privacy state")."""
-        parsed = RunRecorder(schedule=None)
-        try:
-            parsed.load_ledger_state(state)
-            for step, count in parsed.ledger:
-                self.record(step, count)
-        except v.ParameterError as err:
-            raise v.ParameterError("checkpoint", f"{subject} has an invalid ledger ({err})") from None
-        if self.steps != steps:
-            raise v.ParameterError("checkpoint", f"{subject} says {steps} steps were taken but its ledger accounts "
-                                                 f"{self.steps}")
-
-
-# ------------------------------------------------------------------- sealed states
-def _canonical(payload: Dict[str, Any], what: str) -> bytes:
-    try:
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as err:
-        raise v.ParameterError(what, f"must hold plain finite JSON values only: {err}") from None
-
-
-def seal_state(payload: Dict[str, Any]) -> Dict[str, Any]:
-    """``payload`` (plain JSON types) plus ``"digest"``, the SHA-256 of its canonical JSON.
-
-    The digest lets :func:`unseal_state` recognise a state that was edited or corrupted
-    after it was written (a ledger shortened by hand, a changed seed). It is an integrity
-    check, not a signature: whoever can write the checkpoint can recompute it, so a
-    checkpoint must be kept as private and trusted as the data.
-
-    >>> sealed = seal_state({"steps": 3})
-    >>> unseal_state(sealed)
-    {'steps': 3}
-    >>> sealed["steps"] = 2
-    >>> unseal_state(sealed, "checkpoint")
-    Traceback (most recent call last):
-    ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
-    """
-    if not isinstance(payload, dict) or "digest" in payload:
-        raise v.ParameterError("payload", "must be a dict without a 'digest' key")
-    return {**payload, "digest": hashlib.sha256(_canonical(payload, "payload")).hexdigest()}
-
-
-def unseal_state(state: Any, what: str = "state") -> Dict[str, Any]:
-    """The payload of a :func:`seal_state` result, after checking its digest.
-
-    Raises :class:`~hidden_state_accountants.ParameterError` naming ``what`` when ``state``
-    is not such a dict or its digest does not match its content.
-    """
-    if not isinstance(state, dict):
-        raise v.ParameterError(what, f"must be a dict written by seal_state, got {type(state).__name__}")
-    if not isinstance(state.get("digest"), str):
-        raise v.ParameterError(what, "has no digest (not written by this package, or edited); it cannot be trusted")
-    payload = {k: x for k, x in state.items() if k != "digest"}
-    if hashlib.sha256(_canonical(payload, what)).hexdigest() != state["digest"]:
-        raise v.ParameterError(what, "its digest does not match its content (edited or corrupted after it was "
-                                     "written); it cannot be trusted")
-    return payload
-
-
-def open_state(state: Any, *, subject: str, fmt: str, version: int, keys: Sequence[str]) -> Dict[str, Any]:
-    """The payload of an adapter's sealed checkpoint state (:func:`seal_state`), after the
-    checks every adapter needs: the digest, the format and version, the keys, and ``steps``
-    a non-negative integer. Errors name ``checkpoint`` and begin with ``subject``.
-
-    >>> state = seal_state({"format": "demo", "version": 1, "steps": 2, "ledger": []})
-    >>> open_state(state, subject="the demo state", fmt="demo", version=1, keys=("ledger",))["steps"]
-    2
-    >>> open_state(state, subject="the demo state", fmt="demo", version=2, keys=())
-    Traceback (most recent call last):
-    ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: the demo state is of format 'demo' version 1; this version of the package reads 'demo' version 2
-    """
-    payload = unseal_state(state, "checkpoint")
-
-    def bad(what: str) -> v.ParameterError:
-        return v.ParameterError("checkpoint", f"{subject} {what}")
-
-    if payload.get("format") != fmt or payload.get("version") != version:
-        raise bad(f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this version of the "
-                  f"package reads {fmt!r} version {version}")
-    missing = sorted((set(keys) | {"steps"}) - set(payload))
-    if missing:
-        raise bad(f"lacks {', '.join(missing)}")
-    steps = payload["steps"]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise bad(f"has steps={steps!r}; must be an integer >= 0")
-    return payload
-
 
 __all__ = [
     "NO_GEOMETRY",
@@ -893,12 +798,9 @@ __all__ = [
     "unaccountable",
     "update_departure",
     "effective_step",
-    "open_state",
     "REPLICA_REDUCTIONS",
     "model_refusal",
     "check_batch_source",
     "check_geometry",
     "check_position",
-    "seal_state",
-    "unseal_state",
 ]

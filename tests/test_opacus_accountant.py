@@ -594,7 +594,7 @@ def test_checkpoint_resume_reports_exactly_the_uninterrupted_run(tmp_path):
     assert resumed.accountant.training_run() == whole.accountant.training_run()
     assert resumed.get_epsilon(DELTA) == whole.get_epsilon(DELTA)
     assert resumed.accountant.state_dict() == whole.accountant.state_dict()
-    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 3
+    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 4
     for pa, pb in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(pa, pb), "same batches and noise: the same model"
 
@@ -686,7 +686,7 @@ def _edit(state, fn, reseal):
     recomputed digest when ``reseal`` (a forger who knows the format)."""
     import copy
 
-    from hidden_state_accountants.recording import seal_state
+    from hidden_state_accountants.checkpoint import seal_state
 
     state = copy.deepcopy(state)
     payload = {k: x for k, x in state["hidden_state"].items() if k != "digest"}
@@ -703,15 +703,19 @@ _EDITS = {  # what the issue found loading silently, and what raised a raw TypeE
     "empty ledger": (lambda p, _: p.update(ledger=[]), "says 13 steps were taken but its ledger accounts 0"),
     "forged entry": (_forged_entry, "says 13 steps were taken but its ledger accounts 16"),
     "fractional count": (lambda p, _: p["ledger"][0].__setitem__(1, 12.5), "count must be a positive integer"),
-    "position 25": (lambda p, _: p["sampler"].__setitem__("position", 25), "position 25 but its ledger has 13"),
     "changed noise": (lambda p, _: p["ledger"][0][0].__setitem__("noise_multiplier", 20.0),
                       "Opacus history that is not its ledger's"),
     "missing ledger": (lambda p, _: p.pop("ledger"), "lacks ledger"),
-    "missing position": (lambda p, _: p["sampler"].pop("position"), "position None"),
+    "missing sampler": (lambda p, _: p.pop("sampler"), "lacks sampler"),
     "steps not a number": (lambda p, _: p.update(steps="13"), "steps='13'"),
-    "sampler of another class": (lambda p, _: p["sampler"].update({"class": "CyclicBatchSampler"}),
-                                 "invalid sampler"),
-    "geometry of the wrong type": (lambda p, _: p.update(geometry=[1, 2]), "invalid geometry"),
+    "sampler of another class": (lambda p, _: p.update(sampler="CyclicBatchSampler"), "invalid sampler"),
+    "sampler without its schedule": (lambda p, _: p["claim"].update(schedule=None, geometry=None), "has sampler="),
+    "schedule without its seed": (lambda p, _: p["claim"]["schedule"].update(seed=None), "schedule without its seed"),
+    "geometry of the wrong type": (lambda p, _: p["claim"].update(geometry=[1, 2]), "invalid geometry"),
+    "claim field missing": (lambda p, _: p["claim"].pop("dataset_size"), "has a claim with fields"),
+    "model flag not a bool": (lambda p, _: p["claim"]["model"].update(complete="yes"), "invalid geometry or model"),
+    "unknown field": (lambda p, _: p.update(position=25), "has unknown fields position"),
+    "weights digest not one": (lambda p, _: p.update(weights_digest="abc"), "weights_digest='abc'"),
 }
 
 

@@ -1,6 +1,5 @@
 """The recording layer (core): facts from a framework in, a training-run event and reasons out."""
 
-import json
 import math
 import warnings
 
@@ -17,8 +16,6 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     effective_step,
     model_refusal,
-    seal_state,
-    unseal_state,
 )
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
@@ -293,26 +290,6 @@ def test_a_divisor_that_stops_matching_the_batches_is_refused_at_that_step():
     assert rec.steps == 3
 
 
-def test_a_sealed_state_refuses_any_edit():
-    rec = recorder()
-    rec.record(step(), 30)
-    sealed = seal_state({"ledger": rec.ledger_state(), "seed": 12345})
-    assert unseal_state(json.loads(json.dumps(sealed))) == {"ledger": rec.ledger_state(), "seed": 12345}
-    edits = [lambda s: s["ledger"][0].__setitem__(1, 29), lambda s: s.__setitem__("seed", 12346),
-             lambda s: s["ledger"][0][0].__setitem__("noise_multiplier", 2.5), lambda s: s.__setitem__("x", 1)]
-    for edit in edits:
-        forged = json.loads(json.dumps(sealed))
-        edit(forged)
-        with pytest.raises(ParameterError, match="^checkpoint: its digest does not match its content"):
-            unseal_state(forged, "checkpoint")
-    with pytest.raises(ParameterError, match="^checkpoint: has no digest"):
-        unseal_state({"seed": 1}, "checkpoint")
-    with pytest.raises(ParameterError, match="^checkpoint: must be a dict"):
-        unseal_state([], "checkpoint")
-    with pytest.raises(ParameterError, match="^payload: must hold plain finite JSON values"):
-        seal_state({"x": float("nan")})
-
-
 def test_a_planned_departure_is_an_error_before_training():
     rec = recorder()
     with pytest.raises(ParameterError, match="learning_rate: the planned run the learning rate changed"):
@@ -342,34 +319,6 @@ def test_a_plan_with_a_kept_short_batch_is_checked_at_the_schedule_positions():
     assert rec.run().last_batch == "kept_own_size"
 
 
-def test_sealed_adapter_states_are_opened_and_replayed_in_one_place():
-    """Both adapters' checkpoints go through open_state and RunRecorder.replay: the digest,
-    format, keys and steps, then every ledger entry through record's checks."""
-    import doctest
-
-    from hidden_state_accountants import recording
-    from hidden_state_accountants.recording import open_state, seal_state
-
-    assert doctest.testmod(recording).failed == 0
-    source = recorder(geometry=None)
-    source.record(step(), 3)
-    payload = {"format": "f", "version": 2, "steps": 3, "ledger": source.ledger_state()}
-    opened = open_state(seal_state(payload), subject="the state", fmt="f", version=2, keys=("ledger",))
-    target = recorder(geometry=None)
-    target.replay(opened["ledger"], 3, "the state")
-    assert target.ledger == source.ledger
-    with pytest.raises(ParameterError, match="^checkpoint: the state says 4 steps were taken but its ledger accounts 3$"):
-        recorder(geometry=None).replay(opened["ledger"], 4, "the state")
-    with pytest.raises(ParameterError, match="^checkpoint: the state has an invalid ledger .*divides the clipped sum"):
-        recorder(geometry=None).replay([[step(divisor=7).to_dict(), 1]], 1, "the state")  # not the schedule's b
-    with pytest.raises(ParameterError, match="^checkpoint: the state lacks ledger$"):
-        open_state(seal_state({"format": "f", "version": 2, "steps": 0}), subject="the state", fmt="f", version=2,
-                   keys=("ledger",))
-    with pytest.raises(ParameterError, match=r"^checkpoint: the state has steps=-1; must be an integer >= 0$"):
-        open_state(seal_state({"format": "f", "version": 2, "steps": -1}), subject="the state", fmt="f", version=2,
-                   keys=())
-
-
 def test_a_framework_shuffle_drawn_in_several_processes_is_not_the_schedule():
     """DataLoader(shuffle=True) on several ranks, Keras fit(shuffle=True) on several workers:
     each process draws its own permutation, so the global batches follow no one schedule.
@@ -381,3 +330,12 @@ def test_a_framework_shuffle_drawn_in_several_processes_is_not_the_schedule():
     shared = BatchSchedule(100, 10, "reshuffle")  # the package's sampler: every process follows one seed
     check_batch_source(shared, BatchSourceFacts(schedule=shared, description="ReshuffleBatchSampler",
                                                 independent_draws=2))
+
+
+def test_module_doctests():
+    import doctest
+
+    from hidden_state_accountants import recording
+
+    result = doctest.testmod(recording)
+    assert result.failed == 0 and result.attempted > 0

@@ -17,8 +17,8 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tensorflow_privacy")
 pytestmark = pytest.mark.tf
 
-from hidden_state_accountants import BatchSchedule, ParameterError  # noqa: E402
-from hidden_state_accountants.recording import seal_state, unseal_state  # noqa: E402
+from hidden_state_accountants import BatchSchedule, LossGeometry, ParameterError  # noqa: E402
+from hidden_state_accountants.checkpoint import seal_state, unseal_state  # noqa: E402
 from hidden_state_accountants.tf_privacy import STATE_ATTRIBUTE, HiddenStatePrivacyCallback  # noqa: E402
 
 JOB = pathlib.Path(__file__).resolve().parent / "tf_resume_job.py"
@@ -60,8 +60,8 @@ def test_a_run_killed_and_resumed_in_a_new_process_is_the_uninterrupted_run(tmp_
     # the two steps of epoch 3 the killed process took are the first two taken again
     assert out["batches"][:2] == killed[2 * SPE:]
     state = unseal_state(json.loads((tmp_path / "state.json").read_text()))
-    assert state["seed_is_secret"] and state["steps"] == kill_at
-    schedule = BatchSchedule.from_description(state["schedule"])
+    assert state["claim"]["seed_is_secret"] and state["steps"] == kill_at
+    schedule = BatchSchedule.from_description(state["claim"]["schedule"])
     expected = [sorted(schedule.batch(t).tolist()) for t in range(3 * SPE)]
     assert killed == expected[:kill_at]
     assert out["batches"] == expected[2 * SPE:]  # the last epoch, trained again in the new process
@@ -183,15 +183,18 @@ def resealed(change):
     (lambda s: {k: x for k, x in s.items() if k != "digest"}, "checkpoint: has no digest"),
     (lambda s: "not json", "checkpoint: the hidden-state privacy state is not JSON"),
     (resealed(lambda p: p.update(format="opacus")), "checkpoint: the hidden-state privacy state is of format "
-                                                    "'opacus' version 1; this version of the package reads"),
+                                                    "'opacus' version 2; this version of the package reads"),
     (resealed(lambda p: p.update(steps=7)), "checkpoint: the hidden-state privacy state says 7 steps were taken but "
                                             "its ledger accounts 6"),
     (resealed(lambda p: p["ledger"][0].__setitem__(1, 2.5)), "checkpoint: .* invalid ledger .*positive integer"),
-    (resealed(lambda p: p["schedule"].update(batch_size=30)), "checkpoint: the hidden-state privacy state is a run "
-                                                              "of sampling='shuffle_partition', dataset_size=120, "
-                                                              "batch_size=30, but this callback was declared with "
-                                                              "sampling='shuffle_partition', dataset_size=120, "
-                                                              "batch_size=20"),
+    (resealed(lambda p: p["claim"]["schedule"].update(dataset_size=100)),
+     "checkpoint: the hidden-state privacy state is a run of sampling='shuffle_partition', dataset_size=100, "
+     "batch_size=20, but this callback was declared with sampling='shuffle_partition', dataset_size=120, "
+     "batch_size=20"),
+    (resealed(lambda p: p["claim"]["schedule"].update(batch_size=30)),  # its ledger divides by 20: not its run
+     "checkpoint: the hidden-state privacy state has an invalid ledger .*divides the clipped sum by 20"),
+    (resealed(lambda p: p["claim"].update(geometry={"smoothness": 1.0})),
+     "checkpoint: the hidden-state privacy state is a run with geometry=LossGeometry"),
     (resealed(lambda p: p.pop("ledger")), "checkpoint: the hidden-state privacy state lacks ledger"),
 ])
 def test_an_edited_or_foreign_state_is_refused_before_any_step(tmp_path, edit, message):
@@ -211,6 +214,20 @@ def test_a_state_of_another_schedule_is_refused():
         other.load_privacy_state(cb.privacy_state())
 
 
+def test_a_state_of_another_geometry_is_refused():
+    """The state carries the run's claim: a resumed callback declaring another geometry (here the
+    run's without its L2 term) would account the steps already taken under a claim they were not
+    checked against; it is refused as the Opacus accountant refuses it."""
+    _, cb = trained("cyclic")
+    other = HiddenStatePrivacyCallback(geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0,
+                                                                                 l2_regularization=0.0),
+                                       sampling="cyclic", dataset_size=job.N, batch_size=job.B, delta=job.DELTA,
+                                       verbose=0)
+    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state is a run with "
+                                             r"geometry=LossGeometry\(smoothness=1.05, strong_convexity=0.05"):
+        other.load_privacy_state(cb.privacy_state())
+
+
 def test_a_dataset_seed_the_user_chose_must_be_the_runs(tmp_path):
     model, cb = trained()
     save(model, tmp_path / "ckpt")
@@ -227,6 +244,6 @@ def test_the_state_is_plain_json_with_the_seed_and_its_secrecy():
     _, cb = trained("without_replacement")
     state = cb.privacy_state()
     payload = unseal_state(json.loads(json.dumps(state)))
-    assert payload["steps"] == SPE and payload["seed_is_secret"] is True
-    assert payload["schedule"] == cb.recorder.schedule.describe()
+    assert payload["steps"] == SPE and payload["claim"]["seed_is_secret"] is True
+    assert payload["claim"]["schedule"] == cb.recorder.schedule.describe()
     assert payload["ledger"] == cb.recorder.ledger_state()

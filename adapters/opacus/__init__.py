@@ -7,7 +7,10 @@ line::
     engine = PrivacyEngine(accountant="hidden_state")
 
 and supplies what makes the hidden-state bounds true: batch samplers following the core's
-schedules, a projection/regularisation hook, and feature clipping. The accountant only reads
+schedules, a projection/regularisation hook, and feature clipping. It also makes
+``PrivacyEngine.save_checkpoint`` / ``load_checkpoint`` of such engines check a whole checkpoint
+before applying any of it, bind the ledger to the weights it describes, and write atomically
+(:mod:`.checkpoint`). The accountant only reads
 Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. See
 ``docs/opacus.md``.
 """
@@ -15,6 +18,8 @@ Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. 
 from opacus.accountants import create_accountant, register_accountant
 
 from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .checkpoint import install as _install_checkpoints
+from .checkpoint import load_checkpoint, module_weights_digest, save_checkpoint
 from .facts import loader_facts, model_facts, step_facts
 from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
@@ -43,6 +48,7 @@ def _register() -> None:
 
 
 _register()
+_install_checkpoints()  # engine.save_checkpoint / load_checkpoint: all or nothing, bound to the weights, atomic
 
 __all__ = [
     "OpacusHiddenStateAccountant",
@@ -58,6 +64,9 @@ __all__ = [
     "FullBatchSampler",
     "sampler_from_state_dict",
     "sampler_from_checkpoint",
+    "save_checkpoint",
+    "load_checkpoint",
+    "module_weights_digest",
     "ProjectionHook",
     "FeatureClip",
     "clip_features",

@@ -27,38 +27,33 @@ and says so in the notes. Every report names its relation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import attr
-import torch
 from opacus.accountants.accountant import IAccountant
 from opacus.optimizers import DPOptimizer
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, PrivacyReport, TrainingRunDpEvent
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
     BatchSourceFacts,
-    LayerFacts,
     ModelFacts,
     RunRecorder,
     StepFacts,
     check_batch_source,
     check_position,
-    open_state,
-    seal_state,
-    unseal_state,
 )
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, parse_relation, schedule_reason
 from hidden_state_accountants.schedules import POISSON, BatchSchedule
 
-from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values, unwrap_model
+from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 __all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "sampler_from_checkpoint"]
 
 MECHANISM = "hidden_state"
-STATE_VERSION = 3  # 3: sealed with the core's digest, with the steps and the seed's secrecy
+STATE_VERSION = 4  # 4: the core's RunState (checkpoint module), bound to the model weights saved with it
 _CALIBRATION_KWARG = "hidden_state_calibration"
 _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
@@ -122,9 +117,6 @@ class OpacusHiddenStateAccountant(IAccountant):
         self._recorder = RunRecorder(schedule=None)
         self._facts: Tuple[Any, Optional[StepFacts]] = (None, None)  # the last step read, by its raw values
         self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
-        self._model_hook = None  # see _watch_model
-        self._weights_before_load = None
-        self._restoring = False
 
     # ------------------------------------------------------------------- IAccountant
     @classmethod
@@ -252,7 +244,6 @@ class OpacusHiddenStateAccountant(IAccountant):
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
         self.dataset_size = recorder.dataset_size
         self._recorder = recorder
-        self._watch_model(model)
         return self
 
     @property
@@ -308,7 +299,6 @@ class OpacusHiddenStateAccountant(IAccountant):
 
     # ---------------------------------------------------------------------- recording
     def _record(self, optim: DPOptimizer, sample_rate: float) -> None:
-        self._weights_before_load = None  # a load of the weights alone: nothing to put back
         try:
             if self.sampler is not None:
                 check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
@@ -316,7 +306,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         except v.ParameterError as err:  # the core's refusal, with how to fix it in Opacus
             if err.parameter not in _HINTS:
                 raise
-            raise v.ParameterError(err.parameter, f"{str(err).split(': ', 1)[1]}; {_HINTS[err.parameter]}") from None
+            raise v.ParameterError(err.parameter, f"{err.reason}; {_HINTS[err.parameter]}") from None
 
     def _read(self, optim: DPOptimizer, sample_rate: float) -> StepFacts:
         """:func:`step_facts`, built again only when a value changed (it runs at every step)."""
@@ -371,32 +361,23 @@ class OpacusHiddenStateAccountant(IAccountant):
         return self.explain(delta).composition_epsilon
 
     # -------------------------------------------------------------------- checkpoints
-    def state_dict(self, destination=None):
-        """Ledger and configuration in plain Python types (``torch.save``-able), sealed with the
-        core's integrity digest (:func:`~hidden_state_accountants.recording.seal_state`). It holds
-        the sampler's seed: keep it as private as the data."""
+    def state_dict(self, destination=None, *, weights_digest: Optional[str] = None):
+        """Opacus' ``history`` and, under ``"hidden_state"``, the core's sealed
+        :class:`~hidden_state_accountants.checkpoint.RunState` (ledger, configuration, the
+        sampler's schedule with its seed) and the sampler's class, in plain Python types
+        (``torch.save``-able). It holds the sampler's seed: keep it as private as the data.
+
+        ``weights_digest`` (:func:`~hidden_state_accountants.checkpoint.weights_digest` of the
+        module state saved next to it) binds the state to those weights;
+        ``PrivacyEngine.save_checkpoint`` passes it, and ``load_checkpoint`` refuses the state
+        next to other weights."""
         out = {} if destination is None else destination
         out["mechanism"] = self.mechanism()
         out["history"] = self.history
-        out["hidden_state"] = seal_state({
-            "format": _STATE_FORMAT,
-            "version": STATE_VERSION,
-            "steps": len(self),
-            "ledger": self._recorder.ledger_state(),
-            "geometry": None if self.geometry is None else attr.asdict(self.geometry),
-            "model": None if self.model is None else {
-                "layers": [attr.asdict(layer) for layer in self.model.layers],
-                "complete": self.model.complete, "description": self.model.description},
-            "assume_convex_model": self.assume_convex_model,
-            "gaussian_initialization": self.gaussian_initialization,
-            "dataset_size": self.dataset_size,
-            # the schedule continues at the number of batches trained on, whatever was prefetched
-            "sampler": None if self.sampler is None else {
-                **self.sampler.describe(), "position": len(self),
-                "seed_is_secret": self.sampler.schedule.seed_is_secret},
-            # DataLoader(shuffle=True): the law only (torch draws it; a fresh secret seed continues it)
-            "loader_schedule": None if self.loader_schedule is None else self.loader_schedule.describe(),
-        })
+        run = RunState.of(self._recorder, neighboring_relation=self.neighboring_relation, weights_digest=weights_digest,
+                          subject=_SUBJECT)
+        out["hidden_state"] = seal_run(run, fmt=_STATE_FORMAT, version=STATE_VERSION,
+                                       sampler=None if self.sampler is None else type(self.sampler).__name__)
         return out
 
     def load_state_dict(self, state_dict) -> None:
@@ -405,140 +386,117 @@ class OpacusHiddenStateAccountant(IAccountant):
         checkpoint's. A state with only Opacus' ``history`` loads like Opacus' accountants (into
         an accountant without a sampler).
 
-        Everything is checked before anything changes: the digest (a hand-edited or corrupted
-        state is refused), the format and types, the ledger against the claim (replayed through
-        the core's :class:`RunRecorder`), the sampler's position against the ledger's steps and
-        Opacus' ``history`` against the ledger. If the accountant was configured with the model
-        and the refused state came through ``PrivacyEngine.load_checkpoint`` (which loads the
-        model's weights first), the weights are put back as they were before the load.
+        Everything is checked before anything changes (:func:`~hidden_state_accountants.checkpoint.open_run`:
+        the digest, the format and types, the ledger replayed under the claim; then the
+        configuration and Opacus' ``history`` against the ledger). ``PrivacyEngine.load_checkpoint``
+        also checks the model's weights and the optimizer's state before it applies any part of the
+        file (see :mod:`hidden_state_accountants.opacus.checkpoint`).
 
         Raises:
-          ParameterError: ``checkpoint`` (or ``sampler``, ``geometry``) with what does not hold.
+          ParameterError: ``checkpoint`` (or ``sampler``, ``geometry``, ...) with what does not hold.
         """
-        try:
-            self._load_checked(state_dict)
-        except Exception:
-            self._restore_weights()
-            raise
-        finally:
-            self._weights_before_load = None
+        self._prepare_load(state_dict)[0]()
 
-    def _load_checked(self, state_dict) -> None:
-        def bad(what: str) -> v.ParameterError:
-            return v.ParameterError("checkpoint", f"{_SUBJECT} {what}")
-
+    def _prepare_load(self, state_dict) -> Tuple[Callable[[], None], Optional[RunState]]:
+        """Checks ``state_dict`` entirely; returns what applies it (assignments only: it cannot fail)
+        and its run state (``None`` for Opacus' history alone)."""
         if not isinstance(state_dict, dict) or "history" not in state_dict or \
                 state_dict.get("mechanism") != self.mechanism():
             got = state_dict.get("mechanism") if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise bad(f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} accountant loads here")
+            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} "
+                                    "accountant loads here")
         hs = state_dict.get("hidden_state")
         if hs is None:
-            self._load_history_only(state_dict["history"], bad)
-            return
+            return self._prepare_history_only(state_dict["history"]), None
         if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
-            raise bad(f"has version {hs.get('version')!r} without an integrity digest; this version of the package "
-                      f"reads version {STATE_VERSION} (sealed)")
-        payload = open_state(hs, subject=_SUBJECT, fmt=_STATE_FORMAT, version=STATE_VERSION, keys=_STATE_KEYS)
-        steps = payload["steps"]
-        for flag in ("assume_convex_model", "gaussian_initialization"):
-            if not isinstance(payload[flag], bool):
-                raise bad(f"has {flag}={payload[flag]!r}; must be true or false")
-        dataset_size = payload["dataset_size"]
-        if dataset_size is not None and (isinstance(dataset_size, bool) or not isinstance(dataset_size, int)
-                                         or dataset_size < 1):
-            raise bad(f"has dataset_size={dataset_size!r}; must be a positive integer or null")
-        try:
-            geometry = None if payload["geometry"] is None else LossGeometry(**payload["geometry"])
-            model = payload["model"]
-            model = None if model is None else ModelFacts(
-                layers=[LayerFacts(**layer) for layer in model["layers"]], complete=model["complete"],
-                description=model["description"])
-        except (TypeError, ValueError, KeyError) as err:
-            raise bad(f"has an invalid geometry or model ({err})") from None
-        saved = payload["sampler"]
-        if saved is not None:
-            if not isinstance(saved, dict) or not isinstance(saved.get("seed_is_secret"), bool):
-                raise bad("has a sampler entry without seed_is_secret")
-            position = saved.get("position")
-            if position != steps or isinstance(position, bool) or not isinstance(position, int):
-                raise bad(f"puts its sampler at position {position!r} but its ledger has {steps} steps (the "
-                          "sampler continues at the batch after the last one trained on)")
-
-        stored_loader = payload["loader_schedule"]
-        if stored_loader is not None:
-            if saved is not None:
-                raise bad("has both a sampler and a DataLoader schedule")
-            try:
-                stored_loader = BatchSchedule.from_description(stored_loader)
-            except v.ParameterError as err:
-                raise bad(f"has an invalid DataLoader schedule ({err})") from None
-            if not stored_loader.external:
-                raise bad("has a DataLoader schedule not drawn by the framework")
-        loader_schedule = stored_loader
+            raise refusal(_SUBJECT, f"has version {hs.get('version')!r} without an integrity digest; this version "
+                                    f"of the package reads version {STATE_VERSION} (sealed)")
+        run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
+        if run is None:
+            raise refusal(_SUBJECT, "holds no run")
+        steps, stored, sampler_class = run.steps, run.recorder, extra["sampler"]
+        loader_schedule = stored.schedule if stored.schedule is not None and stored.schedule.external else None
+        if (sampler_class is not None) != (stored.schedule is not None and loader_schedule is None) or \
+                not isinstance(sampler_class, (str, type(None))):
+            raise refusal(_SUBJECT, f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler "
+                                    "class goes with a schedule of this package, and only with one)")
         if self.loader_schedule is not None:  # configured with DataLoader(shuffle=True)
-            if stored_loader is None:
+            if loader_schedule is None:
                 raise v.ParameterError("data_loader", "the checkpoint was not taken with DataLoader(shuffle=True) "
                                                       "batches; it cannot continue this loader")
             # the loader starts a fresh epoch: the run must have stopped at an epoch's end
-            check_batch_source(stored_loader, BatchSourceFacts(
+            check_batch_source(loader_schedule, BatchSourceFacts(
                 schedule=self.loader_schedule, description="the DataLoader (which starts a fresh epoch)",
                 next_step=0), steps)
-        configured = self.sampler is not None or self.loader_schedule is not None or self.geometry is not None
-        if configured:  # must be this configuration
-            if saved is None and self.sampler is not None:
-                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
-                                                  "or a DataLoader(shuffle=True))")
-            if saved is not None and self.sampler is None:
-                raise v.ParameterError("sampler", "the checkpoint was taken with a sampler of this package; configure "
-                                                  "the accountant with it (see sampler_from_checkpoint)")
-            if self.schedule is None and None not in (self.dataset_size, dataset_size) \
-                    and self.dataset_size != dataset_size:
-                raise v.ParameterError("dataset_size", f"the checkpoint was taken with dataset_size={dataset_size}, "
-                                                       f"this accountant is configured with {self.dataset_size}")
-            if self.sampler is not None:
-                position = self.sampler.position
-                self.sampler.load_state_dict(saved)  # checks it is the same schedule
-                self.sampler.set_position(position)  # moved only once everything holds
-            if self.geometry != geometry:
-                raise v.ParameterError("geometry", f"the checkpoint was taken with {geometry}, this accountant "
-                                       f"is configured with {self.geometry}")
-            for name in ("assume_convex_model", "gaussian_initialization"):
-                if getattr(self, name) != payload[name]:
-                    raise v.ParameterError(name, f"the checkpoint was taken with {name}={payload[name]}, this "
-                                                 f"accountant is configured with {getattr(self, name)}")
-            if self.model is not None and model is not None and self.model != model:
-                raise v.ParameterError("model", f"the checkpoint was taken with {model.description or 'a model'} "
-                                                f"of another structure than the configured one")
-            sampler, model = self.sampler, self.model
-            config = (self.geometry, self.assume_convex_model, self.gaussian_initialization)
-            dataset_size = self.dataset_size if self.dataset_size is not None else dataset_size
+        relation = self.neighboring_relation
+        if run.neighboring_relation is not None:
+            if relation not in (None, run.neighboring_relation):
+                raise v.ParameterError("neighboring_relation", f"the checkpoint was taken under "
+                                       f"{run.neighboring_relation.name}, this accountant reports {relation.name}")
+            relation = run.neighboring_relation
+        if self.sampler is not None or self.loader_schedule is not None or self.geometry is not None:
+            sampler, run = self.sampler, self._configured_run(run, sampler_class)
         else:
-            try:
-                sampler = None if saved is None else sampler_from_state_dict(
-                    {k: x for k, x in saved.items() if k != "seed_is_secret"}, seed_is_secret=saved["seed_is_secret"])
-            except v.ParameterError as err:
-                raise bad(f"has an invalid sampler ({err})") from None
-            config = (geometry, payload["assume_convex_model"], payload["gaussian_initialization"])
-        schedule = sampler.schedule if sampler is not None else loader_schedule
-        try:
-            recorder = RunRecorder(schedule=schedule, geometry=config[0], model=model,
-                                   assume_convex_model=config[1], gaussian_initialization=config[2],
-                                   dataset_size=dataset_size if schedule is None else None)
-        except v.ParameterError as err:
-            raise bad(f"has a claim that does not hold ({err})") from None
-        recorder.replay(payload["ledger"], steps, _SUBJECT)
+            sampler = None
+            if sampler_class is not None:
+                try:
+                    sampler = sampler_from_state_dict({"class": sampler_class, **stored.schedule.describe(),
+                                                       "position": steps},
+                                                      seed_is_secret=stored.schedule.seed_is_secret)
+                except v.ParameterError as err:
+                    raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
+        recorder = run.recorder
         if _history(recorder) != _as_history(state_dict["history"]):
-            raise bad("has an Opacus history that is not its ledger's")
-        # everything holds: apply
-        self.geometry, self.assume_convex_model, self.gaussian_initialization = config
-        self.model, self._recorder, self.loader_schedule = model, recorder, loader_schedule
-        self.dataset_size = recorder.dataset_size
-        if self.sampler is not None:
-            self.sampler.set_position(steps)
-        self.sampler = sampler
-        self._cache = (None, None)
+            raise refusal(_SUBJECT, "has an Opacus history that is not its ledger's")
 
-    def _load_history_only(self, history, bad) -> None:
+        def apply() -> None:
+            self.geometry, self.model, self.dataset_size = recorder.geometry, recorder.model, recorder.dataset_size
+            self.assume_convex_model = recorder.assume_convex_model
+            self.gaussian_initialization = recorder.gaussian_initialization
+            self.loader_schedule, self.neighboring_relation = loader_schedule, relation
+            if sampler is not None:
+                sampler.set_position(steps)  # the batch after the last one trained on
+            self.sampler, self._recorder, self._cache = sampler, recorder, (None, None)
+
+        return apply, run
+
+    def _configured_run(self, run: RunState, sampler_class: Optional[str]) -> RunState:
+        """``run`` under this accountant's configuration, after checking that it is the checkpoint's."""
+        stored = run.recorder
+        if sampler_class is None and self.sampler is not None:
+            raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
+                                              "or a DataLoader(shuffle=True))")
+        if sampler_class is not None and self.sampler is None:
+            raise v.ParameterError("sampler", "the checkpoint was taken with a sampler of this package; configure "
+                                              "the accountant with it (see sampler_from_checkpoint)")
+        if self.sampler is not None:  # the same schedule (the position stays where it is)
+            self.sampler.load_state_dict({"class": sampler_class, **stored.schedule.describe(),
+                                          "position": self.sampler.position})
+        if self.schedule is None and None not in (self.dataset_size, stored.dataset_size) \
+                and self.dataset_size != stored.dataset_size:
+            raise v.ParameterError("dataset_size", f"the checkpoint was taken with dataset_size={stored.dataset_size}, "
+                                                   f"this accountant is configured with {self.dataset_size}")
+        if self.geometry != stored.geometry:
+            raise v.ParameterError("geometry", f"the checkpoint was taken with {stored.geometry}, this accountant "
+                                   f"is configured with {self.geometry}")
+        for name in ("assume_convex_model", "gaussian_initialization"):
+            if getattr(self, name) != getattr(stored, name):
+                raise v.ParameterError(name, f"the checkpoint was taken with {name}={getattr(stored, name)}, this "
+                                             f"accountant is configured with {getattr(self, name)}")
+        if None not in (self.model, stored.model) and self.model != stored.model:
+            raise v.ParameterError("model", f"the checkpoint was taken with {stored.model.description or 'a model'} "
+                                            f"of another structure than the configured one")
+        schedule = self.sampler.schedule if self.sampler is not None else stored.schedule
+        claim = RunRecorder(schedule=schedule, geometry=self.geometry,
+                            model=self.model if self.model is not None else stored.model,
+                            assume_convex_model=self.assume_convex_model,
+                            gaussian_initialization=self.gaussian_initialization,
+                            dataset_size=None if schedule is not None else (self.dataset_size or stored.dataset_size))
+        return RunState(claim, ledger=stored.ledger_state(), steps=run.steps,
+                        neighboring_relation=run.neighboring_relation, weights_digest=run.weights_digest,
+                        subject=_SUBJECT)
+
+    def _prepare_history_only(self, history) -> Callable[[], None]:
         """Opacus' own format, ``[(noise_multiplier, sample_rate, steps), ...]``: steps known only
         by noise and rate, which only Poisson composition covers."""
         if self.schedule is not None:
@@ -546,45 +504,19 @@ class OpacusHiddenStateAccountant(IAccountant):
                                               "or batch schedule); it cannot continue the configured sampler")
         entries = _as_history(history)
         if entries is None:
-            raise bad(f"has a history that is not a list of (noise_multiplier, sample_rate, steps): {history!r}")
+            raise refusal(_SUBJECT, "has a history that is not a list of (noise_multiplier, sample_rate, steps): "
+                                    f"{history!r}")
         recorder = RunRecorder(schedule=None)
         try:
             for z, q, count in entries:
                 recorder.record(StepFacts(noise_multiplier=z, sample_rate=q), count)
         except v.ParameterError as err:
-            raise bad(f"has a history that does not hold ({err})") from None
-        self._recorder, self._cache = recorder, (None, None)
+            raise refusal(_SUBJECT, f"has a history that does not hold ({err})") from None
 
-    # --------------------------------------------------- the model's weights on a refused load
-    def _watch_model(self, model) -> None:
-        """``PrivacyEngine.load_checkpoint`` loads the model's weights before this accountant's
-        state: keep a copy of them when a load starts, so a refused state can put them back."""
-        if self._model_hook is not None:
-            self._model_hook.remove()
-            self._model_hook = None
-        if model is None:
-            return
-        target = unwrap_model(model)
-        me = weakref.ref(self)
+        def apply() -> None:
+            self._recorder, self._cache = recorder, (None, None)
 
-        def before_load(module, *args, **kwargs) -> None:
-            acc = me()
-            if acc is not None and acc._weights_before_load is None and not acc._restoring:
-                with torch.no_grad():
-                    acc._weights_before_load = (module, {k: t.detach().clone() for k, t in module.state_dict().items()})
-
-        self._model_hook = target.register_load_state_dict_pre_hook(before_load)
-
-    def _restore_weights(self) -> None:
-        saved = self._weights_before_load
-        if saved is None:
-            return
-        module, weights = saved
-        self._restoring = True
-        try:
-            module.load_state_dict(weights)
-        finally:
-            self._restoring = False
+        return apply
 
 
 def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
@@ -593,9 +525,9 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
     whose sampler drew a secret seed (``seed=None``), which a new process cannot draw again.
 
     ``checkpoint`` is what ``PrivacyEngine.save_checkpoint`` wrote (``torch.load(path)``) or the
-    accountant's :meth:`~OpacusHiddenStateAccountant.state_dict`. The digest is checked; the
-    seed stays secret if it was drawn secretly (the checkpoint holds it: keep it as private as
-    the data)::
+    accountant's :meth:`~OpacusHiddenStateAccountant.state_dict`. The state is checked as by
+    ``load_state_dict``; the seed stays secret if it was drawn secretly (the checkpoint holds it:
+    keep it as private as the data)::
 
         checkpoint = torch.load(path, weights_only=False)
         sampler = sampler_from_checkpoint(checkpoint)
@@ -608,18 +540,16 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
     if hs is None:
         raise v.ParameterError("checkpoint", "holds no hidden-state accountant state (saved with another accountant, "
                                              "or with Opacus' history only)")
-    payload = unseal_state(hs, "checkpoint")
-    saved = payload.get("sampler")
-    if not isinstance(saved, dict) or not isinstance(saved.get("seed_is_secret"), bool):
-        raise v.ParameterError("checkpoint", "holds no batch sampler (the run used Poisson sampling)")
-    return sampler_from_state_dict({k: x for k, x in saved.items() if k != "seed_is_secret"},
-                                   num_replicas=num_replicas, rank=rank, seed_is_secret=saved["seed_is_secret"])
+    run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
+    if run is None or not isinstance(extra["sampler"], str):
+        raise v.ParameterError("checkpoint", "holds no batch sampler (the run used Poisson sampling or a DataLoader)")
+    schedule = run.schedule
+    return sampler_from_state_dict({"class": extra["sampler"], **schedule.describe(), "position": run.steps},
+                                   num_replicas=num_replicas, rank=rank, seed_is_secret=schedule.seed_is_secret)
 
 
 _STATE_FORMAT = "hidden_state_accountants.opacus"
 _SUBJECT = "the hidden-state accountant state"
-_STATE_KEYS = ("steps", "ledger", "geometry", "model", "assume_convex_model", "gaussian_initialization", "sampler",
-               "loader_schedule", "dataset_size")
 
 
 def _history(recorder: RunRecorder) -> List[Tuple[float, float, int]]:

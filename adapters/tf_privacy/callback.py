@@ -44,6 +44,7 @@ from hidden_state_accountants import (
 )
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import PrivacyReport
+from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
     RunRecorder,
     StepFacts,
@@ -51,8 +52,6 @@ from hidden_state_accountants.recording import (
     check_geometry,
     check_position,
     effective_step,
-    open_state,
-    seal_state,
 )
 from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule, steps_per_epoch
 
@@ -76,7 +75,8 @@ the model by ``tf.train.Checkpoint``, ``model.save_weights`` in the TensorFlow f
 ``ModelCheckpoint(save_weights_only=True)`` and ``BackupAndRestore``)."""
 
 _STATE_FORMAT = "hidden_state_accountants.tf_privacy.HiddenStatePrivacyCallback"
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: the core's RunState (checkpoint module), with the claim
+_SUBJECT = "the hidden-state privacy state"
 _HOW_TO_RESUME = (
     "to resume a run, restore the callback's state together with the model and its optimizer: it is saved "
     "with the model (tf.train.Checkpoint(model=model), model.save_weights in the TensorFlow format, "
@@ -194,7 +194,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._report_steps = -1
         self._epoch_start = 0
         self._announce_stop = False
-        self._restored: Optional[Dict[str, Any]] = None  # a checked state, applied before the next step
+        # a checked state (run, history), applied before the next step
+        self._restored: Optional[Tuple[Optional[RunState], List[EpochPrivacy]]] = None
         self._restore_error: Optional[ParameterError] = None
         self._checkpointed = _CheckpointedState(self)
 
@@ -374,83 +375,72 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
 
     # ----------------------------------------------------------------- resuming
     def privacy_state(self) -> Dict[str, Any]:
-        """The callback's state in plain JSON types, sealed with a digest: the core ledger
-        (``RunRecorder.ledger_state()``), the batch schedule with its seed, the per-epoch
-        history. It is what the model's checkpoints hold (as ``model.hidden_state_privacy``);
-        keep it as private as the data (it holds the schedule's secret seed)."""
+        """The callback's state in plain JSON types, sealed with a digest: the core's
+        :class:`~hidden_state_accountants.checkpoint.RunState` (the claim with the batch schedule
+        and its seed, the ledger) and the per-epoch history. It is what the model's checkpoints
+        hold (as ``model.hidden_state_privacy``); keep it as private as the data (it holds the
+        schedule's secret seed)."""
         if self._restored is not None:  # restored, not yet applied: that is the state
-            r = self._restored
-            schedule, ledger, history = r["schedule"], r["ledger"], r["history"]
+            run, history = self._restored
         else:
             if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
                 self._sync()
-            schedule = self.recorder.schedule if self.recorder is not None else None
-            ledger = self.recorder.ledger_state() if self.recorder is not None else []
+            run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION,
+                                                                 subject=_SUBJECT)
             history = self.history
-        return seal_state({
-            "format": _STATE_FORMAT,
-            "version": _STATE_VERSION,
-            "schedule": None if schedule is None else schedule.describe(),
-            "seed_is_secret": bool(schedule is not None and schedule.seed_is_secret),
-            "steps": sum(count for _, count in ledger),
-            "ledger": ledger,
-            "history": [_encode_epoch(h) for h in history],
-        })
+        return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history])
 
     def load_privacy_state(self, state: Dict[str, Any]) -> None:
         """Loads a :meth:`privacy_state` (checked now; applied when ``fit`` starts, before
         any step, where it must account exactly the optimizer's steps).
 
         Raises :class:`ParameterError` (``checkpoint``) for a state that was edited after it
-        was written, belongs to another kind of object or to a run of another schedule, or
-        does not hold together.
+        was written, belongs to another kind of object or to a run of another schedule or
+        geometry, or does not hold together.
         """
         self._restore_error = None
         self._restored = self._check_state(state)
 
-    def _check_state(self, state) -> Dict[str, Any]:
-        subject = "the hidden-state privacy state"
-        payload = open_state(state, subject=subject, fmt=_STATE_FORMAT, version=_STATE_VERSION,
-                             keys=("schedule", "seed_is_secret", "ledger", "history"))
-
-        def bad(what):
-            return ParameterError("checkpoint", f"{subject} {what}")
-
-        steps, described = payload["steps"], payload["schedule"]
-        if described is None:
-            if steps or payload["ledger"]:
-                raise bad(f"accounts {steps} steps without a batch schedule")
-            return {"schedule": None, "ledger": [], "history": []}
-        if not isinstance(payload["seed_is_secret"], bool):
-            raise bad(f"has seed_is_secret={payload['seed_is_secret']!r}; must be true or false")
-        try:
-            schedule = BatchSchedule.from_description(described, seed_is_secret=payload["seed_is_secret"])
-        except ParameterError as err:
-            raise bad(f"has an invalid schedule ({err})") from None
+    def _check_state(self, state) -> Tuple[Optional[RunState], List[EpochPrivacy]]:
+        """The state's run (checked and replayed by the core) and history, after checking that the
+        run is one of this callback's declaration."""
+        run, extra = open_run(state, fmt=_STATE_FORMAT, version=_STATE_VERSION, subject=_SUBJECT, extra=("history",))
+        if run is None:
+            return None, []
+        schedule = run.schedule
         declared = (self.sampling, self.dataset_size, self.batch_size)
-        held = (schedule.sampling, schedule.dataset_size, schedule.batch_size)
+        held = (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size,
+                                                             schedule.batch_size)
         if held != declared:
-            raise bad(f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, batch_size={held[2]}, but this "
-                      f"callback was declared with sampling={declared[0]!r}, dataset_size={declared[1]}, "
-                      f"batch_size={declared[2]}")
+            raise refusal(_SUBJECT, f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, "
+                                    f"batch_size={held[2]}, but this callback was declared with "
+                                    f"sampling={declared[0]!r}, dataset_size={declared[1]}, batch_size={declared[2]}")
         if self.last_batch is not None and schedule.last_batch != self.last_batch:
-            raise bad(f"is a run with last_batch={schedule.last_batch!r}, but this callback was declared with "
-                      f"last_batch={self.last_batch!r}")
-        RunRecorder(schedule=schedule).replay(payload["ledger"], steps, subject)
+            raise refusal(_SUBJECT, f"is a run with last_batch={schedule.last_batch!r}, but this callback was "
+                                    f"declared with last_batch={self.last_batch!r}")
+        stored = run.recorder
+        relation = getattr(run.neighboring_relation, "name", None)
+        for name, mine, theirs in (("geometry", self.declared_geometry, stored.geometry),
+                                   ("assume_convex_model", self.assume_convex_model, stored.assume_convex_model),
+                                   ("neighboring_relation", RELATION, relation)):
+            if mine != theirs:
+                raise refusal(_SUBJECT, f"is a run with {name}={theirs}, but this callback was declared with "
+                                        f"{name}={mine}")
         try:
-            history = [_decode_epoch(h) for h in payload["history"]]
+            history = [_decode_epoch(h) for h in extra["history"]]
         except (TypeError, ValueError, KeyError) as err:
-            raise bad(f"has an invalid history ({err!r})") from None
-        return {"schedule": schedule, "ledger": payload["ledger"], "history": history}
+            raise refusal(_SUBJECT, f"has an invalid history ({err!r})") from None
+        return run, history
 
-    def _apply_state(self, restored: Dict[str, Any]) -> None:
+    def _apply_state(self, restored: Tuple[Optional[RunState], List[EpochPrivacy]]) -> None:
+        run, history = restored
         self.recorder = None
-        self.history = list(restored["history"])
+        self.history = list(history)
         self.report, self._report_steps, self._lr_marks = None, -1, []
-        if restored["schedule"] is not None:
-            self.recorder = RunRecorder(schedule=restored["schedule"], geometry=self.declared_geometry,
+        if run is not None:  # the declared claim (checked to be the run's) on the model being trained
+            self.recorder = RunRecorder(schedule=run.schedule, geometry=self.declared_geometry,
                                         model=model_facts(self.model), assume_convex_model=self.assume_convex_model)
-            self.recorder.load_ledger_state(restored["ledger"])
+            self.recorder.load_ledger_state(run.recorder.ledger_state())
 
     def _restore_from_checkpoint(self, text: str) -> None:
         """Called by TensorFlow when a checkpoint is restored (errors are raised at the next
@@ -458,7 +448,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         try:
             state = json.loads(text)
         except ValueError as err:
-            self._restore_error = ParameterError("checkpoint", f"the hidden-state privacy state is not JSON ({err})")
+            self._restore_error = refusal(_SUBJECT, f"is not JSON ({err})")
             return
         try:
             self.load_privacy_state(state)

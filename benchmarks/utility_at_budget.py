@@ -16,7 +16,7 @@ min-max). Methods:
      **engine.accountant.calibration_kwargs(...))`` (ADD_OR_REMOVE_ONE). The configurations are
      searched with the core's ``calibrate_noise_multiplier`` for the same ``TrainingRunDpEvent``;
      for the winner both z are printed, and the adapter's is used when the two agree (within
-     ``Z_AGREEMENT``), else the core's (the row says so).
+     5%), else the core's (the row says so).
 (A') Opacus' Poisson loader under REPLACE_ONE, the papers' relation. Opacus has no replace-one
      accountant: z is calibrated with the package's composition accountant
      (``HiddenStateAccountant(neighboring_relation="REPLACE_ONE")`` on a geometry-free Poisson
@@ -38,8 +38,8 @@ feature bound holds. What no method accounts for: the standardisation statistics
 datasets (taken from their training split, as the same preprocessing for all methods) and the
 hyperparameter search itself.
 
-    python benchmarks/utility_at_budget.py --quick          # digits, eps 1 and 4, a small grid
-    python benchmarks/utility_at_budget.py --jobs 2         # full mode: writes docs/benchmark_utility.md/.png
+    python benchmarks/utility_at_budget.py --quick    # digits, eps 1 and 4, a small grid (outputs/)
+    python benchmarks/utility_at_budget.py --jobs 2    # full mode: writes docs/benchmark_utility.md and .png
 
 Progress goes to stderr; one row per method and budget to stdout. ``--cache FILE`` keeps every
 calibration and run (keyed by the package's source, so results of older code are never reused)
@@ -52,6 +52,7 @@ import argparse
 import concurrent.futures
 import datetime
 import hashlib
+import importlib.util
 import json
 import math
 import multiprocessing
@@ -63,7 +64,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -357,7 +358,8 @@ def private_training(data: Data, method: Method, cfg: Config, seed: int, *, nois
     if method.accountant == "hidden_state_replace_one":
         engine.accountant = hso.OpacusHiddenStateAccountant(neighboring_relation="REPLACE_ONE")
     sampler = None if method.poisson else _sampler(cfg, data.n, seed)
-    loader = DataLoader(train, batch_size=cfg.batch_size) if sampler is None else DataLoader(train, batch_sampler=sampler)
+    loader = (DataLoader(train, batch_size=cfg.batch_size) if sampler is None
+              else DataLoader(train, batch_sampler=sampler))
     where = dict(dataset_size=data.n) if sampler is None else dict(sampler=sampler)
     common = dict(module=model, optimizer=optimizer, data_loader=loader, poisson_sampling=method.poisson,
                   max_grad_norm=CLIP_NORM if method is not NON_PRIVATE else NON_PRIVATE_CLIP)
@@ -533,7 +535,8 @@ def _task_of(data: Data, method: Method, cfg: Config, **fields) -> Dict[str, obj
 
 
 def benchmark_dataset(runner: Runner, data: Data, grid: Grid, methods: Sequence[Method], budgets: Sequence[float],
-                      select_seeds: Sequence[int], test_seeds: Sequence[int]) -> Tuple[List[Row], List[Dict[str, object]]]:
+                      select_seeds: Sequence[int], test_seeds: Sequence[int]
+                      ) -> Tuple[List[Row], List[Dict[str, object]]]:
     """Search, select on validation and evaluate on test, for every method and budget; and the reference.
     Returns the rows and every configuration searched (method, budget, z, validation accuracy)."""
     configs = {m.key: grid.configs((None,) if m.poisson else grid.samplers) for m in methods}
@@ -756,10 +759,11 @@ def noise_table(search: List[Dict[str, object]], budgets: Sequence[float]) -> Li
                 top, where = max(pairs, key=lambda t: t[0])
                 spread = f"{statistics.median(values):.2f}, {top:.2f} ({Config(**where['config']).describe()})"
                 gains = [r for x, r in pairs if x >= 1.1]
-                cells.append((spread, f"{len(gains)} / {len(pairs)}", _best_val(bases), _best_val([r for _, r in pairs]),
-                              _best_val(gains)))
+                cells.append((spread, f"{len(gains)} / {len(pairs)}", _best_val(bases),
+                              _best_val([r for _, r in pairs]), _best_val(gains)))
             b, c = cells
-            lines.append(f"| {name} | {eps:g} | " + (f"{b[0]} | {b[1]} | {b[2]}, {b[3]}, {b[4]} | " if b else "- | - | - | ")
+            lines.append(f"| {name} | {eps:g} | "
+                         + (f"{b[0]} | {b[1]} | {b[2]}, {b[3]}, {b[4]} | " if b else "- | - | - | ")
                          + (f"{c[0]} | {c[2]}, {c[3]} |" if c else "- | - |"))
     return lines
 
@@ -872,8 +876,10 @@ def parse_args(argv: Optional[List[str]]):
         p.add_argument(flag, default=None, help=f"override the grid: comma-separated {kind}s")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--cache", default=None, help="JSON-lines file of finished work, to resume an interrupted run")
-    p.add_argument("--out", default=None, help="markdown report (full mode default: docs/benchmark_utility.md)")
-    p.add_argument("--plot", default=None, help="plot (full mode default: docs/benchmark_utility.png)")
+    p.add_argument("--out", default=None, help="markdown report (default: docs/benchmark_utility.md; with "
+                   "--quick outputs/utility_at_budget_quick.md)")
+    p.add_argument("--plot", default=None, help="plot (default: docs/benchmark_utility.png; with --quick "
+                   "outputs/utility_at_budget_quick.png)")
     p.add_argument("--json", default=None, help="the rows as JSON")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -893,9 +899,9 @@ def parse_args(argv: Optional[List[str]]):
         p.error("--seeds, --select-seeds and --jobs must be >= 1")
     args.select_seed_list = tuple(range(args.select_seeds))
     args.test_seed_list = tuple(1000 + i for i in range(args.seeds))  # fresh: not the seeds the search saw
-    if not args.quick:
-        args.out = args.out or str(ROOT / "docs" / "benchmark_utility.md")
-        args.plot = args.plot or str(ROOT / "docs" / "benchmark_utility.png")
+    where, stem = ("outputs", "utility_at_budget_quick") if args.quick else ("docs", "benchmark_utility")
+    args.out = args.out or str(ROOT / where / f"{stem}.md")
+    args.plot = args.plot or str(ROOT / where / f"{stem}.png")
     return p, args
 
 
@@ -930,6 +936,10 @@ def grids_for(p, args) -> Dict[str, Grid]:
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, object]:
     p, args = parse_args(argv)
+    for module in ("torch", "opacus", "sklearn"):
+        if importlib.util.find_spec(module) is None:
+            p.error(f"needs {module}: install the package with its extras, pip install -e '.[all]' "
+                    "(scripts/test.sh does)")
     _quiet()
     grids = grids_for(p, args)
     command = "python benchmarks/utility_at_budget.py " + " ".join(sys.argv[1:] if argv is None else argv)

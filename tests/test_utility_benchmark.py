@@ -87,7 +87,7 @@ def test_bad_grids_are_refused_naming_the_flag(bench, capsys):
                        (["--methods", "D"], "--methods"), (["--budgets", "0"], "--budgets"),
                        (["--samplers", "poisson"], "--samplers"), (["--batch-sizes", "1000"], "--batch-sizes")):
         with pytest.raises(SystemExit) as err:
-            bench.main(["--quick", "--datasets", "breast_cancer"] + argv if flag != "--datasets" else ["--quick"] + argv)
+            bench.main(["--quick"] + (argv if flag == "--datasets" else ["--datasets", "breast_cancer"] + argv))
         assert err.value.code == 2 and flag in capsys.readouterr().err
 
 

@@ -49,8 +49,10 @@ def test_bayes_accuracy_of_ten_classes_matches_simulation(bench):
     assert bench.bayes_accuracy_simplex(0.0, k) == pytest.approx(1 / k, abs=1e-9)  # no signal: chance
 
 
-def test_synthetic_task_has_the_announced_bayes_accuracy(bench):
-    data = bench.synthetic_linear_probe(n_train=2000, n_val=500, n_test=20000, dim=64, classes=10, bayes=0.85)
+@pytest.mark.parametrize("eigenvalues", [(1.0, 1.0), (0.2, 5.0)])
+def test_synthetic_task_has_the_announced_bayes_accuracy(bench, eigenvalues):
+    data = bench.synthetic_linear_probe(n_train=2000, n_val=500, n_test=20000, dim=64, classes=10, bayes=0.85,
+                                        eigenvalues=eigenvalues)
     assert data.bayes_accuracy == pytest.approx(0.85, abs=1e-9)
     scored = float(data.description.rsplit("scores ", 1)[1].split(" ")[0])  # the Bayes rule on the test split
     assert abs(scored - 0.85) < 4 * math.sqrt(0.85 * 0.15 / 20000)

@@ -54,6 +54,7 @@ from hidden_state_accountants import fdp
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import (
+    BALLS_IN_BINS,
     CYCLIC,
     DROPPED,
     FULL,
@@ -151,13 +152,22 @@ class Linear:
         return (2.0 / float(self.run.noise_multiplier)) / math.sqrt(self.variance())
 
     def contributions(self) -> List[Tuple[np.ndarray, np.ndarray]]:
-        """Independent contributions to ``S`` (an epoch for ``reshuffle``, a step for
-        ``without_replacement`` / ``poisson``): ``(values, probabilities)``, 0 included where
-        it has mass."""
+        """Independent contributions to ``S`` (an epoch for ``reshuffle`` and ``balls_in_bins``, a
+        step for ``without_replacement`` / ``poisson``): ``(values, probabilities)``, 0 included
+        where it has mass."""
         run = self.run
         T, n, b = run.steps, run.dataset_size, run.batch_size
         out = []
-        if run.sampling == RESHUFFLE:
+        if run.sampling == BALLS_IN_BINS:  # one uniform step of each epoch; a partial epoch may miss it
+            spe = self.spe
+            for e in range(-(-T // spe)):
+                here = min(spe, T - e * spe)
+                vals = self.power(T - 1 - (e * spe + np.arange(here)))
+                probs = np.full(here, 1.0 / spe)
+                if here < spe:
+                    vals, probs = np.append(vals, 0.0), np.append(probs, 1.0 - here / spe)
+                out.append((vals, probs))
+        elif run.sampling == RESHUFFLE:
             spe = self.spe
             r, _ = self.short()
             for e in range(-(-T // spe)):
@@ -513,14 +523,16 @@ def pair_for(law: Law, kappa: float, construction: str) -> MixturePair:
 def constructions_for(sampling: str, relation: str = "REPLACE_ONE") -> Tuple[str, ...]:
     """The worst known pairs of a schedule (module docstring). Under ADD_OR_REMOVE_ONE the pair is
     *half* (a record at ``+C`` present vs absent, the others at 0; the larger of both directions)
-    for ``full``, ``cyclic`` (a fixed divisor: the added record moves its steps by ``lr C/b``) and
-    ``poisson`` (the others' random count is an independent translation of both outputs)."""
+    for ``full``, ``cyclic`` (a fixed divisor: the added record moves its steps by ``lr C/b``),
+    ``poisson`` and ``balls_in_bins`` (the others' random counts are an independent translation
+    of both outputs, so the others are best at 0, and the ``worst`` pair, which needs fixed batch
+    sums, is not valid for them)."""
     if relation == "ADD_OR_REMOVE_ONE":
-        if sampling not in (FULL, CYCLIC, POISSON):
+        if sampling not in (FULL, CYCLIC, POISSON, BALLS_IN_BINS):
             raise v.ParameterError("neighboring_relation", f"no exact ADD_OR_REMOVE_ONE pair for sampling={sampling!r}"
                                    " (the package's fixed-size samplers place records by position)")
         return ("half",)
-    return ("mirror", "half") if sampling == POISSON else ("worst",)
+    return ("mirror", "half") if sampling in (POISSON, BALLS_IN_BINS) else ("worst",)
 
 
 # ------------------------------------------------------------------------------- the result
@@ -574,7 +586,7 @@ def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_
     ``init_variance``: the start is ``N(0, init_variance I)`` (Chourasia et al. Cor. 1).
     ``construction``: one pair (:data:`CONSTRUCTIONS`) instead of the worst known ones.
     ``relation``: ``"REPLACE_ONE"`` or ``"ADD_OR_REMOVE_ONE"`` (:func:`constructions_for`). For
-    ``poisson`` the L2 term ``m`` is applied once per step (Opacus' ``weight_decay``), the
+    ``poisson`` and ``balls_in_bins`` the L2 term ``m`` is applied once per step (Opacus' ``weight_decay``), the
     divisor is ``b`` and the rate ``run.sampling_rate``.
 
     >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent

@@ -713,3 +713,67 @@ def poisson_projected_epsilon(*, q: float, b: float, steps: int, z: float, C: fl
 
 
 __all__ += ["poisson_huber_epsilon", "poisson_projected_epsilon"]
+
+
+# -------------------------------------------- brute force for balls-in-bins sampling (issue 19)
+def balls_in_bins_huber_epsilon(*, n_others: int, b: float, steps_per_epoch: int, steps: int, z: float, C: float,
+                                lr: float, m_reg: float, h: float, relation: str, delta: float,
+                                grid: int = 401) -> float:
+    """Brute-force last-iterate epsilon of balls-in-bins DP-SGD on :func:`poisson_huber_epsilon`'s 1-D
+    Huber loss (the others at 0, the record at ``5C/h`` against ``-5C/h`` or absent), ground truth where
+    the batch-size cap binds (docs/derivations.md, "Balls-in-bins sampling", B.2).
+
+    Every epoch each of the ``n_others`` records and the differing one draws a uniform step among
+    ``steps_per_epoch``; the divisor is ``b``, the L2 term ``m_reg`` once per step. The others' counts
+    are followed exactly: before step ``j`` of an epoch, ``r`` of them are still unplaced and the step
+    takes ``Bin(r, 1/(t - j))`` of them, the record (if still unplaced) with probability ``1/(t - j)``.
+    The laws are propagated on a grid with a Gaussian kernel (accuracy ~1e-6, not certified: compare
+    with a tolerance)."""
+    s = lr * z * C / b
+    t = int(steps_per_epoch)
+    width = 12 * s / math.sqrt(max(1 - (1 - lr * m_reg) ** 2, 1e-3)) + 4 * lr * (n_others + 1) * C / b
+    x = np.linspace(-width, width, grid)
+    dx = x[1] - x[0]
+    from scipy import stats
+
+    def propagate(xs):
+        kernels = {}
+
+        def kernel(k, inc):
+            if (k, inc) not in kernels:
+                drift = m_reg * x + (k * np.clip(h * x, -C, C) + (np.clip(h * (x - xs), -C, C) if inc else 0.0)) / b
+                zz = (x[:, None] - (x - lr * drift)[None, :]) / s
+                kernels[(k, inc)] = np.exp(-0.5 * zz * zz) / (s * math.sqrt(2 * math.pi)) * dx
+            return kernels[(k, inc)]
+
+        start = np.zeros(grid)
+        start[np.argmin(np.abs(x))] = 1.0
+        laws = {(n_others, False): start}  # (others not yet placed this epoch, record placed) -> law
+        for step in range(steps):
+            j = step % t
+            if j == 0:  # a new epoch: everyone is unplaced again
+                total = sum(laws.values())
+                laws = {(n_others, False): total}
+            left = t - j
+            new: dict = {}
+            for (r, placed), p in laws.items():
+                ks = np.arange(r + 1)
+                pk = stats.binom.pmf(ks, r, 1.0 / left)
+                for inc in ((False, True) if (xs is not None and not placed) else (False,)):
+                    w_inc = (1.0 / left if inc else 1.0 - 1.0 / left) if (xs is not None and not placed) else 1.0
+                    for k in ks:
+                        w = pk[k] * w_inc
+                        if w <= 1e-300:
+                            continue
+                        key = (r - int(k), placed or inc)
+                        new[key] = new.get(key, 0.0) + w * (kernel(int(k), inc) @ p)
+            laws = new
+        out = sum(laws.values())
+        return out / out.sum()
+
+    far = 5 * C / h
+    other = -far if relation == "REPLACE_ONE" else None
+    return _grid_epsilon(propagate(far), propagate(other), delta)
+
+
+__all__ += ["balls_in_bins_huber_epsilon"]

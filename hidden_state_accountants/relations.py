@@ -34,7 +34,7 @@ REPLACE_ONE = NeighborRel.REPLACE_ONE
 ADD_OR_REMOVE_ONE = NeighborRel.ADD_OR_REMOVE_ONE
 RELATIONS = (REPLACE_ONE, ADD_OR_REMOVE_ONE)
 
-# The schedules whose analyses carry over to ADD_OR_REMOVE_ONE (docs/derivations.md sections 11 and 13):
+# The schedules whose analyses carry over to ADD_OR_REMOVE_ONE (docs/derivations.md section 11 and "Balls-in-bins sampling"):
 # each record's steps are drawn independently of the others', so adding one changes nothing else.
 ADD_REMOVE_SCHEDULES = (FULL, POISSON, BALLS_IN_BINS)
 
@@ -58,7 +58,7 @@ ADD_REMOVE_UNSUPPORTED = {
         "not covered under ADD_OR_REMOVE_ONE: the added record displaces a record of its batch order every "
         "epoch (the same position effect as for the partition samplers); with drop_last and 1 <= n % b <= b - 2 "
         "the add/remove pair is a replace-one change in each epoch that uses the record, so the REPLACE_ONE "
-        "number holds there up to use probabilities b/(n+1) (docs/derivations.md 13.6), but no add/remove "
+        "number holds there up to use probabilities b/(n+1) (docs/derivations.md B.6), but no add/remove "
         "amplification is derived; sampling='balls_in_bins' (BallsInBinsBatchSampler) has an add/remove analysis"),
 }
 

@@ -25,12 +25,12 @@ footnote 3). ``reshuffle`` may instead keep that short batch (``last_batch``, se
 :data:`LAST_BATCHES`): an epoch is then ``ceil(n / b)`` steps. ``balls_in_bins`` uses every
 record exactly once per epoch; where a record goes does not depend on the other records, so
 adding or removing one changes nothing else (the property its ADD_OR_REMOVE_ONE analyses rest
-on, docs/derivations.md section 13), and its batch sizes vary around ``n / (n // b)``.
+on, docs/derivations.md, "Balls-in-bins sampling"), and its batch sizes vary around ``n / (n // b)``.
 
 **Secret seeds.** A random schedule is only as private as its randomness is secret: the
-analyses of ``shuffle_partition`` and ``reshuffle`` that average over the record's position,
-``without_replacement`` and ``poisson`` (amplification by sampling) assume the adversary does
-not know the draw. So
+analyses of ``shuffle_partition``, ``reshuffle`` and ``balls_in_bins`` that average over the
+record's position, ``without_replacement`` and ``poisson`` (amplification by sampling) assume the
+adversary does not know the draw. So
 every random schedule draws a fresh secret seed from :mod:`secrets` unless the caller passes
 one. A seed passed by the caller is their explicit choice and must be kept as private as the
 data (it is stored in checkpoints, which must be too); a published seed makes the batches

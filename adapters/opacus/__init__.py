@@ -18,6 +18,7 @@ from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAcco
 from .facts import loader_facts, model_facts, step_facts
 from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
+    BallsInBinsBatchSampler,
     CyclicBatchSampler,
     FullBatchSampler,
     HiddenStateBatchSampler,
@@ -56,6 +57,7 @@ __all__ = [
     "secret_shuffle",
     "has_secret_generator",
     "FullBatchSampler",
+    "BallsInBinsBatchSampler",
     "sampler_from_state_dict",
     "sampler_from_checkpoint",
     "ProjectionHook",

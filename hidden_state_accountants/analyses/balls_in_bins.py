@@ -1,6 +1,6 @@
 """Balls-in-bins sampling: every epoch, each record draws its step uniformly and independently
 among the epoch's ``t = n // b`` steps; the clipped sum of a batch of random size is divided by the
-fixed public ``b`` (docs/derivations.md section 13; Chua et al., *Balls-and-Bins Sampling for
+fixed public ``b`` (docs/derivations.md, "Balls-in-bins sampling"; Chua et al., *Balls-and-Bins Sampling for
 DP-SGD*, AISTATS 2025, arXiv:2412.16802; Feldman & Shenfeld, *Privacy Amplification by Random
 Allocation*, arXiv:2502.08202, call it random 1-out-of-t allocation).
 
@@ -10,8 +10,8 @@ does not depend on the other records: given the others' placement ``o``, the rec
 depend on ``J`` at all. Hence:
 
 * **ADD_OR_REMOVE_ONE holds** (adding a record changes nothing else), with ``t`` and ``b`` public
-  constants, as Opacus and dp_accounting treat Poisson's ``q`` (section 13.1).
-* **Common null** (section 13.3). With ``Q_o`` the run without the record and ``P_{o,J}`` the run
+  constants, as Opacus and dp_accounting treat Poisson's ``q`` (B.1).
+* **Common null** (B.3). With ``Q_o`` the run without the record and ``P_{o,J}`` the run
   with it, a test of level ``alpha`` under ``Q_o`` is one for every ``J``, so
   ``T(Q_o, E_J P_{o,J}) >= E_J T(Q_o, P_{o,J})``: the tradeoff curves are *averaged at equal
   alpha*, which keeps the amplification of the mixture that averaging ``delta`` at equal
@@ -24,14 +24,14 @@ depend on ``J`` at all. Hence:
   failure probability of the cap bounded by a union bound over each epoch's steps (the sizes of
   one epoch are multinomial, negatively associated: the independent-steps formula of section 7
   would be too small) and added to delta.
-* **REPLACE_ONE** goes through the dataset without the record (section 13.4): the hockey-stick
+* **REPLACE_ONE** goes through the dataset without the record (B.4): the hockey-stick
   triangle inequality ``H_{e^(a+b)}(P||R) <= H_{e^a}(P||Q) + e^a H_{e^b}(Q||R)`` with both legs the
   add/remove pair (:class:`ReplaceTriangleBound`).
 
 The composition baseline (every iterate released) is one Gaussian per epoch (the record is used
 once per epoch): ``G(rho sqrt(E) / z)``, Bok et al. Thm 4.4's argument for reshuffling, ``rho = 2``
 (REPLACE_ONE) or 1 (ADD_OR_REMOVE_ONE). Amplified composition bounds for random allocation are
-not implemented (section 13.7 says why).
+not implemented (B.7 says why).
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ from hidden_state_accountants.schedules import BALLS_IN_BINS, RESHUFFLE
 
 SI_CITATION = ("Bok, Su & Altschuler (ICML 2024, arXiv:2403.00278) Lemma 3.2/Thm 3.3 per visit pattern "
                "(docs/derivations.md 2.2-2.3); the common-null average of the patterns' tradeoff curves "
-               "(13.3); batch-size cap with its failure probability added to delta (sections 6-7, 13.2)")
-SI_REPLACE_CITATION = SI_CITATION + "; REPLACE_ONE through the dataset without the record (13.4)"
+               "(B.3); batch-size cap with its failure probability added to delta (sections 6-7, B.2)")
+SI_REPLACE_CITATION = SI_CITATION + "; REPLACE_ONE through the dataset without the record (B.4)"
 COMPOSITION_CITATION = ("Bok, Su & Altschuler (ICML 2024) Thm 4.4's argument: one use per epoch, composed "
-                        "(docs/derivations.md 13.5)")
+                        "(docs/derivations.md B.5)")
 
 PREVIOUS_EPOCH_GROUPS = 16
 """The second-to-last epoch's positions are averaged in this many groups (each at its most recent
@@ -82,14 +82,14 @@ TRACE_POINTS = 3000
 """Points at which the dominating pair's two privacy profiles are traced exactly."""
 
 NEED_L2 = ("needs l2_regularization > 0 declared: batch sizes vary, and a small batch contracts only through the "
-           "L2 term (docs/derivations.md 13.2); the projected, non-strongly-convex case is not derived for "
+           "L2 term (docs/derivations.md B.2); the projected, non-strongly-convex case is not derived for "
            "balls_in_bins")
 
 
-# ====================================================================== 13.2: the cap
+# ====================================================================== B.2: the cap
 def log_allocation_cap_failure(others: int, spe: int, steps: int, cap: int) -> float:
     """``log P(some step has more than cap of the other records)`` for ``others`` records each in a
-    uniform step of every epoch (``spe`` steps), ``steps`` steps in all (section 13.2).
+    uniform step of every epoch (``spe`` steps), ``steps`` steps in all (B.2).
 
     One epoch's counts are multinomial: a union bound over its steps, ``min(1, m P(Bin(others,
     1/spe) > cap))`` for an epoch of ``m`` steps; epochs are independent. Where scipy's tail
@@ -176,7 +176,7 @@ def allocation_caps(s: AllocationSetup) -> List[Cap]:
     return [Cap(c.cap, log_allocation_cap_failure(s.others, s.spe, s.steps, c.cap), c.log_c) for c in found]
 
 
-# ============================================================== 13.3: the visit patterns
+# ============================================================== B.3: the visit patterns
 def visit_patterns(steps: int, spe: int, log_c: float) -> List[Tuple[float, float]]:
     """``(probability, energy)`` of the record's visit patterns (one uniform step per epoch, a partial
     last epoch missed with probability ``1 - t'/t``): the last epoch's step averaged exactly
@@ -216,14 +216,14 @@ def _energy_estimate(steps: int, spe: int, log_c: float) -> float:
     return float(np.sum(np.exp(d * log_c) / np.sqrt(capacity)) / spe)
 
 
-# ===================================================== the dominating pair of section 13.3
+# ===================================================== the dominating pair of B.3
 @dataclass
 class GaussianMixturePairBound(Bound):
     """The pair ``P* = sum_i p_i N(mu_i, 1)`` against ``Q* = N(0, 1)``, all ``mu_i >= 0``, as a
     dominating pair: its tradeoff curve ``T(Q*, P*)(alpha) = sum_i p_i G(mu_i)(alpha)`` is the
     average of the components' at equal ``alpha`` (the likelihood ratio is monotone, so every
     Neyman-Pearson test is a half-line), which bounds a run whose null (the run without the
-    record) is common to all components (docs/derivations.md 13.3).
+    record) is common to all components (docs/derivations.md B.3).
 
     ``delta(eps)`` is the larger of ``H_{e^eps}(P*||Q*)`` and ``H_{e^eps}(Q*||P*)``, computed exactly
     in log space (:class:`~hidden_state_accountants.exact.MixturePair`). RDP: Ye & Shokri's Lemma
@@ -281,11 +281,11 @@ class GaussianMixturePairBound(Bound):
         if self._traces is None:
             mus, lw = np.asarray(self.mus), np.log(np.asarray(self.probs))
             top = float(np.max(mus))
-            coarse = np.linspace(-40.0, top + 40.0, 1001)
+            # thresholds where both tails still hold 1e-60 (Phi(-16.5)), spread evenly in the loss
+            coarse = np.linspace(-16.5, top + 16.5, 1001)
             loss = self.pair.log_ratio(coarse)
-            # thresholds spread evenly in the loss, the coarse grid included
             targets = np.linspace(max(loss[0], -60.0), min(loss[-1], 60.0), TRACE_POINTS)
-            x = np.unique(np.concatenate([coarse, np.interp(targets, loss, coarse)]))
+            x = np.unique(np.concatenate([coarse[::10], np.interp(targets, loss, coarse)]))
             L = self.pair.log_ratio(x)
             with np.errstate(divide="ignore", invalid="ignore"):
                 log_p_above = special.logsumexp(lw[None, :] + special.log_ndtr(mus[None, :] - x[:, None]), axis=1)
@@ -324,7 +324,7 @@ class GaussianMixturePairBound(Bound):
 
 @dataclass
 class ReplaceTriangleBound(Bound):
-    """REPLACE_ONE through the dataset without the record (docs/derivations.md 13.4): with ``P``, ``R``
+    """REPLACE_ONE through the dataset without the record (docs/derivations.md B.4): with ``P``, ``R``
     the runs with ``x`` and with ``x'`` and ``Q`` the run without either, for every ``a``, ``b``
 
         H_{e^(a+b)}(P || R) <= H_{e^a}(P || Q) + e^a H_{e^b}(Q || R),
@@ -376,7 +376,7 @@ class ReplaceTriangleBound(Bound):
         return "; ".join(s for s in ("through the dataset without the record", self.note) if s)
 
 
-TRIANGLE_POINTS = 1200
+TRIANGLE_POINTS = 900
 """Traced points per direction the triangle bound combines (any subset gives a valid bound)."""
 
 
@@ -443,16 +443,16 @@ def composition(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
           needs="l2_regularization > 0, every capped batch's step c-Lipschitz with c < 1, secret draws for "
                 "the average", add_or_remove="native")
 def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
-    """Balls-in-bins, hidden state, both relations (docs/derivations.md 13.2-13.4).
+    """Balls-in-bins, hidden state, both relations (docs/derivations.md B.2-B.4).
 
     Given the others' placement within the cap (at most ``K`` others per step, so every step map is
     ``c_K``-Lipschitz, ``c_K = max(c(0), c(K+1))`` of section 6, ``< 1``), each visit pattern ``J``
     of the record is ``mu(J)``-GDP by shifted interpolation (section 2.2, ``mu = (rho/z)
     sqrt(E(J))``, the divisor ``b`` fixes the shift ``rho lr C / b`` and the noise ``lr z C / b``).
     ADD_OR_REMOVE_ONE: the run without the record does not depend on ``J``, so the run is dominated
-    by ``(sum_J p_J N(mu_J, 1), N(0, 1))`` (13.3). REPLACE_ONE: that pair twice, through the dataset
-    without the record (13.4). Public draws: the worst pattern. The cap's failure probability (a
-    union bound per epoch, 13.2) is added to delta.
+    by ``(sum_J p_J N(mu_J, 1), N(0, 1))`` (B.3). REPLACE_ONE: that pair twice, through the dataset
+    without the record (B.4). Public draws: the worst pattern. The cap's failure probability (a
+    union bound per epoch, B.2) is added to delta.
     """
     s, reason = allocation_setup(run, ctx)
     if s is None:

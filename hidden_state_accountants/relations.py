@@ -56,10 +56,11 @@ ADD_REMOVE_UNSUPPORTED = {
         "remainder, a replace-one change"),
     RESHUFFLE: (
         "not covered under ADD_OR_REMOVE_ONE: the added record displaces a record of its batch order every "
-        "epoch (the same position effect as for the partition samplers); with drop_last and 1 <= n % b <= b - 2 "
-        "the add/remove pair is a replace-one change in each epoch that uses the record, so the REPLACE_ONE "
-        "number holds there up to use probabilities b/(n+1) (docs/derivations.md B.6), but no add/remove "
-        "amplification is derived; sampling='balls_in_bins' (BallsInBinsBatchSampler) has an add/remove analysis"),
+        "epoch (the same position effect as for the partition samplers); with the short batch dropped and "
+        "1 <= n % b <= b - 2 the add/remove pair is a replace-one change in every epoch that uses the record, so "
+        "the REPLACE_ONE si_reshuffle_average number bounds it too (docs/derivations.md B.6; not reported "
+        "automatically), with nothing gained from the relation; sampling='balls_in_bins' "
+        "(BallsInBinsBatchSampler) has an add/remove analysis"),
 }
 
 

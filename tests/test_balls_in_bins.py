@@ -162,7 +162,8 @@ def test_bound_is_at_least_the_exact_pair(relation, n, b, T, z, lrm, Mfac):
 @pytest.mark.slow
 @pytest.mark.parametrize("relation", RELATIONS, ids=lambda r: r.name)
 def test_bound_is_at_least_the_exact_pair_on_a_grid(relation):
-    """612 settings per relation; the ratios are the ones quoted in docs/derivations.md B.3/B.4."""
+    """340 settings per relation (300 with a cap below delta), three deltas: the ratios quoted in
+    docs/derivations.md B.3/B.4."""
     ratios = []
     for (n, b), T, z, lrm, Mfac in itertools.product(((6, 2), (9, 3), (12, 3)), (1, 2, 3, 5, 9), (0.5, 1, 2, 4),
                                                     (0.1, 0.5, 0.9), (1.0, 1.5)):
@@ -174,7 +175,7 @@ def test_bound_is_at_least_the_exact_pair_on_a_grid(relation):
         if not bound.applicable or not math.isfinite(bound.epsilon(1e-3)):
             continue  # a cap that cannot be met below delta: infinite, nothing to check
         ratios += [e / x for e, x in check(run, relation) if x > 0]
-    assert min(ratios) >= 1 - SLACK and len(ratios) > 500
+    assert min(ratios) >= 1 - SLACK and len(ratios) == 900
 
 
 @pytest.mark.parametrize("relation", RELATIONS, ids=lambda r: r.name)

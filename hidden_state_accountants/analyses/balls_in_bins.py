@@ -47,7 +47,7 @@ from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses import bok
 from hidden_state_accountants.analyses import shifted_interpolation as si
-from hidden_state_accountants.analyses.poisson_hidden_state import caps
+from hidden_state_accountants.analyses.poisson_hidden_state import caps, log_cap_failure
 from hidden_state_accountants.analyses.registry import analysis
 from hidden_state_accountants.bounds import (
     Bound,
@@ -65,8 +65,8 @@ from hidden_state_accountants.schedules import BALLS_IN_BINS, RESHUFFLE
 
 SI_CITATION = ("Bok, Su & Altschuler (ICML 2024, arXiv:2403.00278) Lemma 3.2/Thm 3.3 per visit pattern "
                "(docs/derivations.md 2.2-2.3); the common-null average of the patterns' tradeoff curves "
-               "(B.3); batch-size cap with its failure probability added to delta (sections 6-7, B.2)")
-SI_REPLACE_CITATION = SI_CITATION + "; REPLACE_ONE through the dataset without the record (B.4)"
+               "(docs/derivations.md B.3); batch-size cap with its failure probability added to delta (sections "
+               "6-7, B.2); REPLACE_ONE through the dataset without the record (B.4)")
 COMPOSITION_CITATION = ("Bok, Su & Altschuler (ICML 2024) Thm 4.4's argument: one use per epoch, composed "
                         "(docs/derivations.md B.5)")
 
@@ -105,7 +105,7 @@ def log_allocation_cap_failure(others: int, spe: int, steps: int, cap: int) -> f
     if cap < 0:
         return 0.0
     q = 1.0 / spe
-    log_sf = float(_binom_log_sf(cap, others, q))
+    log_sf = log_cap_failure(others, q, 1, cap)  # one step: log P(Bin(others, q) > cap), Chernoff if tiny
     full, rest = divmod(steps, spe)
     out = 0.0  # log P(every epoch stays within the cap), a lower bound
     for count, m in ((full, spe), (1 if rest else 0, rest)):
@@ -115,20 +115,6 @@ def log_allocation_cap_failure(others: int, spe: int, steps: int, cap: int) -> f
                 return 0.0
             out += count * math.log(-math.expm1(log_epoch))
     return float(math.log(-math.expm1(out))) if out < 0 else -math.inf
-
-
-def _binom_log_sf(cap: int, others: int, q: float) -> float:
-    """``log P(Bin(others, q) > cap)``, the Chernoff bound where scipy underflows."""
-    from scipy import stats
-
-    log_sf = float(stats.binom.logsf(cap, others, q))
-    if math.isfinite(log_sf) and log_sf >= -700:
-        return log_sf
-    x = (cap + 1) / others
-    if x <= q:
-        return 0.0
-    kl = x * math.log(x / q) + ((1 - x) * math.log((1 - x) / (1 - q)) if x < 1 else 0.0)
-    return -others * kl
 
 
 @dataclass(frozen=True)

@@ -100,12 +100,8 @@ def log_allocation_cap_failure(others: int, spe: int, steps: int, cap: int) -> f
     >>> log_allocation_cap_failure(4, 2, 10, 4)
     -inf
     """
-    if cap >= others:
-        return -math.inf
-    if cap < 0:
-        return 0.0
-    q = 1.0 / spe
-    log_sf = log_cap_failure(others, q, 1, cap)  # one step: log P(Bin(others, q) > cap), Chernoff if tiny
+    # one step: log P(Bin(others, 1/spe) > cap) (-inf for cap >= others, 0 below 0; Chernoff where tiny)
+    log_sf = log_cap_failure(others, 1.0 / spe, 1, cap)
     full, rest = divmod(steps, spe)
     out = 0.0  # log P(every epoch stays within the cap), a lower bound
     for count, m in ((full, spe), (1 if rest else 0, rest)):

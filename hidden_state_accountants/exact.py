@@ -54,6 +54,7 @@ from hidden_state_accountants import fdp
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import (
+    BALLS_IN_BINS,
     CYCLIC,
     DROPPED,
     FULL,
@@ -151,13 +152,22 @@ class Linear:
         return (2.0 / float(self.run.noise_multiplier)) / math.sqrt(self.variance())
 
     def contributions(self) -> List[Tuple[np.ndarray, np.ndarray]]:
-        """Independent contributions to ``S`` (an epoch for ``reshuffle``, a step for
-        ``without_replacement`` / ``poisson``): ``(values, probabilities)``, 0 included where
-        it has mass."""
+        """Independent contributions to ``S`` (an epoch for ``reshuffle`` and ``balls_in_bins``, a
+        step for ``without_replacement`` / ``poisson``): ``(values, probabilities)``, 0 included
+        where it has mass."""
         run = self.run
         T, n, b = run.steps, run.dataset_size, run.batch_size
         out = []
-        if run.sampling == RESHUFFLE:
+        if run.sampling == BALLS_IN_BINS:  # one uniform step of each epoch; a partial epoch may miss it
+            spe = self.spe
+            for e in range(-(-T // spe)):
+                here = min(spe, T - e * spe)
+                vals = self.power(T - 1 - (e * spe + np.arange(here)))
+                probs = np.full(here, 1.0 / spe)
+                if here < spe:
+                    vals, probs = np.append(vals, 0.0), np.append(probs, 1.0 - here / spe)
+                out.append((vals, probs))
+        elif run.sampling == RESHUFFLE:
             spe = self.spe
             r, _ = self.short()
             for e in range(-(-T // spe)):
@@ -513,14 +523,16 @@ def pair_for(law: Law, kappa: float, construction: str) -> MixturePair:
 def constructions_for(sampling: str, relation: str = "REPLACE_ONE") -> Tuple[str, ...]:
     """The worst known pairs of a schedule (module docstring). Under ADD_OR_REMOVE_ONE the pair is
     *half* (a record at ``+C`` present vs absent, the others at 0; the larger of both directions)
-    for ``full``, ``cyclic`` (a fixed divisor: the added record moves its steps by ``lr C/b``) and
-    ``poisson`` (the others' random count is an independent translation of both outputs)."""
+    for ``full``, ``cyclic`` (a fixed divisor: the added record moves its steps by ``lr C/b``),
+    ``poisson`` and ``balls_in_bins`` (the others' random counts are an independent translation
+    of both outputs, so the others are best at 0, and the ``worst`` pair, which needs fixed batch
+    sums, is not valid for them)."""
     if relation == "ADD_OR_REMOVE_ONE":
-        if sampling not in (FULL, CYCLIC, POISSON):
+        if sampling not in (FULL, CYCLIC, POISSON, BALLS_IN_BINS):
             raise v.ParameterError("neighboring_relation", f"no exact ADD_OR_REMOVE_ONE pair for sampling={sampling!r}"
                                    " (the package's fixed-size samplers place records by position)")
         return ("half",)
-    return ("mirror", "half") if sampling == POISSON else ("worst",)
+    return ("mirror", "half") if sampling in (POISSON, BALLS_IN_BINS) else ("worst",)
 
 
 # ------------------------------------------------------------------------------- the result
@@ -574,7 +586,7 @@ def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_
     ``init_variance``: the start is ``N(0, init_variance I)`` (Chourasia et al. Cor. 1).
     ``construction``: one pair (:data:`CONSTRUCTIONS`) instead of the worst known ones.
     ``relation``: ``"REPLACE_ONE"`` or ``"ADD_OR_REMOVE_ONE"`` (:func:`constructions_for`). For
-    ``poisson`` the L2 term ``m`` is applied once per step (Opacus' ``weight_decay``), the
+    ``poisson`` and ``balls_in_bins`` the L2 term ``m`` is applied once per step (Opacus' ``weight_decay``), the
     divisor is ``b`` and the rate ``run.sampling_rate``.
 
     >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
@@ -701,3 +713,67 @@ def poisson_projected_epsilon(*, q: float, b: float, steps: int, z: float, C: fl
 
 
 __all__ += ["poisson_huber_epsilon", "poisson_projected_epsilon"]
+
+
+# -------------------------------------------- brute force for balls-in-bins sampling (issue 19)
+def balls_in_bins_huber_epsilon(*, n_others: int, b: float, steps_per_epoch: int, steps: int, z: float, C: float,
+                                lr: float, m_reg: float, h: float, relation: str, delta: float,
+                                grid: int = 401) -> float:
+    """Brute-force last-iterate epsilon of balls-in-bins DP-SGD on :func:`poisson_huber_epsilon`'s 1-D
+    Huber loss (the others at 0, the record at ``5C/h`` against ``-5C/h`` or absent), ground truth where
+    the batch-size cap binds (docs/derivations.md, "Balls-in-bins sampling", B.2).
+
+    Every epoch each of the ``n_others`` records and the differing one draws a uniform step among
+    ``steps_per_epoch``; the divisor is ``b``, the L2 term ``m_reg`` once per step. The others' counts
+    are followed exactly: before step ``j`` of an epoch, ``r`` of them are still unplaced and the step
+    takes ``Bin(r, 1/(t - j))`` of them, the record (if still unplaced) with probability ``1/(t - j)``.
+    The laws are propagated on a grid with a Gaussian kernel (accuracy ~1e-6, not certified: compare
+    with a tolerance)."""
+    s = lr * z * C / b
+    t = int(steps_per_epoch)
+    width = 12 * s / math.sqrt(max(1 - (1 - lr * m_reg) ** 2, 1e-3)) + 4 * lr * (n_others + 1) * C / b
+    x = np.linspace(-width, width, grid)
+    dx = x[1] - x[0]
+    from scipy import stats
+
+    def propagate(xs):
+        kernels = {}
+
+        def kernel(k, inc):
+            if (k, inc) not in kernels:
+                drift = m_reg * x + (k * np.clip(h * x, -C, C) + (np.clip(h * (x - xs), -C, C) if inc else 0.0)) / b
+                zz = (x[:, None] - (x - lr * drift)[None, :]) / s
+                kernels[(k, inc)] = np.exp(-0.5 * zz * zz) / (s * math.sqrt(2 * math.pi)) * dx
+            return kernels[(k, inc)]
+
+        start = np.zeros(grid)
+        start[np.argmin(np.abs(x))] = 1.0
+        laws = {(n_others, False): start}  # (others not yet placed this epoch, record placed) -> law
+        for step in range(steps):
+            j = step % t
+            if j == 0:  # a new epoch: everyone is unplaced again
+                total = sum(laws.values())
+                laws = {(n_others, False): total}
+            left = t - j
+            new: dict = {}
+            for (r, placed), p in laws.items():
+                ks = np.arange(r + 1)
+                pk = stats.binom.pmf(ks, r, 1.0 / left)
+                for inc in ((False, True) if (xs is not None and not placed) else (False,)):
+                    w_inc = (1.0 / left if inc else 1.0 - 1.0 / left) if (xs is not None and not placed) else 1.0
+                    for k in ks:
+                        w = pk[k] * w_inc
+                        if w <= 1e-300:
+                            continue
+                        key = (r - int(k), placed or inc)
+                        new[key] = new.get(key, 0.0) + w * (kernel(int(k), inc) @ p)
+            laws = new
+        out = sum(laws.values())
+        return out / out.sum()
+
+    far = 5 * C / h
+    other = -far if relation == "REPLACE_ONE" else None
+    return _grid_epsilon(propagate(far), propagate(other), delta)
+
+
+__all__ += ["balls_in_bins_huber_epsilon"]

@@ -160,12 +160,13 @@ def test_registry_covers_design_table():
                                "si_reshuffle_worst_constrained"],
         "without_replacement": affine + ["altschuler_talwar_eq3.3", "bok_thm4.10", "bok_thm4.9", "ye_shokri_thm4.3"],
         "poisson": affine + ["altschuler_talwar_eq3.3_poisson", "si_poisson", "ye_shokri_thm4.3_poisson"],
+        "balls_in_bins": affine + ["si_balls_in_bins"],  # issue 19: docs/derivations.md, "Balls-in-bins sampling"
     }
     # issue 12: which analyses hold under ADD_OR_REMOVE_ONE (docs/derivations.md section 11)
     add_remove = sorted(a.name for a in registry.all_analyses() if "ADD_OR_REMOVE_ONE" in a.relations)
     assert add_remove == ["altschuler_talwar_eq3.3_poisson", "bok_thm4.1", "bok_thm4.2", "bok_thm4.3",
-                          "chourasia_cor1", "chourasia_thm2", "composition_poisson_pld", "composition_poisson_rdp",
-                          "si_poisson", "ye_shokri_thm4.3_poisson"]
+                          "chourasia_cor1", "chourasia_thm2", "composition_balls_in_bins", "composition_poisson_pld",
+                          "composition_poisson_rdp", "si_balls_in_bins", "si_poisson", "ye_shokri_thm4.3_poisson"]
     for s in SAMPLINGS:
         assert any(not a.hidden_state for a in registry.analyses_for(s)), s
     for a in registry.all_analyses():  # each analysis describes itself

@@ -23,6 +23,7 @@ from .checkpoint import load_checkpoint, module_weights_digest, save_checkpoint
 from .facts import loader_facts, model_facts, step_facts
 from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
+    BallsInBinsBatchSampler,
     CyclicBatchSampler,
     FullBatchSampler,
     HiddenStateBatchSampler,
@@ -62,6 +63,7 @@ __all__ = [
     "secret_shuffle",
     "has_secret_generator",
     "FullBatchSampler",
+    "BallsInBinsBatchSampler",
     "sampler_from_state_dict",
     "sampler_from_checkpoint",
     "save_checkpoint",

@@ -30,6 +30,7 @@ import tensorflow as tf
 from hidden_state_accountants import BatchSchedule, ParameterError
 from hidden_state_accountants.recording import BatchSourceFacts
 from hidden_state_accountants.schedules import (
+    BALLS_IN_BINS,
     CYCLIC,
     DROPPED,
     FULL,
@@ -46,15 +47,28 @@ from hidden_state_accountants.schedules import (
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
 DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT)
-"""Schedules :func:`batched_dataset` produces. ``poisson`` batches have a random size, which
-Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
+"""Schedules a Keras ``fit`` with TF-Privacy can be accounted for. ``poisson`` batches have a random
+size, which Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
+
+PIPELINE_SAMPLINGS = DATASET_SAMPLINGS + (BALLS_IN_BINS,)
+"""Schedules :func:`batched_dataset` produces: also ``balls_in_bins``, whose batches of random size
+must be divided by the fixed ``b``. TF-Privacy's Keras optimizers divide by the realised size, so
+:class:`HiddenStatePrivacyCallback` refuses it; a custom training loop that divides the noisy sum by
+``b`` can be accounted with the core ``HiddenStateAccountant``."""
+
+_REALISED_SIZE = ("TF-Privacy's Keras optimizers divide each batch by its own size, so random batch sizes "
+                  "change the noise and, under ADD_OR_REMOVE_ONE, every other record's weight in the batch")
 
 
-def check_dataset_sampling(sampling) -> str:
-    if sampling not in DATASET_SAMPLINGS:
-        extra = (" (Poisson batches have a random size that Keras batching does not produce, and TF-Privacy "
-                 "divides by the realised size)" if sampling == POISSON else "")
-        raise ParameterError("sampling", f"must be one of {', '.join(DATASET_SAMPLINGS)}, got {sampling!r}{extra}")
+def check_dataset_sampling(sampling, allowed=DATASET_SAMPLINGS) -> str:
+    if sampling not in allowed:
+        extra = ""
+        if sampling == POISSON:
+            extra = f" (Poisson batches have a random size that Keras batching does not produce, and {_REALISED_SIZE})"
+        elif sampling == BALLS_IN_BINS:
+            extra = (f" ({_REALISED_SIZE}, while the balls_in_bins analyses need the fixed divisor b; "
+                     "batched_dataset(..., 'balls_in_bins') feeds custom loops that divide by b)")
+        raise ParameterError("sampling", f"must be one of {', '.join(allowed)}, got {sampling!r}{extra}")
     return sampling
 
 
@@ -86,7 +100,7 @@ class _Source:
     def next_step(self) -> int:
         """The step whose batch the dataset hands out next (fixed partitions restart at
         their first batch; fresh draws, per step or per epoch, go on)."""
-        if self.schedule.sampling not in (WITHOUT_REPLACEMENT, RESHUFFLE):
+        if self.schedule.sampling not in (WITHOUT_REPLACEMENT, RESHUFFLE, BALLS_IN_BINS):
             return 0
         return self.first_step + self.epochs_started * self.schedule.steps_per_epoch
 
@@ -131,8 +145,8 @@ def partition_indices(dataset_size: int, batch_size: int, sampling: str, seed: O
     >>> partition_indices(7, 3, "cyclic").tolist()
     [[0, 1, 2], [3, 4, 5]]
     """
-    check_dataset_sampling(sampling)
-    if sampling in (WITHOUT_REPLACEMENT, RESHUFFLE):
+    check_dataset_sampling(sampling, PIPELINE_SAMPLINGS)
+    if sampling in (WITHOUT_REPLACEMENT, RESHUFFLE, BALLS_IN_BINS):
         raise ParameterError("sampling", f"{sampling!r} has no fixed partition")
     schedule = BatchSchedule(dataset_size, batch_size, sampling, seed)
     return schedule.batch(0)[None, :] if sampling == FULL else schedule.partition()
@@ -153,10 +167,12 @@ def batched_dataset(
       features: array-like with the records along axis 0 (numpy array or tensor).
       labels: array-like with the same first dimension.
       batch_size: ``b``; every batch has exactly ``b`` records (``full`` needs ``b == n``),
-        except a kept short batch of ``reshuffle``.
-      sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``, ``"reshuffle"`` or
-        ``"without_replacement"``.
-      seed: for ``shuffle_partition``, ``reshuffle`` and ``without_replacement``, ``None``
+        except a kept short batch of ``reshuffle`` and the random sizes of ``balls_in_bins``.
+      sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``, ``"reshuffle"``,
+        ``"without_replacement"`` or ``"balls_in_bins"`` (each record in a uniform step of every
+        epoch, batches of random size; for custom loops that divide by ``b``: TF-Privacy's Keras
+        optimizers divide by the realised size and the callback refuses it).
+      seed: for ``shuffle_partition``, ``reshuffle``, ``without_replacement`` and ``balls_in_bins``, ``None``
         (the default) draws a secret seed; an integer is your explicit choice, reproducible,
         and must be kept as secret as the data (a published seed makes the batches known; the
         privacy statement then says the seed was chosen by the user). Deterministic schedules
@@ -172,8 +188,9 @@ def batched_dataset(
       ``shuffle_partition`` yield the same ``n // b`` batches in the same order every epoch
       (the ``n % b`` records left over are never used); ``reshuffle`` cuts a fresh secret
       permutation into batches every epoch (permutation ``k`` for the ``k``-th epoch of the
-      run, so a resumed run goes on with new ones); ``without_replacement`` yields fresh
-      draws of ``b`` distinct records every step.
+      run, so a resumed run goes on with new ones), ``balls_in_bins`` fresh steps for every
+      record every epoch; ``without_replacement`` yields fresh draws of ``b`` distinct records
+      every step.
 
     Pass it to ``model.fit`` as it is (no ``batch_size``, ``shuffle``, ``steps_per_epoch``,
     ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object. When
@@ -187,7 +204,7 @@ def batched_dataset(
     >>> [y.numpy().tolist() for _, y in ds]
     [[0, 1, 2], [3, 4, 5]]
     """
-    check_dataset_sampling(sampling)
+    check_dataset_sampling(sampling, PIPELINE_SAMPLINGS)
     check_dataset_last_batch(last_batch)
     x = tf.convert_to_tensor(features)
     y = tf.convert_to_tensor(labels)

@@ -127,6 +127,7 @@ def _load() -> None:
     # the analysis modules register on import; importing them here keeps the order fixed
     from hidden_state_accountants.analyses import (  # noqa: F401
         altschuler_talwar,
+        balls_in_bins,
         bok,
         chourasia,
         composition,

@@ -107,10 +107,14 @@ class AnalysisReport:
     monotone_in_steps: bool = False
 
     def to_dict(self) -> dict:
+        reason = self.reason
+        if reason is None and self.epsilon is not None and not math.isfinite(self.epsilon):
+            # JSON has no infinity: an applicable bound that says nothing here still gets a reason
+            reason = "the bound is infinite here" + (f" ({self.detail})" if self.detail else "")
         return {
             "name": self.name,
             "epsilon": _json_number(self.epsilon),
-            "reason": self.reason,
+            "reason": reason,
             "hidden_state": self.hidden_state,
             "kind": self.kind,
             "citation": self.citation,

@@ -13,9 +13,9 @@
     hsa demo    the embedded MNIST-scale logistic-regression run: table + plot
 
 ``--l2-regularization R`` with ``--smoothness`` and no ``--strong-convexity`` takes ``R`` as the
-strong convexity: a convex loss plus the L2 term applied outside clipping is ``R``-strongly
-convex. The report says so in a note. Declare ``--strong-convexity`` to claim more (or ``0``
-to claim less).
+strong convexity: a convex (clipped) per-example loss plus the L2 term applied outside clipping
+is ``R``-strongly convex. That convexity is the user's claim, as the smoothness is; the report
+says so in a note. Declare ``--strong-convexity`` to state another value.
 
 ``hsa epsilon``, ``hsa noise`` and ``hsa epochs`` with ``--json`` print one object with an
 ``analyses`` list (each ``name``, ``epsilon`` or null, ``reason`` or null, ``hidden_state``) and
@@ -35,7 +35,6 @@ Floating-point warnings of intermediate results are not shown: every conversion 
 from __future__ import annotations
 
 import argparse
-import decimal
 import json
 import math
 import sys
@@ -123,19 +122,10 @@ def number(text: str) -> float:
 
 
 def integer(text: str) -> int:
-    """An integer flag, also in scientific notation when it is a whole number (``6e4``),
-    read exactly (``1e30`` is ``10**30``, not the float nearest to it)."""
     try:
         return int(text)
     except ValueError:
-        pass
-    try:
-        d = decimal.Decimal(text.strip())
-    except decimal.InvalidOperation:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
-    if not d.is_finite() or d != d.to_integral_value() or d.adjusted() > 4300:
-        raise argparse.ArgumentTypeError(f"invalid integer {text!r}")
-    return int(d)
 
 
 RELATION_CHOICES = ("replace_one", "add_or_remove_one")
@@ -249,8 +239,9 @@ def _geometry(args) -> Optional[LossGeometry]:
 def _notes(args) -> List[str]:
     """What the command line assumed on the user's behalf, said in every report."""
     if _strong_convexity_from_l2(args):
-        return [f"strong convexity taken from --l2-regularization: m = {args.l2_regularization:g} (a convex loss "
-                "plus the L2 term applied outside clipping); pass --strong-convexity to declare another value"]
+        return [f"strong convexity taken from --l2-regularization: m = {args.l2_regularization:g}, assuming the clipped "
+                "per-example loss is convex (the L2 term applied outside clipping adds m); pass --strong-convexity "
+                "to declare another value"]
     return []
 
 

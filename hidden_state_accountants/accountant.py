@@ -103,12 +103,18 @@ class AnalysisReport:
     hidden_state: bool
     kind: str
     detail: str = ""
+    # the bound never decreases with the run's length (it then bounds every shorter run)
+    monotone_in_steps: bool = False
 
     def to_dict(self) -> dict:
+        reason = self.reason
+        if reason is None and self.epsilon is not None and not math.isfinite(self.epsilon):
+            # JSON has no infinity: an applicable bound that says nothing here still gets a reason
+            reason = "the bound is infinite here" + (f" ({self.detail})" if self.detail else "")
         return {
             "name": self.name,
             "epsilon": _json_number(self.epsilon),
-            "reason": self.reason,
+            "reason": reason,
             "hidden_state": self.hidden_state,
             "kind": self.kind,
             "citation": self.citation,
@@ -163,6 +169,16 @@ class PrivacyReport:
         return "\n".join(lines).rstrip()
 
 
+def _epsilon_or_inf(eps: float) -> float:
+    """An analysis' epsilon as a candidate: a NaN (an overflow inside it) says nothing, so
+    ``inf``; it must never win a minimum or reach a report."""
+    return math.inf if math.isnan(eps) else eps
+
+
+def _delta_or_one(delta: float) -> float:
+    return 1.0 if math.isnan(delta) else delta
+
+
 def _fmt(x: Optional[float]) -> str:
     if x is None:
         return "-"
@@ -183,9 +199,20 @@ RELATION_NOTES = {
 
 @dataclass
 class _Component:
+    """One event composed ``count`` times. A standard dp_accounting event's bounds are of the
+    whole ``count``-fold composition (``folded``: a Gaussian self-composed ``k`` times is
+    ``G(sqrt(k) mu)``, composed before any PLD is built); other events' bounds are of one
+    occurrence and composed ``repeat = count`` times."""
+
     event: dp_event.DpEvent
     count: int
     bounds: Optional[List[Bound]] = None
+    folded: bool = False
+
+    @property
+    def repeat(self) -> int:
+        """How often the bounds still have to be composed."""
+        return 1 if self.folded else self.count
 
 
 class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
@@ -229,10 +256,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         d = v.positive_float("pld_discretization", pld_discretization)
         if d > 0.1:
             raise v.ParameterError("pld_discretization", f"must be <= 0.1 for meaningful PLDs, got {d:g}")
-        orders = rdp_tools.DEFAULT_ORDERS if orders is None else tuple(sorted(float(a) for a in orders))
-        if not orders or not all(1 < a < math.inf for a in orders):
-            raise v.ParameterError("orders", f"every RDP order must be finite and > 1, got {orders}")
-        self._ctx = Context(orders=tuple(orders), discretization=d, neighboring_relation=relation)
+        self._ctx = Context(orders=rdp_tools.check_orders(orders), discretization=d, neighboring_relation=relation)
         self._components: List[_Component] = []
         self._warned = False
 
@@ -271,7 +295,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 CompositionFallbackWarning,
                 stacklevel=4,
             )
-        self._components.append(_Component(event, count))
+        # a standard event's count is folded into its bounds (composition.standard_event_bounds)
+        standard = not isinstance(event, TrainingRunDpEvent) and type(event) not in _EVENT_ANALYZERS
+        self._components.append(_Component(event, count, folded=standard))
 
     def get_epsilon(self, target_delta: float) -> float:
         return self.explain(target_delta).epsilon
@@ -288,12 +314,11 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             return 0.0 if all(finite) else 1.0
         rdp = self.get_rdp()  # pointwise minimum over every RDP-capable bound (and sum over events)
         if self._single() is not None:
-            own = [b.delta(target_epsilon) for b in self._single().bounds if b.applicable]
+            own = [_delta_or_one(b.delta(target_epsilon)) for b in self._single().bounds if b.applicable]
             return min(own + [rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)])
         d_rdp = rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)
-        pld = self._composed_pld(1e-5)
-        d_pld = fdp.pld_delta(pld, target_epsilon) if pld is not None else 1.0
-        return min(d_rdp, d_pld)
+        d_fdp = float(self._composed_delta(np.array([float(target_epsilon)]), 1e-5)[0])
+        return min(d_rdp, d_fdp)
 
     # --------------------------------------------------------------------- reporting
     def explain(self, target_delta: float) -> PrivacyReport:
@@ -321,10 +346,13 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return self.neighboring_relation.name
 
     def _single(self) -> Optional[_Component]:
-        if len(self._components) == 1 and self._components[0].count == 1:
+        """The only component, when its bounds describe everything composed (count 1, or a
+        standard event whose count is folded into its bounds)."""
+        if len(self._components) == 1:
             c = self._components[0]
             self._ensure_bounds(c)
-            return c
+            if c.repeat == 1:
+                return c
         return None
 
     def _ensure_bounds(self, c: _Component) -> List[Bound]:
@@ -351,12 +379,14 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             if not b.applicable:
                 rows.append(AnalysisReport(b.name, b.citation, None, b.reason, b.hidden_state, b.kind))
                 continue
-            eps = b.epsilon(delta)
-            rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta)))
-            candidates.append((eps, b.name))
+            eps = _epsilon_or_inf(b.epsilon(delta))
+            rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta),
+                                       b.monotone_in_steps))
+            candidates.append((eps, 0, b.name))
         # RDP: pointwise minimum over every RDP-capable analysis, then convert once
-        curves = [(b.name, b.rdp(self._ctx.orders)) for b in c.bounds if b.applicable and b.kind in ("rdp", "gdp")]
-        curves = [(n, v) for n, v in curves if v is not None]
+        rdp_bounds = [b for b in c.bounds if b.applicable and b.kind in ("rdp", "gdp")]
+        curves = [(b.name, b.rdp(self._ctx.orders)) for b in rdp_bounds]
+        curves = [(n, rdp_tools.sanitized(v)) for n, v in curves if v is not None]
         if len(curves) > 1:
             stack = np.vstack([v for _, v in curves])
             best = np.min(stack, axis=0)
@@ -368,11 +398,13 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 rows.append(AnalysisReport(
                     name, "pointwise minimum of the RDP curves above, then converted", eps, None,
                     any(b.hidden_state for b in c.bounds if b.name == winner), "rdp",
-                    f"order {order:g} from {winner}"))
-                candidates.append((eps + 1e-12, name))  # prefer a named analysis on ties
+                    f"order {order:g} from {winner}",
+                    # a pointwise minimum of curves that never decrease with the length never does
+                    all(b.monotone_in_steps for b in rdp_bounds)))
+                candidates.append((eps, 1, name))  # a named analysis wins a tie
         if not candidates:
             return PrivacyReport(math.inf, delta, "none", self._relation_name, rows, notes)
-        eps, name = min(candidates)
+        eps, _, name = min(candidates)
         return PrivacyReport(eps, delta, name, self._relation_name, rows, notes)
 
     def _explain_composed(self, delta: float, notes: List[str]) -> PrivacyReport:
@@ -382,16 +414,21 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             prefix = f"event{i}" + (f"x{c.count}" if c.count > 1 else "")
             for b in c.bounds:
                 if b.applicable:
-                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, b.epsilon(delta), None,
-                                               b.hidden_state, b.kind, b.detail(delta)))
+                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, _epsilon_or_inf(b.epsilon(delta)),
+                                               None, b.hidden_state, b.kind, b.detail(delta)))
                 else:
                     rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, None, b.reason,
                                                b.hidden_state, b.kind))
         eps_rdp = rdp_tools.rdp_to_epsilon(self._ctx.orders, self.get_rdp(), delta)[0]
-        pld = self._composed_pld(delta)
-        eps_pld = fdp.pld_epsilon(pld, delta) if pld is not None else math.inf
+        parts = self._composed_fdp(delta)
+        eps_pld = math.inf
+        if parts is not None:
+            mu, pld, _ = parts
+            eps_pld = fdp.gdp_epsilon(mu, delta) if pld is None else fdp.pld_epsilon(pld, delta)
         rows.append(AnalysisReport("composed_rdp", "RDP curves added over events", eps_rdp, None, True, "rdp"))
-        rows.append(AnalysisReport("composed_fdp", "PLDs composed over events", eps_pld, None, True, "fdp"))
+        rows.append(AnalysisReport("composed_fdp", "PLDs composed over events (Gaussian parts exactly: "
+                                   "mu = sqrt(sum mu_i^2), Dong, Roth & Su 2022, Cor. 3.3)",
+                                   eps_pld, None, True, "fdp"))
         notes.append("several events: each event contributes its best bound to each composition")
         if eps_pld < eps_rdp:
             return PrivacyReport(eps_pld, delta, "composed_fdp", self._relation_name, rows, notes)
@@ -403,32 +440,54 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         orders = self._ctx.orders if orders is None else tuple(float(a) for a in orders)
         total = np.zeros(len(orders))
         for c in self._components:
-            total = total + c.count * self._event_rdp(c, orders)
+            total = total + c.repeat * self._event_rdp(c, orders)
         return total
 
     def _event_rdp(self, c: _Component, orders) -> np.ndarray:
         curves = [b.rdp(orders) for b in self._ensure_bounds(c) if b.applicable]
-        curves = [x for x in curves if x is not None]
+        curves = [rdp_tools.sanitized(x) for x in curves if x is not None]
         return np.min(np.vstack(curves), axis=0) if curves else np.full(len(orders), np.inf)
 
-    def _composed_pld(self, delta: float):
+    def _composed_fdp(self, delta: float) -> Optional[Tuple[float, Optional[fdp.PLD], float]]:
+        """The composition of every event's best bound at ``delta`` as ``G(mu) (x) pld``:
+        ``(mu, pld, grid)``, ``pld`` ``None`` when every part is Gaussian (then the composition
+        is exactly ``G(mu)``, ``mu = sqrt(sum_i k_i mu_i^2)``: Dong, Roth & Su 2022, Cor. 3.3,
+        whatever the epsilon). ``None`` when some event has no bound or no PLD."""
         chosen = []
         for c in self._components:
             options = [b for b in self._ensure_bounds(c) if b.applicable]
             if not options:
                 return None
-            chosen.append((c, min(options, key=lambda b: b.epsilon(delta))))
+            chosen.append((c, min(options, key=lambda b: _epsilon_or_inf(b.epsilon(delta)))))
+        mu_sq = math.fsum(c.repeat * b.mu * b.mu for c, b in chosen if b.kind == "gdp")
+        others = [(c, b) for c, b in chosen if b.kind != "gdp"]
         # one grid for all parts: the coarsest any part needs
-        d = max([self._ctx.discretization] + [getattr(b, "discretization", 0.0) for _, b in chosen])
+        d = max([self._ctx.discretization] + [getattr(b, "discretization", 0.0) for _, b in others])
         total = None
-        for c, best in chosen:
-            part = best.pld(delta, d)
-            if part is None:
-                return None
-            if c.count > 1:
-                part = long_composition.self_compose(part, c.count)  # repeated squaring for huge counts
-            total = part if total is None else total.compose(part)
-        return total
+        try:
+            for c, best in others:
+                part = best.pld(delta, d)
+                if part is None:
+                    return None
+                if c.repeat > 1:
+                    part = long_composition.self_compose(part, c.repeat)  # repeated squaring for huge counts
+                total = part if total is None else total.compose(part)
+            if total is not None and mu_sq > 0:
+                total = total.compose(fdp.gaussian_pld(math.sqrt(mu_sq), d))
+        except fdp.VacuousBound:  # most mass at losses beyond the grid: the RDP composition answers
+            return None
+        return math.sqrt(mu_sq), total, d
+
+    def _composed_delta(self, eps: np.ndarray, delta_hint: float) -> np.ndarray:
+        """``delta(eps)`` of :meth:`_composed_fdp` (1 where there is none)."""
+        parts = self._composed_fdp(delta_hint)
+        if parts is None:
+            return np.ones_like(eps)
+        mu, pld, _ = parts
+        if pld is None:
+            return np.atleast_1d(fdp.gdp_delta(mu, eps))
+        out = np.asarray(pld.get_delta_for_epsilon(eps), dtype=float)
+        return np.where(np.isnan(out), 1.0, out)
 
     def privacy_profile(self, epsilons: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
         """``delta(eps)`` on a grid: the smallest over the bounds (each valid at every eps)."""
@@ -448,9 +507,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             return np.clip(out, 0.0, 1.0)
         rdp = self.get_rdp()
         out = np.array([rdp_tools.rdp_to_delta(self._ctx.orders, rdp, e) for e in eps])
-        pld = self._composed_pld(delta_hint)
-        if pld is not None:
-            out = np.minimum(out, np.asarray(pld.get_delta_for_epsilon(eps)))
+        out = np.minimum(out, self._composed_delta(eps, delta_hint))
         return np.clip(out, 0.0, 1.0)
 
     def tradeoff_curve(self, alphas: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:

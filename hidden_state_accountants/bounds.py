@@ -86,6 +86,10 @@ class RdpBound(Bound):
     note: str = ""
     kind = "rdp"
 
+    def __post_init__(self):
+        # a NaN (an overflow inside the analysis) says nothing at its order: inf, never 0
+        self.values = rdp_tools.sanitized(self.values)
+
     def epsilon(self, delta: float) -> float:
         return rdp_tools.rdp_to_epsilon(self.orders, self.values, delta)[0]
 

@@ -44,7 +44,7 @@ def gdp_log_delta(mu: float, eps: np.ndarray | float) -> np.ndarray:
     eps = np.asarray(eps, dtype=float)
     if mu <= 0:
         return np.where(eps >= 0, -np.inf, np.log(-np.expm1(eps)))
-    if math.isinf(mu):  # perfectly distinguishable: delta(eps) = 1 for every finite eps
+    if math.isinf(mu) or math.isnan(mu):  # perfectly distinguishable (NaN: nothing known): delta = 1
         return np.where(np.isinf(eps) & (eps > 0), -np.inf, 0.0)
     a = special.log_ndtr(-eps / mu + mu / 2.0)
     b = eps + special.log_ndtr(-eps / mu - mu / 2.0)
@@ -77,7 +77,10 @@ def mixture_gdp_log_delta(log_probs: np.ndarray, mus: np.ndarray, eps: np.ndarra
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
-    """Smallest ``eps >= 0`` with ``delta_{G(mu)}(eps) <= delta`` (closed form, root-found)."""
+    """Smallest ``eps >= 0`` with ``delta_{G(mu)}(eps) <= delta`` (closed form, root-found);
+    ``inf`` for a NaN ``mu`` (an overflow upstream says nothing)."""
+    if math.isnan(mu):
+        return math.inf
     if mu <= 0:
         return 0.0
     if delta >= 1:
@@ -348,16 +351,19 @@ def gaussian_pld(mu: float, discretization: float) -> PLD:
 
 
 def pld_epsilon(pld: PLD, delta: float) -> float:
+    """``epsilon(delta)`` of a PLD; ``inf`` for a vacuous bound (``None``) or a NaN (never 0)."""
     if pld is None:  # a vacuous bound
         return math.inf
     eps = float(pld.get_epsilon_for_delta(delta))
-    return max(0.0, eps)
+    return math.inf if math.isnan(eps) else max(0.0, eps)
 
 
 def pld_delta(pld: PLD, epsilon: float) -> float:
+    """``delta(epsilon)`` of a PLD; 1 for a vacuous bound (``None``) or a NaN."""
     if pld is None:
         return 1.0
-    return float(min(1.0, max(0.0, pld.get_delta_for_epsilon(epsilon))))
+    d = float(pld.get_delta_for_epsilon(epsilon))
+    return 1.0 if math.isnan(d) else min(1.0, max(0.0, d))
 
 
 def profile_tradeoff(profile_values: np.ndarray, eps: np.ndarray, alpha: np.ndarray) -> np.ndarray:

@@ -186,7 +186,7 @@ def test_cli_audit_refuses_add_remove(capsys):
                                     "--noise-multiplier", "1", "--clip-norm", "1", "--learning-rate", "0.5",
                                     "--sampling", "full", "--smoothness", "1", "--strong-convexity", "0.1",
                                     "--delta", "1e-5", "--neighboring-relation", "add_or_remove_one"])
-    assert code == 2 and "neighboring_relation" in err
+    assert code == 2 and "--neighboring-relation" in err
 
 
 def test_calibration_follows_the_relation():

@@ -16,6 +16,7 @@ from hidden_state_accountants.accountant import (
 )
 from hidden_state_accountants.analyses.sbcd import DpSbcdRunDpEvent  # accounted by HiddenStateAccountant
 from hidden_state_accountants.calibration import (
+    CalibrationWarning,
     EpochBudget,
     NoiseCalibration,
     calibrate_noise_multiplier,
@@ -35,6 +36,7 @@ __all__ = [
     "LossGeometry",
     "BatchSchedule",
     "CompositionFallbackWarning",
+    "CalibrationWarning",
     "HiddenStateWarning",
     "PrivacyReport",
     "AnalysisReport",

@@ -543,7 +543,8 @@ def test_calibration_kwargs_check_the_claim_before_calibrating():
         engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0)
     # unconfigured: the claim a fresh accountant makes anyway (Opacus' Poisson loader, by composition)
     spec = hso.OpacusHiddenStateAccountant().calibration_kwargs(optimizer=base, max_grad_norm=1.0)
-    assert spec["hidden_state_calibration"].claim == hso.accountant.DEFAULT_CLAIM
+    assert spec["hidden_state_calibration"].claim == hso.CalibrationClaim(
+        relation=hso.OpacusHiddenStateAccountant().relation()[0], schedule=None, geometry=None)
 
 
 def test_calibration_refuses_a_loader_of_another_schedule():

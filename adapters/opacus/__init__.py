@@ -14,7 +14,13 @@ Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. 
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .accountant import (
+    MECHANISM,
+    CalibrationClaim,
+    HiddenStateCalibration,
+    OpacusHiddenStateAccountant,
+    sampler_from_checkpoint,
+)
 from .facts import loader_facts, model_facts, step_facts
 from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
 from .samplers import (
@@ -47,6 +53,7 @@ _register()
 __all__ = [
     "OpacusHiddenStateAccountant",
     "HiddenStateCalibration",
+    "CalibrationClaim",
     "MECHANISM",
     "HiddenStateBatchSampler",
     "CyclicBatchSampler",

@@ -151,7 +151,8 @@ class HiddenStateCalibration:
                       self.gaussian_initialization, self.dataset_size)
 
 
-def _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization, dataset_size) -> CalibrationClaim:
+def _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization,
+           dataset_size) -> CalibrationClaim:
     relation, _ = resolve_relation(explicit, POISSON if schedule is None else schedule.sampling)
     return CalibrationClaim(relation=relation, schedule=schedule, geometry=geometry,
                             assume_convex_model=assume_convex_model and geometry is not None,
@@ -201,6 +202,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         schedule is covered under it (Opacus' Poisson loader, full batch), REPLACE_ONE with a note
         for this package's fixed-size samplers. ``"REPLACE_ONE"`` / ``"ADD_OR_REMOVE_ONE"``
         (or dp_accounting's ``NeighboringRelation``): that relation, whatever the schedule.
+        ``configure(neighboring_relation=...)`` sets it too.
 
     With Opacus' default Poisson loader (no sampler), ``configure(geometry=..., model=...,
     optimizer=..., dataset_size=len(dataset))`` enables the Poisson hidden-state analyses (the
@@ -364,7 +366,8 @@ class OpacusHiddenStateAccountant(IAccountant):
                     steps_per_epoch=round(1 / hook.sample_rate)))
                 optimizer.expected_batch_size = schedule.batch_size / getattr(optimizer, "world_size", 1)
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
-        claim = _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization, recorder.dataset_size)
+        claim = _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization,
+                       recorder.dataset_size)
         calibrated = self._calibrated_claim
         if calibrated is not None and claim != calibrated:
             raise v.ParameterError(

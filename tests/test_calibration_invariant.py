@@ -220,6 +220,21 @@ def test_kwargs_of_another_configuration_and_a_changed_claim_are_refused():
     engine.accountant.configure(sampler=s, geometry=LOGISTIC, model=model, optimizer=opt)  # the same claim
 
 
+def test_poisson_calibration_refuses_another_dataset_size_than_the_loaders():
+    """Opacus' divisor is ``int(len(dataset) / len(data_loader))``: a configured ``n`` that is not
+    the loader's would calibrate another run than the one trained."""
+    model = logistic_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1)
+    engine = PrivacyEngine(accountant="hidden_state")
+    engine.accountant.configure(geometry=LOGISTIC, model=model, dataset_size=100)
+    with pytest.raises(ParameterError, match="^dataset_size: the accountant is configured with dataset_size=100, "
+                                             "but the data loader's dataset has 60 records"):
+        engine.make_private_with_epsilon(
+            module=model, optimizer=base, data_loader=DataLoader(dataset(60), batch_size=10), target_epsilon=2.0,
+            target_delta=DELTA, epochs=2, max_grad_norm=1.0,
+            **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0))
+
+
 def test_a_relation_without_analyses_is_refused_before_calibrating():
     model = logistic_model()
     base = torch.optim.SGD(model.parameters(), lr=0.5)

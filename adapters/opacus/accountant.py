@@ -468,6 +468,12 @@ class OpacusHiddenStateAccountant(IAccountant):
         kwargs = frame.f_locals.get("kwargs")
         spec = kwargs.get(_CALIBRATION_KWARG) if isinstance(kwargs, dict) else None
         claim = self.claim
+        loader = frame.f_locals.get("data_loader")
+        n = len(loader.dataset) if claim.dataset_size is not None and hasattr(loader, "dataset") else None
+        if n is not None and n != claim.dataset_size:  # Opacus divides by int(len(dataset) / len(data_loader))
+            raise v.ParameterError(
+                "dataset_size", f"the accountant is configured with dataset_size={claim.dataset_size}, but the data "
+                f"loader's dataset has {n} records; configure dataset_size=len(dataset)")
         if spec is None and claim != DEFAULT_CLAIM:
             raise v.ParameterError(
                 "calibration_kwargs", f"make_private_with_epsilon calibrates with a fresh accountant, which knows "

@@ -111,22 +111,24 @@ def calibrated_training(path, *, n, b, epochs, target, lr=0.5, l2=0.0, geometry=
     return engine, opt.noise_multiplier
 
 
-def check_invariant(engine, z, target, relation):
+def check_invariant(engine, z, target, relation, *, against_core=True):
     """The trained run reports at most the target under ``relation``, within Opacus' tolerance of
-    it, with the noise the core's calibration finds for the same event and relation."""
+    it, with the noise the core's calibration finds for the same event and relation (unless
+    ``against_core=False``: a fast test whose path the slow matrix compares with the core)."""
     acc = engine.accountant
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
         report = acc.explain(DELTA)
         run = acc.training_run()
-        core = calibrate_noise_multiplier(run, target, DELTA, neighboring_relation=relation)
+        core = calibrate_noise_multiplier(run, target, DELTA, neighboring_relation=relation) if against_core else None
     assert report.neighboring_relation == relation
     assert engine.get_epsilon(DELTA) == report.epsilon
     assert report.epsilon <= target, f"the calibrated run reports {report.epsilon} > target {target}"
     assert report.epsilon >= target - OPACUS_TOLERANCE - 1e-9, (
         f"the calibrated run reports {report.epsilon}, not within Opacus' tolerance of the target {target}: "
         "its noise was calibrated for another run")
-    assert core.noise_multiplier * (1 - 1e-3) <= z <= core.noise_multiplier * (1 + Z_SLACK), (z, core)
+    if core is not None:
+        assert core.noise_multiplier * (1 - 1e-3) <= z <= core.noise_multiplier * (1 + Z_SLACK), (z, core)
     return report, core
 
 
@@ -159,9 +161,11 @@ def test_poisson_loader_with_a_geometry_calibrates_with_the_poisson_hidden_state
     """Issue 18 (b): ``configure(geometry=..., model=..., dataset_size=...)`` before
     ``make_private_with_epsilon`` calibrated by composition (z 2.50 where the core finds 1.66 for
     n = 6000, b = 60, 40 epochs, lr 0.5, L2 0.01, target 1; that case is in the slow matrix).
-    Here a run that trains in about a second: the hidden-state analysis needs less noise."""
+    Here a run that trains in about a second: the hidden-state analysis needs less noise (the
+    code before this change calibrated by composition, and this run then reported 0.85). The
+    noise is compared with the core's calibration in ``test_matrix_opacus_poisson_loader``."""
     engine, z = calibrated_training("poisson", n=1000, b=10, epochs=3, target=1.0, l2=0.1, geometry=LOGISTIC)
-    report, core = check_invariant(engine, z, 1.0, "ADD_OR_REMOVE_ONE")
+    report, _ = check_invariant(engine, z, 1.0, "ADD_OR_REMOVE_ONE", against_core=False)
     assert report.analysis == "si_poisson" and report.epsilon < report.composition_epsilon
 
 

@@ -332,14 +332,16 @@ def calibrate_noise_multiplier(
     order = sorted(names, key=lambda n: (n == RDP_MIN, cands.seconds.get(n, 0.0) > CHEAP_SECONDS, g0[n]))
     best_z = None
     if not any(g0[n] <= 0 for n in order):
-        # nothing meets the target at the estimate: search up with the most promising analysis
-        best_z = search(order[0], x0, g0[order[0]])
+        # nothing meets the target at the estimate: search up with the most promising analysis (the
+        # smallest epsilon there, not the cheapest: that one may not apply to the run at all)
+        first = min(order, key=lambda n: g0[n])
+        best_z = search(first, x0, g0[first])
         if best_z is None:
             raise v.ParameterError(
                 "target_epsilon",
                 f"not reached with noise multipliers up to {max(cands.noises):.4g} "
                 f"({max_evaluations} evaluations per analysis)")
-        candidates = order[1:]
+        candidates = [n for n in order if n != first]
     else:
         # an analysis that misses the target at z0 misses it at every smaller noise: skipped
         candidates = [n for n in order if g0[n] <= 0]

@@ -17,7 +17,13 @@ Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. 
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .accountant import (
+    MECHANISM,
+    CalibrationClaim,
+    HiddenStateCalibration,
+    OpacusHiddenStateAccountant,
+    sampler_from_checkpoint,
+)
 from .checkpoint import install as _install_checkpoints
 from .checkpoint import load_checkpoint, module_weights_digest, save_checkpoint
 from .facts import loader_facts, model_facts, step_facts
@@ -54,6 +60,7 @@ _install_checkpoints()  # engine.save_checkpoint / load_checkpoint: all or nothi
 __all__ = [
     "OpacusHiddenStateAccountant",
     "HiddenStateCalibration",
+    "CalibrationClaim",
     "MECHANISM",
     "HiddenStateBatchSampler",
     "CyclicBatchSampler",

@@ -21,10 +21,13 @@ trains on, and hands the facts to the core's recording layer, which decides; bud
 :func:`batched_dataset` (the core's batch schedules as ``tf.data``);
 :class:`DecoupledL2DPKerasSGDOptimizer` (L2 outside clipping) and :class:`L2BallProjection`
 (projection, diameter reported to the callback); :func:`model_facts` (the model's structure
-as the core sees it); :func:`compute_hidden_state_privacy_statement` (model-card text).
+as the core sees it); :func:`compute_hidden_state_privacy_statement` (model-card text);
+:func:`compute_hidden_state_noise` (the noise for a target epsilon, the hidden-state
+``compute_noise``; also :meth:`HiddenStatePrivacyCallback.compute_noise`).
 """
 
-from .callback import STATE_ATTRIBUTE, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
+from .calibration import compute_hidden_state_noise, planned_run, recorded_noise_multiplier
+from .callback import STATE_ATTRIBUTE, CalibratedRun, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
 from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, dataset_schedule, partition_indices
 from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
@@ -56,4 +59,8 @@ __all__ = [
     "read_dp_optimizer_settings",
     "DPOptimizerSettings",
     "compute_hidden_state_privacy_statement",
+    "compute_hidden_state_noise",
+    "planned_run",
+    "recorded_noise_multiplier",
+    "CalibratedRun",
 ]

@@ -53,8 +53,9 @@ from hidden_state_accountants.recording import (
     check_position,
     effective_step,
 )
-from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule, steps_per_epoch
 
+from .calibration import FLOAT32_MARGIN, compute_hidden_state_noise, planned_run
 from .data import (
     check_dataset_last_batch,
     check_dataset_sampling,
@@ -88,6 +89,18 @@ class PrivacyBudgetExceeded(RuntimeError):
     """Raised before a step that would take the run past ``target_epsilon`` when stopping at
     an epoch boundary is no longer possible (the budget is spent at the start of ``fit``, or
     another callback changed the learning rate mid-run)."""
+
+
+@dataclass(frozen=True)
+class CalibratedRun:
+    """What :meth:`HiddenStatePrivacyCallback.compute_noise` calibrated: ``noise_multiplier`` for
+    at most ``target_epsilon`` after ``epochs`` epochs; ``run`` is that run as the core calibrated
+    it (at ``noise_multiplier / FLOAT32_MARGIN``, which TF-Privacy's float32 copy never undercuts)."""
+
+    target_epsilon: float
+    epochs: int
+    noise_multiplier: float
+    run: TrainingRunDpEvent
 
 
 @dataclass(frozen=True)
@@ -198,6 +211,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._restored: Optional[Tuple[Optional[RunState], List[EpochPrivacy]]] = None
         self._restore_error: Optional[ParameterError] = None
         self._checkpointed = _CheckpointedState(self)
+        self.calibration: Optional[CalibratedRun] = None  # set by compute_noise, checked when fit starts
 
     # ----------------------------------------------------------------- Keras hooks
     def set_model(self, model):
@@ -263,6 +277,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.geometry = check_geometry(self.declared_geometry,
                                            weight_decay=effective_step(self._facts).weight_decay,
                                            projection_diameter=diameter)
+        self._check_calibration()
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
             if eps_next > self.target_epsilon:
@@ -361,6 +376,71 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if self._source_description:
             out.append(f"batches: {self._source_description}")
         return out
+
+    def compute_noise(self, target_epsilon: float, epochs: int, *, learning_rate: float, l2_norm_clip: float,
+                      l2_regularization: Optional[float] = None, secret_batches: bool = True,
+                      rel_tol: float = 1e-3) -> float:
+        """The smallest noise multiplier whose run this callback reports at most ``target_epsilon``
+        after ``epochs`` epochs: :func:`~.calibration.compute_hidden_state_noise` with this
+        callback's schedule, geometry and delta. Build the optimizer with it::
+
+            cb = HiddenStatePrivacyCallback(geometry=geometry, sampling="shuffle_partition",
+                                            dataset_size=n, batch_size=b, delta=1e-5)
+            z = cb.compute_noise(target_epsilon=1.0, epochs=20, learning_rate=0.5, l2_norm_clip=1.0,
+                                 l2_regularization=0.01)
+            opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=z,
+                                                 l2_regularization=0.01, learning_rate=0.5)
+
+        The calibration is remembered: when ``fit`` starts, the run it is about to train is
+        checked to report at most ``target_epsilon`` after ``epochs`` epochs, and refused before
+        any step (``ParameterError`` naming ``compute_noise`` and what differs) if it does not,
+        e.g. for another learning rate or L2 term, or batches that turn out to be public.
+
+        With ``sampling="reshuffle"`` and ``batch_size`` not dividing ``dataset_size``, declare
+        the callback's ``last_batch`` (``"kept_own_size"`` for ``fit(x, y, shuffle=True)``,
+        ``"dropped"`` for a :func:`~.data.batched_dataset`): the calibrated run depends on it.
+        """
+        last_batch = self.last_batch
+        if last_batch is None:
+            if self.sampling == RESHUFFLE and self.dataset_size % self.batch_size:
+                raise ParameterError(
+                    "last_batch", f"the callback leaves it to the data, but the calibrated run depends on it ("
+                    f"{self.dataset_size % self.batch_size} records left over per epoch): declare "
+                    "last_batch='kept_own_size' for fit(x, y, shuffle=True) or 'dropped' for a batched_dataset")
+            last_batch = DROPPED
+        settings = dict(sampling=self.sampling, learning_rate=learning_rate, l2_norm_clip=l2_norm_clip,
+                        geometry=self.declared_geometry, l2_regularization=l2_regularization,
+                        last_batch=last_batch, secret_batches=secret_batches)
+        z = compute_hidden_state_noise(self.dataset_size, self.batch_size, target_epsilon, epochs, self.delta,
+                                       rel_tol=rel_tol, **settings)
+        # the run as calibrated: at the core's noise, which TF-Privacy's float32 copy of z never undercuts
+        run = planned_run(self.dataset_size, self.batch_size, epochs, z / FLOAT32_MARGIN, **settings)
+        self.calibration = CalibratedRun(float(target_epsilon), int(epochs), z, run)
+        return z
+
+    def _check_calibration(self) -> None:
+        """The run ``fit`` is about to train, as planned now, against :meth:`compute_noise`'s."""
+        c = self.calibration
+        steps = None if c is None else c.epochs * self.steps_per_epoch
+        if c is None or steps < self.steps:
+            return
+        probe = self._plan_recorder(steps)
+        eps = self._explain(probe, warn=False).epsilon
+        if eps <= c.target_epsilon:
+            return
+        planned = probe.run(warn=False)
+
+        def differs(name: str) -> bool:  # more noise than calibrated (TF-Privacy's float32 copy) is no difference
+            mine, calibrated = getattr(planned, name), getattr(c.run, name)
+            return mine < calibrated if name == "noise_multiplier" and isinstance(mine, float) else mine != calibrated
+
+        diff = [f"{f.name} {getattr(planned, f.name)!r} (calibrated: {getattr(c.run, f.name)!r})"
+                for f in attr.fields(TrainingRunDpEvent) if differs(f.name)]
+        raise ParameterError(
+            "compute_noise", f"calibrated noise multiplier {c.noise_multiplier:.6g} for epsilon <= "
+            f"{c.target_epsilon:g} after {c.epochs} epochs, but the run fit is about to train reports {eps:.4g} "
+            f"({RELATION}) after them: it differs in {'; '.join(diff) or 'nothing the core reads'}. Calibrate with "
+            "the optimizer's settings and the data fit trains on; no step was taken")
 
     def run_event(self) -> TrainingRunDpEvent:
         """The core event for the steps taken so far (with the reason when no hidden-state
@@ -546,14 +626,18 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         report.notes.extend(recorder.notes())
         return report
 
-    def _planned(self, steps: int) -> PrivacyReport:
-        """The report the run would have after ``steps`` steps, the rest of them as planned now."""
+    def _plan_recorder(self, steps: int) -> RunRecorder:
+        """The run after ``steps`` steps, the rest of them as planned now."""
         probe = RunRecorder(schedule=self.recorder.schedule, geometry=self.declared_geometry,
                             model=self.recorder.model, assume_convex_model=self.assume_convex_model)
         # the plan was checked in on_train_begin: loaded, not recorded, so nothing warns twice
         probe.load_ledger_state(self.recorder.ledger_state() + [
             [facts.to_dict(), count] for facts, count in self._upcoming(self.steps, steps)])
-        return self._explain(probe, warn=False)
+        return probe
+
+    def _planned(self, steps: int) -> PrivacyReport:
+        """The report the run would have after ``steps`` steps, the rest of them as planned now."""
+        return self._explain(self._plan_recorder(steps), warn=False)
 
     def _report(self) -> PrivacyReport:
         if self._report_steps != self.steps:

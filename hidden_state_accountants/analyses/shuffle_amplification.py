@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -226,9 +226,8 @@ class PairedMixtureBound(Bound):
         return min(0.0, self._log_delta(max(eps, 0.0), self._pools)[0])
 
     def delta(self, epsilon: float) -> float:
-        if epsilon < 0:
-            return float(fdp.symmetric_extension(lambda e: np.exp([self._log_delta_pos(float(x)) for x in np.atleast_1d(e)]))(
-                np.array([epsilon]))[0])
+        if epsilon < 0:  # the symmetric tradeoff function's profile (fdp.symmetric_extension)
+            return -math.expm1(epsilon) + math.exp(epsilon) * math.exp(self._log_delta_pos(-epsilon))
         return math.exp(self._log_delta_pos(epsilon))
 
     def _diagonal_epsilon(self, delta: float) -> float:
@@ -289,7 +288,7 @@ class PairedMixtureBound(Bound):
     def detail(self, delta: float) -> str:
         eps = self.epsilon(delta)
         _, pool = self._log_delta(eps, self._pools) if math.isfinite(eps) and eps > 0 else (0, None)
-        text = (f"{self._mu.size} components; pool from {pool.threshold} steps before the end" if pool is not None
+        text = (f"{self._mu.size} components; pool threshold {pool.threshold} steps before the end" if pool is not None
                 else f"{self._mu.size} components; diagonal plan (joint convexity)")
         return "; ".join(s for s in (text, self.note) if s)
 

@@ -245,32 +245,34 @@ class Linear:
 
     def grid_laws(self, points: int) -> Tuple[Law, Law]:
         """Laws ``S_lo <= S <= S_hi`` on a grid (see the module docstring)."""
+        return self.grid_law(points, up=False), self.grid_law(points, up=True)
+
+    def grid_law(self, points: int, up: bool) -> Law:
+        """The law ``S_lo`` (``up=False``) or ``S_hi`` (``up=True``) on a grid of ``points``."""
         if self.c < 0:
             raise v.ParameterError("learning_rate", "the grid bracket needs c = 1 - lr m >= 0 (a monotone pair)")
         parts = self.contributions()
         h = sum(float(np.max(pv)) for pv, _ in parts) / (points - 8)
-        laws = []
-        for up in (False, True):
-            acc = np.full(points + 2, -np.inf)
-            acc[0] = 0.0
-            fixed = 0.0
-            for pv, pp in parts:
-                if float(np.max(pv)) < h:  # too small for the grid: dropped / always taken
-                    fixed += float(np.max(pv)) if up else 0.0
-                    continue
-                idx = np.ceil(pv / h - 1e-12).astype(int) if up else np.floor(pv / h).astype(int)
-                new = np.full(acc.size, -np.inf)
-                with np.errstate(divide="ignore"):
-                    lp = np.log(pp)
-                for k in np.unique(idx):
-                    lk = special.logsumexp(lp[idx == k])
-                    if k < acc.size:
-                        new[k:] = np.logaddexp(new[k:], acc[: acc.size - k] + lk)
-                acc = new
-            shift = math.ceil(fixed / h - 1e-12) if up else 0
-            keep = np.isfinite(acc)
-            laws.append(Law(((np.arange(acc.size) + shift) * h)[keep], acc[keep]))
-        return laws[0], laws[1]
+        acc = np.full(points + 2, -np.inf)
+        acc[0] = 0.0
+        fixed = 0.0
+        for pv, pp in parts:
+            if float(np.max(pv)) < h:  # too small for the grid: dropped / always taken
+                fixed += float(np.max(pv)) if up else 0.0
+                continue
+            idx = np.ceil(pv / h - 1e-12).astype(int) if up else np.floor(pv / h).astype(int)
+            new = np.full(acc.size, -np.inf)
+            uniq, inverse = np.unique(idx, return_inverse=True)
+            lks = np.full(uniq.size, -np.inf)
+            with np.errstate(divide="ignore"):
+                np.logaddexp.at(lks, inverse.ravel(), np.log(pp))  # the mass of each grid cell
+            for k, lk in zip(uniq, lks):
+                if k < acc.size:
+                    new[k:] = np.logaddexp(new[k:], acc[: acc.size - k] + lk)
+            acc = new
+        shift = math.ceil(fixed / h - 1e-12) if up else 0
+        keep = np.isfinite(acc)
+        return Law(((np.arange(acc.size) + shift) * h)[keep], acc[keep])
 
     def laws(self, position: Optional[int], grid_points: int) -> Tuple[Law, Law, bool]:
         law = self.exact_law(position)
@@ -777,3 +779,79 @@ def balls_in_bins_huber_epsilon(*, n_others: int, b: float, steps_per_epoch: int
 
 
 __all__ += ["balls_in_bins_huber_epsilon"]
+
+
+# ----------------------------------------- the best known lower bound for fixed-size batches (issue 19)
+LOWER_BOUND_GRID = 1 << 12
+"""Grid of the lower law used by :func:`shuffled_lower_bound` (its lower end is certified at any size)."""
+
+
+def _worst_shift(model: Linear) -> float:
+    """``kappa S`` of the record's worst visit pattern (public batches): for ``reshuffle`` the
+    largest contribution of every (independent) epoch, for a partition the worst batch."""
+    if model.run.sampling == RESHUFFLE:
+        return model.kappa * sum(float(np.max(vals)) for vals, _ in model.contributions())
+    return model.kappa * float(np.max(np.abs(model.positions())))
+
+
+def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str = "REPLACE_ONE",
+                         curvature: Optional[float] = None, grid_points: int = LOWER_BOUND_GRID) -> float:
+    """The best known LOWER bound on the epsilon of ``run`` (``cyclic``, ``shuffle_partition``,
+    ``reshuffle``): no valid analysis can report less. Not a privacy guarantee.
+
+    The affine construction of :func:`exact_pair` (the worst known pair: the other records at
+    ``-C e_1``, the record ``+C e_1`` against ``-C e_1``; ``half`` for ``cyclic`` under
+    ADD_OR_REMOVE_ONE) with the curvature ``kappa`` anywhere in ``[m, M]`` (contraction
+    ``1 - lr kappa >= 0``: ``kappa <= 1/lr``), the largest value over the endpoints and a few
+    interior points; for secret ``shuffle_partition`` / ``reshuffle`` batches the mixture over the
+    draws (exactly, or the certified lower end of its grid bracket), for public batches the
+    worst visit pattern's Gaussian. At ``kappa = m`` with ``m`` the L2 strength the construction is
+    an instance of the declared class; at larger ``kappa`` the curvature must come from the
+    clipped gradients, which are affine only near the point the run converges to, so it is an
+    instance in the limit of long runs whose iterates stay there (docs/derivations.md 5a.6);
+    ``curvature=m`` keeps the exact instance only (``curvature`` fixes ``kappa``). With a
+    projection the construction is not an instance and the function refuses.
+
+    >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
+    >>> run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=40, noise_multiplier=2.0, clip_norm=1.0,
+    ...     learning_rate=0.5, sampling="reshuffle", geometry=LossGeometry(strong_convexity=0.5, smoothness=0.5))
+    >>> round(shuffled_lower_bound(run, 1e-5), 3)
+    1.317
+    """
+    relation = getattr(relation, "name", relation)
+    if run.sampling not in (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE):
+        raise v.ParameterError("sampling", f"the shuffled lower bound covers cyclic, shuffle_partition and reshuffle, "
+                               f"not {run.sampling!r}")
+    constructions_for(run.sampling, relation)  # names the relation a schedule is not covered by
+    delta = v.probability("delta", delta)
+    if run.geometry is None:
+        raise v.ParameterError("geometry", "the lower bound is over the declared class: declare a geometry")
+    if run.geometry.diameter is not None:
+        raise v.ParameterError("geometry", "with a projection (diameter) the affine construction is not an instance")
+    if not run.is_constant:
+        raise v.ParameterError("learning_rate", "the lower bound needs a constant learning rate and noise")
+    lr = float(run.learning_rate)
+    lo, hi = run.geometry.strong_convexity, min(run.geometry.smoothness, 1.0 / lr)
+    if hi < lo:  # every allowed curvature makes the step expansive or sign-alternating; not searched
+        raise v.ParameterError("learning_rate", f"needs a curvature in [m, M] with 1 - lr*kappa >= 0, got lr*m = {lr * lo:g}")
+    kappas = sorted({lo, hi} | ({math.sqrt(lo * hi), (lo + hi) / 2} if lo > 0 else {hi / 2}))
+    if curvature is not None:
+        kappa = v.nonnegative_float("curvature", curvature)
+        if not lo * (1 - 1e-12) <= kappa <= hi * (1 + 1e-12):
+            raise v.ParameterError("curvature", f"must lie in [m, min(M, 1/lr)] = [{lo:g}, {hi:g}], got {kappa:g}")
+        kappas, lo, hi = [kappa], kappa, kappa
+
+    def value(kappa: float) -> float:
+        model = Linear(run, 1.0 - lr * kappa)
+        if not run.secret_batches and run.sampling != CYCLIC:
+            return fdp.gdp_epsilon(_worst_shift(model) * (0.5 if relation == "ADD_OR_REMOVE_ONE" else 1.0), delta)
+        # interior curvatures rarely win: a coarser grid (its lower end is still certified) keeps this quick
+        law = model.exact_law() or model.grid_law(grid_points if kappa in (lo, hi) else max(256, grid_points // 8), up=False)
+        kappa_model = model.kappa
+        return max(pair_for(law, kappa_model, k).epsilon(delta) for k in constructions_for(run.sampling, relation))
+
+    best = max(value(k) for k in kappas)
+    return max(0.0, best - 2 * EPS_PAD)
+
+
+__all__ += ["shuffled_lower_bound"]

@@ -152,12 +152,12 @@ def test_registry_covers_design_table():
     assert table == {
         "full": affine + ["bok_thm4.2", "bok_thm4.3", "chourasia_cor1", "chourasia_thm2"],
         "cyclic": affine + ["bok_thm4.5", "bok_thm4.6", "ye_shokri_thm2.1", "ye_shokri_thm3.3"],
-        "shuffle_partition": affine + ["bok_thm4.5", "bok_thm4.6", "si_position_average",
+        "shuffle_partition": affine + ["bok_thm4.5", "bok_thm4.6", "si_position_amplified", "si_position_average",
                                        "si_position_average_constrained", "si_position_average_rdp",
                                        "ye_shokri_thm2.1", "ye_shokri_thm3.3", "ye_shokri_thm4.2"],
         # issue 11: no fixed-order theorem for reshuffling (they fail at a partial last epoch)
-        "reshuffle": affine + ["si_reshuffle_average", "si_reshuffle_average_rdp", "si_reshuffle_worst",
-                               "si_reshuffle_worst_constrained"],
+        "reshuffle": affine + ["si_reshuffle_amplified", "si_reshuffle_average", "si_reshuffle_average_rdp",
+                               "si_reshuffle_worst", "si_reshuffle_worst_constrained"],
         "without_replacement": affine + ["altschuler_talwar_eq3.3", "bok_thm4.10", "bok_thm4.9", "ye_shokri_thm4.3"],
         "poisson": affine + ["altschuler_talwar_eq3.3_poisson", "si_poisson", "ye_shokri_thm4.3_poisson"],
         "balls_in_bins": affine + ["si_balls_in_bins"],  # issue 19: docs/derivations.md, "Balls-in-bins sampling"

@@ -133,6 +133,7 @@ def _load() -> None:
         composition,
         poisson_hidden_state,
         shifted_interpolation,
+        shuffle_amplification,
         ye_shokri,
     )
 

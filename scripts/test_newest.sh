@@ -23,7 +23,7 @@ else
   echo "test_newest: Python $ver ($py)"
 fi
 
-venv=.venv-newest
+venv=$PWD/.venv-newest
 "$py" -m venv --clear "$venv"
 pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
 dist=$(mktemp -d)

@@ -27,7 +27,7 @@ from hidden_state_accountants.recording import CompositionFallbackWarning, Hidde
 from hidden_state_accountants.schedules import SAMPLINGS, BatchSchedule
 from hidden_state_accountants.validation import ParameterError
 
-__version__ = "0.1.0"
+__version__ = "0.1.0.dev0"  # single source: pyproject.toml reads it (CHANGELOG.md)
 
 __all__ = [
     "HiddenStateAccountant",

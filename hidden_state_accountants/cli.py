@@ -43,6 +43,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from hidden_state_accountants import __version__
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport
 from hidden_state_accountants.calibration import (
@@ -180,6 +181,7 @@ def _accountant_kwargs(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hsa", description="Hidden-state privacy accounting for DP-SGD "
                                              "(REPLACE_ONE by default; --neighboring-relation add_or_remove_one).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("epsilon", help="best valid epsilon of a run, with every analysis")
     _add_run_flags(p)

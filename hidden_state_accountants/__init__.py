@@ -16,16 +16,14 @@ from hidden_state_accountants.accountant import (
 )
 from hidden_state_accountants.analyses.sbcd import DpSbcdRunDpEvent  # accounted by HiddenStateAccountant
 from hidden_state_accountants.calibration import (
-    CalibrationWarning,
     EpochBudget,
     NoiseCalibration,
     calibrate_noise_multiplier,
     max_epochs_within_budget,
 )
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.recording import CompositionFallbackWarning, HiddenStateWarning
+from hidden_state_accountants.errors import CalibrationWarning, CompositionFallbackWarning, HiddenStateWarning, ParameterError
 from hidden_state_accountants.schedules import SAMPLINGS, BatchSchedule
-from hidden_state_accountants.validation import ParameterError
 
 __version__ = "0.1.0.dev0"  # single source: pyproject.toml reads it (CHANGELOG.md)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
@@ -25,32 +25,14 @@ from dp_accounting import dp_event, privacy_accountant
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import composition, long_composition, registry, sbcd
-from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
-from hidden_state_accountants.bounds import Bound, NotApplicable
+from hidden_state_accountants.analyses import composition, long_composition, registry
+from hidden_state_accountants.analyses._common import Context
+from hidden_state_accountants.bounds import Bound
+from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarning
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.recording import CompositionFallbackWarning
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
 from hidden_state_accountants.schedules import SAMPLINGS
-
-EventAnalyzer = Callable[[dp_event.DpEvent, Context], List[Bound]]
-_EVENT_ANALYZERS: Dict[type, EventAnalyzer] = {}
-_EVENT_RELATIONS: Dict[type, Tuple[NeighborRel, ...]] = {}
-
-
-def register_event_analyzer(event_type: type, analyzer: EventAnalyzer,
-                            relations: Sequence[NeighborRel] = (REPLACE_ONE,)) -> None:
-    """Teaches :class:`HiddenStateAccountant` a new event type (e.g. a DP-SBCD run).
-
-    ``analyzer(event, ctx)`` returns the event's bounds (:mod:`hidden_state_accountants.bounds`),
-    including ``NotApplicable`` entries with reasons, exactly like :func:`analyze_training_run`.
-    ``relations``: the neighbouring relations its analyses are proved for (the accountant
-    reports ``inf`` with a reason under any other, without calling it).
-    """
-    if not (isinstance(event_type, type) and issubclass(event_type, dp_event.DpEvent)):
-        raise TypeError(f"event_type: must be a DpEvent subclass, got {event_type!r}")
-    _EVENT_ANALYZERS[event_type] = analyzer
-    _EVENT_RELATIONS[event_type] = tuple(parse_relation(r, "relations") for r in relations)
+from hidden_state_accountants.selection import RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, bound_epsilon, select_best
 
 
 def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
@@ -75,21 +57,8 @@ def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> L
     """Every analysis for ``run`` under ``ctx.neighboring_relation``: its schedule's composition
     baselines and all hidden-state analyses, those that do not apply carrying the reason (from
     the registry, without running them: another schedule, or a relation the analysis is not
-    proved for)."""
-    run = normalised(run)
-    bounds = []
-    for info in registry.all_analyses():
-        if run.sampling in info.schedules:
-            reason = info.relation_reason(ctx.neighboring_relation, run.sampling)
-            if reason:
-                bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=info.hidden_state,
-                                            reason=reason))
-            else:
-                bounds.append(info.function(run, ctx))
-        elif info.hidden_state:
-            reason = info.not_applicable_reason(run.sampling)
-            bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=True, reason=reason))
-    return bounds
+    proved for). The run is analysed in units where the clip norm is 1 (:func:`normalised`)."""
+    return registry.analyze(normalised(run), ctx)
 
 
 @dataclass
@@ -167,12 +136,6 @@ class PrivacyReport:
             lines.append(f"{a.name:<{w}} {a.kind:<{k}} {_fmt(a.epsilon):>10}{mark} {tag}{text}")
         lines += [""] + [f"note: {n}" for n in self.notes]
         return "\n".join(lines).rstrip()
-
-
-def _epsilon_or_inf(eps: float) -> float:
-    """An analysis' epsilon as a candidate: a NaN (an overflow inside it) says nothing, so
-    ``inf``; it must never win a minimum or reach a report."""
-    return math.inf if math.isnan(eps) else eps
 
 
 def _delta_or_one(delta: float) -> float:
@@ -272,7 +235,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 if err is not None:
                     return err
             return None
-        if isinstance(event, (TrainingRunDpEvent, dp_event.NonPrivateDpEvent)) or type(event) in _EVENT_ANALYZERS:
+        if isinstance(event, dp_event.NonPrivateDpEvent) or registry.event_analyses(type(event)) is not None:
             if do_compose:
                 self._add(event, count)
             return None
@@ -296,7 +259,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 stacklevel=4,
             )
         # a standard event's count is folded into its bounds (composition.standard_event_bounds)
-        standard = not isinstance(event, TrainingRunDpEvent) and type(event) not in _EVENT_ANALYZERS
+        standard = registry.event_analyses(type(event)) is None
         self._components.append(_Component(event, count, folded=standard))
 
     def get_epsilon(self, target_delta: float) -> float:
@@ -342,6 +305,11 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return report
 
     @property
+    def context(self) -> Context:
+        """The order grid, PLD discretisation and neighbouring relation this accountant analyses with."""
+        return self._ctx
+
+    @property
     def _relation_name(self) -> str:
         return self.neighboring_relation.name
 
@@ -359,14 +327,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         if c.bounds is None:
             if isinstance(c.event, TrainingRunDpEvent):
                 c.bounds = analyze_training_run(c.event, self._ctx)
-            elif type(c.event) in _EVENT_ANALYZERS:
-                if self.neighboring_relation in _EVENT_RELATIONS[type(c.event)]:
-                    c.bounds = _EVENT_ANALYZERS[type(c.event)](c.event, self._ctx)
-                else:
-                    c.bounds = [NotApplicable(
-                        name=type(c.event).__name__, hidden_state=False,
-                        reason=f"its analyses are proved for {', '.join(r.name for r in _EVENT_RELATIONS[type(c.event)])}"
-                               f" only, not {self._relation_name}")]
+            elif registry.event_analyses(type(c.event)) is not None:
+                c.bounds = registry.analyze(c.event, self._ctx)
             elif isinstance(c.event, dp_event.NonPrivateDpEvent):
                 c.bounds = [composition.non_private_bound("NonPrivateDpEvent")]
             else:
@@ -374,38 +336,19 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return c.bounds
 
     def _explain_single(self, c: _Component, delta: float, notes: List[str]) -> PrivacyReport:
-        rows, candidates = [], []
-        for b in c.bounds:
-            if not b.applicable:
+        best = select_best(c.bounds, delta, self._ctx.orders)  # the rule calibration searches with
+        rows = []
+        for b, eps in zip(c.bounds, best.epsilons):
+            if eps is None:
                 rows.append(AnalysisReport(b.name, b.citation, None, b.reason, b.hidden_state, b.kind))
-                continue
-            eps = _epsilon_or_inf(b.epsilon(delta))
-            rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta),
-                                       b.monotone_in_steps))
-            candidates.append((eps, 0, b.name))
-        # RDP: pointwise minimum over every RDP-capable analysis, then convert once
-        rdp_bounds = [b for b in c.bounds if b.applicable and b.kind in ("rdp", "gdp")]
-        curves = [(b.name, b.rdp(self._ctx.orders)) for b in rdp_bounds]
-        curves = [(n, rdp_tools.sanitized(v)) for n, v in curves if v is not None]
-        if len(curves) > 1:
-            stack = np.vstack([v for _, v in curves])
-            best = np.min(stack, axis=0)
-            eps, order = rdp_tools.rdp_to_epsilon(self._ctx.orders, best, delta)
-            if math.isfinite(order):
-                i = int(np.argmin(np.abs(np.asarray(self._ctx.orders) - order)))
-                winner = curves[int(np.argmin(stack[:, i]))][0]
-                name = "rdp_pointwise_min"
-                rows.append(AnalysisReport(
-                    name, "pointwise minimum of the RDP curves above, then converted", eps, None,
-                    any(b.hidden_state for b in c.bounds if b.name == winner), "rdp",
-                    f"order {order:g} from {winner}",
-                    # a pointwise minimum of curves that never decrease with the length never does
-                    all(b.monotone_in_steps for b in rdp_bounds)))
-                candidates.append((eps, 1, name))  # a named analysis wins a tie
-        if not candidates:
-            return PrivacyReport(math.inf, delta, "none", self._relation_name, rows, notes)
-        eps, _, name = min(candidates)
-        return PrivacyReport(eps, delta, name, self._relation_name, rows, notes)
+            else:
+                rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta),
+                                           b.monotone_in_steps))
+        p = best.pointwise
+        if p is not None:
+            rows.append(AnalysisReport(RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, p.epsilon, None, p.hidden_state,
+                                       "rdp", f"order {p.order:g} from {p.winner}", p.monotone_in_steps))
+        return PrivacyReport(best.epsilon, delta, best.analysis, self._relation_name, rows, notes)
 
     def _explain_composed(self, delta: float, notes: List[str]) -> PrivacyReport:
         rows = []
@@ -414,7 +357,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             prefix = f"event{i}" + (f"x{c.count}" if c.count > 1 else "")
             for b in c.bounds:
                 if b.applicable:
-                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, _epsilon_or_inf(b.epsilon(delta)),
+                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, bound_epsilon(b, delta),
                                                None, b.hidden_state, b.kind, b.detail(delta)))
                 else:
                     rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, None, b.reason,
@@ -458,7 +401,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             options = [b for b in self._ensure_bounds(c) if b.applicable]
             if not options:
                 return None
-            chosen.append((c, min(options, key=lambda b: _epsilon_or_inf(b.epsilon(delta)))))
+            chosen.append((c, min(options, key=lambda b: bound_epsilon(b, delta))))
         mu_sq = math.fsum(c.repeat * b.mu * b.mu for c, b in chosen if b.kind == "gdp")
         others = [(c, b) for c, b in chosen if b.kind != "gdp"]
         # one grid for all parts: the coarsest any part needs
@@ -516,17 +459,11 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return fdp.profile_tradeoff(self.privacy_profile(eps, delta_hint), eps, alphas)
 
 
-# DP-SBCD runs carry their own event. The registration lives here, on the accountant's side,
-# so that no analysis module imports the accountant.
-register_event_analyzer(sbcd.DpSbcdRunDpEvent, sbcd.analyze)
-
-
 __all__ = [
     "NO_GEOMETRY",
     "HiddenStateAccountant",
     "PrivacyReport",
     "AnalysisReport",
     "analyze_training_run",
-    "register_event_analyzer",
     "SAMPLINGS",
 ]

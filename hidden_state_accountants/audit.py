@@ -52,6 +52,7 @@ from hidden_state_accountants.relations import REPLACE_ONE, parse_relation
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedule_laws import Linear  # the short batches' scale and extra noise
 from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, POISSON, RESHUFFLE
 
 # Schedules with one fresh position of the record per epoch (a uniform slot; balls-in-bins: a uniform step).
@@ -234,8 +235,6 @@ def _reshuffle_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.
                    bar) -> np.ndarray:
     """The inclusion sum of ``reshuffle``: in every epoch a fresh uniform slot; epochs whose uses
     are all discounted below ``2^-60`` are skipped."""
-    from hidden_state_accountants.exact import Linear  # the short batch's scale
-
     T, spe = run.steps, run.steps_per_epoch
     epochs = -(-T // spe)
     model = Linear(run, a)
@@ -275,8 +274,6 @@ def simulate(run: TrainingRunDpEvent, sign: float, repetitions: int, constructio
     draws = work(run, construction, repetitions)
     with _bar(repetitions * run.steps if construction == "constrained" else draws / 2, progress, f"audit ({'D' if sign > 0 else 'D prime'})") as bar:
         if construction == "strongly_convex":
-            from hidden_state_accountants.exact import Linear  # the short batches' extra noise
-
             s = _inclusion_sum(run, a, repetitions, rng, bar)
             sd = lr * noise * math.sqrt(Linear(run, a).variance())
             # random batch sizes: the others at 0 (their random sum is common noise), the record +-1

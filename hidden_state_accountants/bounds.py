@@ -24,8 +24,8 @@ from hidden_state_accountants import rdp as rdp_tools
 class Bound:
     """Base class. ``name`` is a stable identifier, ``citation`` says paper/theorem/equation.
 
-    Analyses registered with :func:`hidden_state_accountants.analyses.registry.analysis`
-    leave these three to the registry, which fills them in from the analysis' entry.
+    Analyses declared with :func:`hidden_state_accountants.analyses.analysis_info.analysis`
+    leave these three to the decorator, which fills them in from the analysis' entry.
     """
 
     name: str = ""

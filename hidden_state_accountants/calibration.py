@@ -18,19 +18,18 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
-import numpy as np
 from scipy import optimize
 
 from hidden_state_accountants import fdp
-from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport, normalised
 from hidden_state_accountants.analyses import registry
 from hidden_state_accountants.analyses._common import Context
 from hidden_state_accountants.bounds import Bound
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.recording import HiddenStateWarning
+from hidden_state_accountants.errors import CalibrationWarning  # re-exported
 from hidden_state_accountants.relations import schedule_reason
+from hidden_state_accountants.selection import NONE, RDP_POINTWISE_MIN, bound_epsilon, pointwise_rdp_minimum, select_best
 from hidden_state_accountants.schedules import EPOCH_ORDERS, FULL, MAX_STEPS, visits_per_record
 
 # Steps standing in for "forever" when certifying that a budget is never exhausted.
@@ -80,13 +79,12 @@ class EpochBudget:
 
 def accountant_context(accountant_kwargs) -> Context:
     """The accountant's order grid and PLD discretisation (validated by the accountant)."""
-    acc = HiddenStateAccountant(**accountant_kwargs)
-    return acc._ctx  # noqa: SLF001 (the same context the accountant analyses with)
+    return HiddenStateAccountant(**accountant_kwargs).context
 
 
 # The noise range searched.
 _Z_MIN, _Z_MAX = 1e-8, 1e150
-RDP_MIN = "rdp_pointwise_min"
+RDP_MIN = RDP_POINTWISE_MIN
 # An analysis evaluated faster than this counts as cheap (closed forms).
 CHEAP_SECONDS = 0.02
 
@@ -95,9 +93,10 @@ class _Candidates:
     """Every analysis of the run as a function of the noise multiplier, cached per value.
 
     The accountant reports the smallest epsilon over its analyses and over the pointwise
-    minimum of their RDP curves (``rdp_pointwise_min``). Each of these is non-increasing in
-    the noise, so the smallest noise whose best epsilon meets a target is the smallest over
-    the candidates of the noise each one needs alone. That lets the search run on the cheap
+    minimum of their RDP curves (``rdp_pointwise_min``; the rule is
+    :func:`~hidden_state_accountants.selection.select_best`, shared with the accountant). Each of
+    these is non-increasing in the noise, so the smallest noise whose best epsilon meets a target
+    is the smallest over the candidates of the noise each one needs alone. That lets the search run on the cheap
     analyses first and touch an expensive one (a long PLD composition, dp_accounting's
     sampled-Gaussian RDP) only where it could do better.
     """
@@ -124,37 +123,17 @@ class _Candidates:
 
     def epsilon(self, name: str, z: float) -> float:
         if name == RDP_MIN:
-            return self._rdp_min(z)[0]
-        b = self.bound(name, z)
-        eps = b.epsilon(self.delta) if b.applicable else math.inf
-        return math.inf if math.isnan(eps) else eps
-
-    def _rdp_min(self, z: float) -> Tuple[float, str]:
-        curves = []
-        for info in self.infos:
-            b = self.bound(info.name, z)
-            if b.applicable and b.kind in ("rdp", "gdp"):
-                curve = b.rdp(self.ctx.orders)
-                if curve is not None:
-                    curves.append((info.name, curve))
-        if len(curves) < 2:
-            return math.inf, "none"
-        stack = np.vstack([c for _, c in curves])
-        eps, order = rdp_tools.rdp_to_epsilon(self.ctx.orders, np.min(stack, axis=0), self.delta)
-        if not math.isfinite(order):
-            return math.inf, "none"
-        return eps, RDP_MIN
+            best = pointwise_rdp_minimum([self.bound(i.name, z) for i in self.infos], self.ctx.orders, self.delta)
+            return math.inf if best is None else best.epsilon
+        return bound_epsilon(self.bound(name, z), self.delta)
 
     def best(self, z: float) -> Tuple[float, str]:
         """The accountant's choice at ``z`` among the candidates already computed there
-        (those not computed there need more noise than ``z`` to meet the target)."""
-        options = [(self.epsilon(i.name, z), 0, i.name) for i in self.infos if (i.name, z) in self.bounds]
-        if all((i.name, z) in self.bounds for i in self.infos):
-            eps, name = self._rdp_min(z)
-            if name == RDP_MIN:
-                options.append((eps, 1, name))  # the accountant prefers a named analysis on ties
-        eps, _, name = min(options, default=(math.inf, 0, "none"))
-        return (eps, name) if math.isfinite(eps) else (math.inf, "none")
+        (those not computed there need more noise than ``z`` to meet the target; the pointwise
+        minimum counts once every analysis is computed there)."""
+        computed = [self.bounds[(i.name, z)] for i in self.infos if (i.name, z) in self.bounds]
+        best = select_best(computed, self.delta, self.ctx.orders, pointwise=len(computed) == len(self.infos))
+        return (best.epsilon, best.analysis) if math.isfinite(best.epsilon) else (math.inf, NONE)
 
 
 def noise_estimate(run: TrainingRunDpEvent, target_epsilon: float, target_delta: float) -> float:
@@ -211,11 +190,6 @@ def check_relation(run: TrainingRunDpEvent, ctx: Context) -> None:
         relation = ctx.neighboring_relation
         raise v.ParameterError("neighboring_relation", f"no analysis holds for sampling={run.sampling!r} under "
                                f"{relation.name}: {schedule_reason(relation, run.sampling)}")
-
-
-class CalibrationWarning(HiddenStateWarning):
-    """A calibration result that is valid (within the target) but not certified to be the
-    smallest noise within ``rel_tol``, or an epoch budget not certified to be the largest."""
 
 
 def calibrate_noise_multiplier(

@@ -77,7 +77,7 @@ def seal_state(payload: Dict[str, Any]) -> Dict[str, Any]:
     >>> unseal_state(sealed, "checkpoint")
     Traceback (most recent call last):
     ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
+    hidden_state_accountants.errors.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
     """
     if not isinstance(payload, dict) or "digest" in payload:
         raise v.ParameterError("payload", "must be a dict without a 'digest' key")
@@ -112,7 +112,7 @@ def open_state(state: Any, *, subject: str, fmt: str, version: int, keys: Sequen
     >>> open_state(state, subject="the demo state", fmt="demo", version=2, keys=())
     Traceback (most recent call last):
     ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: the demo state is of format 'demo' version 1; this version of the package reads 'demo' version 2
+    hidden_state_accountants.errors.ParameterError: checkpoint: the demo state is of format 'demo' version 1; this version of the package reads 'demo' version 2
     """
     payload = unseal_state(state, "checkpoint")
     if payload.get("format") != fmt or payload.get("version") != version:
@@ -183,7 +183,7 @@ class RunState:
     >>> RunState(claim(), steps=4, ledger=run.recorder.ledger_state())
     Traceback (most recent call last):
     ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: the run's state says 4 steps were taken but its ledger accounts 3
+    hidden_state_accountants.errors.ParameterError: checkpoint: the run's state says 4 steps were taken but its ledger accounts 3
     """
 
     def __init__(self, recorder: RunRecorder, *, ledger: Sequence[Sequence[Any]] = (), steps: int = 0,

@@ -46,6 +46,7 @@ import numpy as np
 from hidden_state_accountants import __version__
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport
+from hidden_state_accountants.audit import audit
 from hidden_state_accountants.calibration import (
     calibrate_noise_multiplier,
     accountant_context,
@@ -61,7 +62,7 @@ from hidden_state_accountants.schedules import (
     check_schedule,
     steps_per_epoch,
 )
-from hidden_state_accountants.recording import HiddenStateWarning
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.plotting import check_plottable, epsilon_curves, plot_epsilon_curves, plot_path
 
 FLAG_FOR_PARAMETER = {
@@ -424,8 +425,6 @@ def cmd_plot(args) -> int:
 
 
 def cmd_audit(args) -> int:
-    from hidden_state_accountants.audit import audit
-
     delta = _check_delta(args)
     run = _run(args)
     construction = args.construction or ("constrained" if args.diameter is not None else "strongly_convex")

@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import attr
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses._common import NO_GEOMETRY
+from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarning, HiddenStateWarning  # re-exported
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.schedules import (
     DROPPED,
@@ -60,14 +60,6 @@ ASSUMED_CONVEX_NOTE = (
     "the model structure was not verified: the user asserted (assume_convex_model=True) that "
     "the loss is convex in the trainable parameters with the declared geometry"
 )
-
-
-class HiddenStateWarning(UserWarning):
-    """Base class of this package's warnings."""
-
-
-class CompositionFallbackWarning(HiddenStateWarning):
-    """A training run is accounted by composition only; the message says why."""
 
 
 # ------------------------------------------------------------------------------ facts

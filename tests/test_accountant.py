@@ -179,7 +179,9 @@ def test_inapplicable_analyses_are_listed_without_running_them(monkeypatch):
     def boom(run, ctx):
         raise AssertionError("an analysis for another schedule was run")
 
-    monkeypatch.setitem(registry._REGISTRY, info.name, dataclasses.replace(info, function=boom))
+    swapped = tuple(dataclasses.replace(i, function=boom) if i.name == info.name else i
+                    for i in registry.TRAINING_RUN_ANALYSES)
+    monkeypatch.setitem(registry.ANALYSES, TrainingRunDpEvent, swapped)
     report = HiddenStateAccountant().compose(make_run()).explain(1e-5)
     row = next(a for a in report.analyses if a.name == "bok_thm4.9")
     assert row.epsilon is None and row.reason.startswith("applies to sampling without_replacement")

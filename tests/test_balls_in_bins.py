@@ -309,13 +309,3 @@ def test_mnist_scale_numbers_and_speed():
     start = time.perf_counter()
     HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(long).get_epsilon(1e-5)
     assert time.perf_counter() - start < 5.0
-
-
-def test_module_doctests():
-    import doctest
-
-    from hidden_state_accountants import schedules
-
-    for mod in (bib, schedules):
-        result = doctest.testmod(mod)
-        assert result.failed == 0, mod.__name__

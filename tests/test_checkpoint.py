@@ -2,13 +2,12 @@
 weights digest and atomic writes."""
 
 import copy
-import doctest
 import json
 import os
 
 import pytest
 
-from hidden_state_accountants import LossGeometry, ParameterError, checkpoint
+from hidden_state_accountants import LossGeometry, ParameterError
 from hidden_state_accountants.checkpoint import (
     RunState,
     open_run,
@@ -36,11 +35,6 @@ def live(steps=30, sampling=SHUFFLE_PARTITION, geometry=GEOM):
     rec = RunRecorder(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=LINEAR)
     rec.record(step(), steps)
     return rec
-
-
-def test_doctests():
-    result = doctest.testmod(checkpoint)
-    assert result.failed == 0 and result.attempted > 0
 
 
 def test_a_sealed_state_refuses_any_edit():

@@ -204,14 +204,3 @@ def test_calibration_follows_the_relation():
     ar = quiet(lambda: calibrate_noise_multiplier(full, 2.0, 1e-5, neighboring_relation=AR))
     r1 = quiet(lambda: calibrate_noise_multiplier(full, 2.0, 1e-5))
     assert ar.noise_multiplier == pytest.approx(r1.noise_multiplier / 2, rel=2e-3)  # sensitivity C vs 2C
-
-
-def test_module_doctests():
-    import doctest
-
-    from hidden_state_accountants import accountant, relations
-    from hidden_state_accountants.analyses import poisson_hidden_state
-
-    for module in (relations, accountant, poisson_hidden_state):
-        result = doctest.testmod(module)
-        assert result.failed == 0 and result.attempted > 0, module.__name__

@@ -23,7 +23,9 @@ from hidden_state_accountants import accountant as accountant_module
 from hidden_state_accountants import calibration
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import composition, long_composition, ye_shokri
+from hidden_state_accountants.analyses import registry
 from hidden_state_accountants.analyses._common import Context
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, RdpBound
 
 AR = "ADD_OR_REMOVE_ONE"
@@ -77,16 +79,21 @@ def test_a_nan_rdp_value_counts_as_infinity_in_every_conversion():
 class _BrokenAnalysisEvent(dpa.DpEvent):
     """An event whose registered analyses overflow (NaN) where they should say infinity."""
 
-
-def _broken(event, ctx):
-    return [GdpBound(name="nan_mu", mu=math.nan), RdpBound(name="nan_rdp", orders=ctx.orders,
-                                                             values=np.full(len(ctx.orders), math.nan))]
+    sampling: str = "full"
 
 
-accountant_module.register_event_analyzer(_BrokenAnalysisEvent, _broken)
+@analysis("nan_mu", "test", ("full",), hidden_state=False)
+def _nan_mu(event, ctx):
+    return GdpBound(mu=math.nan)
 
 
-def test_a_nan_from_an_analysis_never_lowers_the_report():
+@analysis("nan_rdp", "test", ("full",))
+def _nan_rdp(event, ctx):
+    return RdpBound(orders=ctx.orders, values=np.full(len(ctx.orders), math.nan))
+
+
+def test_a_nan_from_an_analysis_never_lowers_the_report(monkeypatch):
+    monkeypatch.setitem(registry.ANALYSES, _BrokenAnalysisEvent, (_nan_mu.info, _nan_rdp.info))
     acc = HiddenStateAccountant().compose(_BrokenAnalysisEvent())
     report = acc.explain(1e-5)
     assert report.epsilon == math.inf and not math.isnan(report.epsilon)

@@ -138,12 +138,3 @@ def test_refusals():
     run = planned_run(60, 10, 3, 1.5, **{**common, "learning_rate": 0.1, "l2_norm_clip": 0.1})
     assert run.learning_rate == float(np.float32(0.1)) and run.clip_norm == float(np.float32(0.1))
     assert run.steps == 18 and run.l2_regularization == GEOMETRY.strong_convexity
-
-
-def test_module_doctest():
-    import doctest
-
-    from hidden_state_accountants.tf_privacy import calibration
-
-    result = doctest.testmod(calibration)
-    assert result.attempted > 0 and result.failed == 0

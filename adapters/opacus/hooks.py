@@ -28,6 +28,7 @@ from torch import nn
 
 from hidden_state_accountants import LossGeometry
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.recording import unaccountable, update_departure
 
 __all__ = ["ProjectionHook", "FeatureClip", "clip_features", "PROJECTION_ATTR"]
@@ -206,7 +207,7 @@ class ProjectionHook:
                 f"{worst:.3g}); a penalty in the loss (e.g. lam*||w||^2) is dropped by Opacus' DP "
                 "optimizer, so it neither regularises nor gives strong convexity. Use "
                 "ProjectionHook(l2_regularization=...) (weight_decay, applied after clipping and noise).",
-                UserWarning, stacklevel=4)
+                HiddenStateWarning, stacklevel=4)
 
     def detach(self) -> None:
         """Stops projecting; the accountant then sees unprojected steps (no diameter)."""

@@ -54,6 +54,7 @@ import torch
 from torch.utils.data import Sampler
 
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.schedules import (
     BALLS_IN_BINS,
     CYCLIC,
@@ -137,7 +138,7 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
             warnings.warn(
                 f"{type(self).__name__}: dataset_size % batch_size = {self.dataset_size} % {self.batch_size} = "
                 f"{self.dropped_per_epoch} records {which} (as in Ye & Shokri 2022, footnote 3)",
-                UserWarning, stacklevel=3)
+                HiddenStateWarning, stacklevel=3)
 
     def _setup(self, schedule: BatchSchedule, num_replicas: int, rank: int) -> None:
         if num_replicas > schedule.batch_size:
@@ -335,7 +336,7 @@ class BallsInBinsBatchSampler(HiddenStateBatchSampler):
             warnings.warn(
                 f"BallsInBinsBatchSampler: with {n} records over {t} steps an epoch has an empty batch with "
                 f"probability up to {min(1.0, t * (1 - 1 / t) ** n):.2g}, which a DataLoader cannot collate; use "
-                "larger batches", UserWarning, stacklevel=2)
+                "larger batches", HiddenStateWarning, stacklevel=2)
 
 
 _CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSampler, ReshuffleBatchSampler,

@@ -43,6 +43,7 @@ from hidden_state_accountants import (
     TrainingRunDpEvent,
 )
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.accountant import PrivacyReport
 from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
@@ -330,7 +331,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.model.stop_training = True
             self.stopped_reason = (f"epsilon {report.epsilon:.4g} ({report.neighboring_relation}) exceeds "
                                    f"target_epsilon {self.target_epsilon:g}")
-            warnings.warn(f"HiddenStatePrivacyCallback: {self.stopped_reason}", UserWarning, stacklevel=2)
+            warnings.warn(f"HiddenStatePrivacyCallback: {self.stopped_reason}", HiddenStateWarning, stacklevel=2)
             return
         if epoch + 1 >= ((self.params or {}).get("epochs") or 0):
             return  # fit ends anyway; a later fit checks before its first step
@@ -351,7 +352,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             report = self._report()
             if self.target_epsilon is not None and report.epsilon > self.target_epsilon:
                 warnings.warn(f"HiddenStatePrivacyCallback: final epsilon {report.epsilon:.4g} exceeds "
-                              f"target_epsilon {self.target_epsilon:g}", UserWarning, stacklevel=2)
+                              f"target_epsilon {self.target_epsilon:g}", HiddenStateWarning, stacklevel=2)
 
     # ----------------------------------------------------------------- results
     @property

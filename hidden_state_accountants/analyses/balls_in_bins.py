@@ -48,7 +48,7 @@ from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses import bok
 from hidden_state_accountants.analyses import shifted_interpolation as si
 from hidden_state_accountants.analyses.poisson_hidden_state import caps, log_cap_failure
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import (
     Bound,
     Cap,
@@ -59,7 +59,7 @@ from hidden_state_accountants.bounds import (
     mixture_components,
 )
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.exact import MixturePair
+from hidden_state_accountants.mixture_pair import MixturePair
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, sensitivity_factor
 from hidden_state_accountants.schedules import BALLS_IN_BINS, RESHUFFLE
 
@@ -208,7 +208,7 @@ class GaussianMixturePairBound(Bound):
     record) is common to all components (docs/derivations.md B.3).
 
     ``delta(eps)`` is the larger of ``H_{e^eps}(P*||Q*)`` and ``H_{e^eps}(Q*||P*)``, computed exactly
-    in log space (:class:`~hidden_state_accountants.exact.MixturePair`). RDP: Ye & Shokri's Lemma
+    in log space (:class:`~hidden_state_accountants.mixture_pair.MixturePair`). RDP: Ye & Shokri's Lemma
     4.1 over the components (valid and weaker). The PLD is pessimistic, of the symmetrised pair.
 
     >>> b = GaussianMixturePairBound(probs=(1.0,), mus=(1.0,))

@@ -31,7 +31,7 @@ from hidden_state_accountants import fdp
 from hidden_state_accountants import validation as v
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound, RdpBound
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 

@@ -53,7 +53,7 @@ from scipy import special, stats
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, Cap, CappedBound, NotApplicable, PldBound
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, sensitivity_factor

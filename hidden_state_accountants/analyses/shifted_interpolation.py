@@ -44,21 +44,20 @@ from scipy import special
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, MixtureGdpBound, NotApplicable, RdpBound, mixture_components
+from hidden_state_accountants.errors import ParameterError
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.validation import ParameterError
+from hidden_state_accountants.schedule_laws import schedule_law
 from hidden_state_accountants.schedules import (
     CYCLIC,
     DROPPED,
     FULL,
     KEPT_BATCH_SIZE,
     KEPT_OWN_SIZE,
-    POISSON,
     RESHUFFLE,
     SAMPLINGS,
     SHUFFLE_PARTITION,
-    WITHOUT_REPLACEMENT,
 )
 
 BOK = "Bok, Su & Altschuler (2024)"
@@ -629,14 +628,12 @@ def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``||v_i|| <= C`` (docs/derivations.md 1.3, 4.2), and given the batches the last iterates
     under the two datasets are Gaussians with the same covariance whose means differ by at most
     ``(lr 2C) S``, ``S = sum_t c^{T-1-t} 1{record in B_t} / (divisor of step t)``: exactly
-    ``G(kappa |S|)`` whatever the other records are (:mod:`hidden_state_accountants.exact`).
+    ``G(kappa |S|)`` whatever the other records are (:mod:`hidden_state_accountants.schedule_laws`).
     The batches are independent of the data, so by joint convexity ``delta(eps)`` is at most
     the average over the schedule's law of ``S`` (rounded up on a grid where it is large); with
     public batches the largest ``|S|``. Not a published theorem: elementary. Exact for
     ``full`` and ``cyclic``.
     """
-    from hidden_state_accountants import exact  # ground-truth machinery: the law of S
-
     reason = cm.hidden_state_preconditions(run)
     g = run.geometry
     if reason is None and g.strong_convexity != g.smoothness:
@@ -652,7 +649,7 @@ def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     try:
-        law, kappa = exact.schedule_law(run)
+        law, kappa = schedule_law(run)
     except ParameterError as err:  # the grid needs c >= 0
         return NotApplicable(reason=f"not computed: {err}")
     shifts = kappa * np.abs(law.values)

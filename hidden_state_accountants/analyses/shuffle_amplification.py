@@ -39,7 +39,7 @@ from scipy import optimize, special
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses import shifted_interpolation as si
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import RESHUFFLE, SHUFFLE_PARTITION

@@ -25,9 +25,11 @@ import numpy as np
 from scipy import optimize, special
 
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses import poisson_hidden_state as ph
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.relations import sensitivity_factor
 from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 CITE = "Ye & Shokri (2022)"
@@ -381,9 +383,6 @@ def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     costs ``u_a = 2a/z^2`` (REPLACE_ONE, Cor. 5.3) or ``a/(2 z^2)`` (ADD_OR_REMOVE_ONE). The transfer
     rests on the proof structure the paper's main text describes (Lemma 3.2 per fixed batch
     sequence, Lemma 4.1, Jensen); see section 10 for the caveat."""
-    from hidden_state_accountants.analyses import poisson_hidden_state as ph
-    from hidden_state_accountants.relations import sensitivity_factor
-
     s, reason = ph.poisson_setup(run, ctx)
     if s is None:
         return NotApplicable(reason=reason)

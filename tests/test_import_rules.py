@@ -297,3 +297,20 @@ def test_the_installed_names_are_setup_pys():
     assert adapters, "no adapter found under adapters/"
     mapped = {f"{PKG}.{name}": ROOT / "adapters" / name for name in adapters}
     assert {k: v for k, v in PACKAGE_DIRS.items() if k != PKG} == mapped
+
+def test_every_declared_analysis_is_registered():
+    """An ``@analysis`` the registry does not list would be silently left out of every report."""
+    import pkgutil
+
+    import hidden_state_accountants.analyses as package
+    from hidden_state_accountants.analyses import registry
+    from hidden_state_accountants.analyses.analysis_info import AnalysisInfo
+
+    declared = set()
+    for module in pkgutil.iter_modules(package.__path__):
+        mod = importlib.import_module(f"{package.__name__}.{module.name}")
+        declared |= {obj.info.name for obj in vars(mod).values()
+                     if callable(obj) and isinstance(getattr(obj, "info", None), AnalysisInfo)}
+    registered = {info.name for infos in registry.ANALYSES.values() for info in infos}
+    assert declared, "no @analysis found"
+    assert declared == registered, f"declared but not registered: {sorted(declared - registered)}"

@@ -7,7 +7,9 @@ line::
     engine = PrivacyEngine(accountant="hidden_state")
 
 and supplies what makes the hidden-state bounds true: batch samplers following the core's
-schedules, a projection/regularisation hook, and feature clipping. The accountant only reads
+schedules, a projection/regularisation hook, and feature clipping (a ``FeatureClip`` in front of
+the trainable layer enforces the geometry's feature bound; without one the accountant checks the
+layer's inputs on every batch before its step). The accountant only reads
 Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. See
 ``docs/opacus.md``.
 """
@@ -16,7 +18,7 @@ from opacus.accountants import create_accountant, register_accountant
 
 from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
 from .facts import loader_facts, model_facts, step_facts
-from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
+from .hooks import PROJECTION_ATTR, FeatureClip, FeatureNormMonitor, ProjectionHook, clip_features
 from .samplers import (
     CyclicBatchSampler,
     FullBatchSampler,
@@ -60,6 +62,7 @@ __all__ = [
     "sampler_from_checkpoint",
     "ProjectionHook",
     "FeatureClip",
+    "FeatureNormMonitor",
     "clip_features",
     "PROJECTION_ATTR",
     "model_facts",

@@ -52,7 +52,16 @@ from hidden_state_accountants.recording import (
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, parse_relation, schedule_reason
 from hidden_state_accountants.schedules import POISSON, BatchSchedule
 
-from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values, unwrap_model
+from .facts import (
+    LOSS_UNSEEN,
+    feature_monitor,
+    loader_facts,
+    model_facts,
+    optimizer_facts,
+    step_facts,
+    step_values,
+    unwrap_model,
+)
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 __all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "sampler_from_checkpoint"]
@@ -65,6 +74,9 @@ _HINTS = {
                    "poisson_sampling=False to make_private",
     "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
                   "configure(), which sets it to the sampler's batch size",
+    "feature_norm_bound": "hso.FeatureClip(R) right before the trainable nn.Linear enforces the bound (read from "
+                          "the model's structure at configure); without it, configure(model=...) checks the inputs "
+                          "of every batch",
 }
 
 
@@ -84,7 +96,7 @@ class HiddenStateCalibration:
     def recorder(self) -> RunRecorder:
         return RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
                            assume_convex_model=self.assume_convex_model,
-                           gaussian_initialization=self.gaussian_initialization)
+                           gaussian_initialization=self.gaussian_initialization, planned=True)
 
 
 class OpacusHiddenStateAccountant(IAccountant):
@@ -123,6 +135,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         self._facts: Tuple[Any, Optional[StepFacts]] = (None, None)  # the last step read, by its raw values
         self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
         self._model_hook = None  # see _watch_model
+        self._features = None  # a FeatureNormMonitor when the feature bound is checked per batch
         self._weights_before_load = None
         self._restoring = False
 
@@ -252,6 +265,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
         self.dataset_size = recorder.dataset_size
         self._recorder = recorder
+        self._features = feature_monitor(model, recorder, self._features)
         self._watch_model(model)
         return self
 
@@ -312,6 +326,10 @@ class OpacusHiddenStateAccountant(IAccountant):
         try:
             if self.sampler is not None:
                 check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
+            if self._features is not None:  # the batch's inputs, before the base optimizer's step
+                largest = self._features.take(int(getattr(optim, "world_size", 1)))
+                if largest is not None:
+                    self._recorder.check_feature_norm(largest, f"the batch of step {len(self)}")
             self._recorder.record(self._read(optim, sample_rate))
         except v.ParameterError as err:  # the core's refusal, with how to fix it in Opacus
             if err.parameter not in _HINTS:
@@ -386,7 +404,8 @@ class OpacusHiddenStateAccountant(IAccountant):
             "geometry": None if self.geometry is None else attr.asdict(self.geometry),
             "model": None if self.model is None else {
                 "layers": [attr.asdict(layer) for layer in self.model.layers],
-                "complete": self.model.complete, "description": self.model.description},
+                "complete": self.model.complete, "description": self.model.description,
+                "feature_clip_norm": self.model.feature_clip_norm},
             "assume_convex_model": self.assume_convex_model,
             "gaussian_initialization": self.gaussian_initialization,
             "dataset_size": self.dataset_size,
@@ -452,7 +471,7 @@ class OpacusHiddenStateAccountant(IAccountant):
             model = payload["model"]
             model = None if model is None else ModelFacts(
                 layers=[LayerFacts(**layer) for layer in model["layers"]], complete=model["complete"],
-                description=model["description"])
+                description=model["description"], feature_clip_norm=model.get("feature_clip_norm"))
         except (TypeError, ValueError, KeyError) as err:
             raise bad(f"has an invalid geometry or model ({err})") from None
         saved = payload["sampler"]
@@ -500,12 +519,23 @@ class OpacusHiddenStateAccountant(IAccountant):
                 self.sampler.load_state_dict(saved)  # checks it is the same schedule
                 self.sampler.set_position(position)  # moved only once everything holds
             if self.geometry != geometry:
+                if geometry is not None and self.geometry is not None and "feature_norm_bound" not in \
+                        payload["geometry"] and self.geometry.feature_norm_bound is not None:
+                    raise v.ParameterError(
+                        "geometry", "the checkpoint was written before feature norms were enforced or checked (its "
+                        "geometry has no feature_norm_bound), so its steps are not known to respect "
+                        f"feature_norm_bound={self.geometry.feature_norm_bound:g}; train again, or configure the "
+                        "geometry by its constants (LossGeometry(smoothness=..., strong_convexity=..., ...), "
+                        "reported as your claim)")
                 raise v.ParameterError("geometry", f"the checkpoint was taken with {geometry}, this accountant "
                                        f"is configured with {self.geometry}")
             for name in ("assume_convex_model", "gaussian_initialization"):
                 if getattr(self, name) != payload[name]:
                     raise v.ParameterError(name, f"the checkpoint was taken with {name}={payload[name]}, this "
                                                  f"accountant is configured with {getattr(self, name)}")
+            if model is not None and "feature_clip_norm" not in payload["model"]:  # written before it was read
+                clip = None if self.model is None else self.model.feature_clip_norm
+                model = attr.evolve(model, feature_clip_norm=clip)
             if self.model is not None and model is not None and self.model != model:
                 raise v.ParameterError("model", f"the checkpoint was taken with {model.description or 'a model'} "
                                                 f"of another structure than the configured one")
@@ -526,6 +556,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                                    dataset_size=dataset_size if schedule is None else None)
         except v.ParameterError as err:
             raise bad(f"has a claim that does not hold ({err})") from None
+        recorder.check_loss(None, LOSS_UNSEEN)
         recorder.replay(payload["ledger"], steps, _SUBJECT)
         if _history(recorder) != _as_history(state_dict["history"]):
             raise bad("has an Opacus history that is not its ledger's")

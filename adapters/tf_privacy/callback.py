@@ -10,7 +10,11 @@ for every other framework:
   ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm``, gradient
   accumulation, and the replicas of the model's ``tf.distribute`` strategy (how many, how
   Keras combines them, whether the optimizer splits its step over them);
-* the model's layers as ``ModelFacts``;
+* the model's layers as ``ModelFacts`` (a :class:`~.model.FeatureClip` feeding the trainable
+  layer enforces the geometry's feature bound);
+* with a geometry that has a feature bound and no such clip, the largest input norm of the
+  trainable layer over every record ``fit`` trains on, checked by the core before any step, and
+  the loss (``model.loss``, sample and class weights) compared with the one the geometry assumes;
 * what ``model.fit`` trains on as ``BatchSourceFacts``: a :func:`batched_dataset` of the
   declared schedule, Keras' own per-epoch shuffle of arrays (``fit(x, y, batch_size=b,
   shuffle=True)``: ``reshuffle`` drawn by Keras, secret unless TensorFlow's random seed was
@@ -54,16 +58,19 @@ from hidden_state_accountants.recording import (
     open_state,
     seal_state,
 )
+from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
 from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule, steps_per_epoch
 
 from .data import (
+    FitData,
     check_dataset_last_batch,
     check_dataset_sampling,
     continue_batch_source,
     fit_batch_source,
+    fit_data,
     share_batch_source_across_workers,
 )
-from .model import model_facts
+from .model import largest_input_norm, model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
 from .statement import RELATION, statement_for_run
@@ -253,6 +260,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if self.recorder is None:
             self.recorder = RunRecorder(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
                                         assume_convex_model=self.assume_convex_model)
+        self._check_data(model, fit_data(model))
         planned = (self.params or {}).get("epochs") or 0
         plan = self._upcoming(self.steps, self.steps + max(planned, 1) * self.steps_per_epoch)
         last = [(s, 1) for s, _ in self.recorder.ledger[-1:]]  # a change from the run so far is known now, too
@@ -380,13 +388,14 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         keep it as private as the data (it holds the schedule's secret seed)."""
         if self._restored is not None:  # restored, not yet applied: that is the state
             r = self._restored
-            schedule, ledger, history = r["schedule"], r["ledger"], r["history"]
+            schedule, ledger, history, largest = r["schedule"], r["ledger"], r["history"], r["largest_feature_norm"]
         else:
             if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
                 self._sync()
             schedule = self.recorder.schedule if self.recorder is not None else None
             ledger = self.recorder.ledger_state() if self.recorder is not None else []
             history = self.history
+            largest = self.recorder.largest_feature_norm if self.recorder is not None else None
         return seal_state({
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
@@ -395,6 +404,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             "steps": sum(count for _, count in ledger),
             "ledger": ledger,
             "history": [_encode_epoch(h) for h in history],
+            "largest_feature_norm": largest,
         })
 
     def load_privacy_state(self, state: Dict[str, Any]) -> None:
@@ -417,10 +427,14 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             return ParameterError("checkpoint", f"{subject} {what}")
 
         steps, described = payload["steps"], payload["schedule"]
+        largest = payload.get("largest_feature_norm")  # absent before feature norms were checked: unknown
+        if largest is not None and (isinstance(largest, bool) or not isinstance(largest, (int, float))
+                                    or not math.isfinite(largest) or largest < 0):
+            raise bad(f"has largest_feature_norm={largest!r}; must be a number >= 0 or null")
         if described is None:
             if steps or payload["ledger"]:
                 raise bad(f"accounts {steps} steps without a batch schedule")
-            return {"schedule": None, "ledger": [], "history": []}
+            return {"schedule": None, "ledger": [], "history": [], "largest_feature_norm": None}
         if not isinstance(payload["seed_is_secret"], bool):
             raise bad(f"has seed_is_secret={payload['seed_is_secret']!r}; must be true or false")
         try:
@@ -441,7 +455,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             history = [_decode_epoch(h) for h in payload["history"]]
         except (TypeError, ValueError, KeyError) as err:
             raise bad(f"has an invalid history ({err!r})") from None
-        return {"schedule": schedule, "ledger": payload["ledger"], "history": history}
+        return {"schedule": schedule, "ledger": payload["ledger"], "history": history, "largest_feature_norm": largest}
 
     def _apply_state(self, restored: Dict[str, Any]) -> None:
         self.recorder = None
@@ -451,6 +465,22 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.recorder = RunRecorder(schedule=restored["schedule"], geometry=self.declared_geometry,
                                         model=model_facts(self.model), assume_convex_model=self.assume_convex_model)
             self.recorder.load_ledger_state(restored["ledger"])
+            # the state holds no geometry: its steps' inputs must be known to respect this one's bound
+            self.recorder.restore_feature_norm(restored["largest_feature_norm"], "the hidden-state privacy state")
+
+    def _check_data(self, model, data: FitData) -> None:
+        """What the data decides, before any step: the loss the geometry assumes, and the inputs of
+        the trainable layer on every record ``fit`` trains on (unless a FeatureClip enforces it)."""
+        self.recorder.check_loss(*_loss_facts(model, data))
+        if not self.recorder.needs_feature_checks:
+            return
+        largest, where = largest_input_norm(model, data.features)
+        if largest is None:
+            self.recorder.feature_norm_unobservable(
+                f"{where}; put hidden_state_accountants.tf_privacy.FeatureClip(R) right before the trainable Dense "
+                "layer, or train on arrays or a batched_dataset")
+            return
+        self.recorder.check_feature_norm(largest, where, steps=None)  # fit trains on these records only
 
     def _restore_from_checkpoint(self, text: str) -> None:
         """Called by TensorFlow when a checkpoint is restored (errors are raised at the next
@@ -559,7 +589,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
     def _planned(self, steps: int) -> PrivacyReport:
         """The report the run would have after ``steps`` steps, the rest of them as planned now."""
         probe = RunRecorder(schedule=self.recorder.schedule, geometry=self.declared_geometry,
-                            model=self.recorder.model, assume_convex_model=self.assume_convex_model)
+                            model=self.recorder.model, assume_convex_model=self.assume_convex_model, planned=True)
         # the plan was checked in on_train_begin: loaded, not recorded, so nothing warns twice
         probe.load_ledger_state(self.recorder.ledger_state() + [
             [facts.to_dict(), count] for facts, count in self._upcoming(self.steps, steps)])
@@ -624,6 +654,45 @@ class _CheckpointedState(tf.train.experimental.PythonState):
         if isinstance(string_value, bytes):
             string_value = string_value.decode("utf-8", errors="replace")
         self._callback._restore_from_checkpoint(string_value)
+
+
+_CROSS_ENTROPIES = (tf.keras.losses.SparseCategoricalCrossentropy, tf.keras.losses.CategoricalCrossentropy,
+                    tf.keras.losses.BinaryCrossentropy)
+
+
+def _loss_facts(model, data: FitData) -> Tuple[str, str]:
+    """``(kind, description)`` of the loss ``fit`` minimises, for the core's ``check_loss``:
+    :data:`~hidden_state_accountants.events.CROSS_ENTROPY_ON_LOGITS` for one Keras cross-entropy
+    on logits, unweighted (for ``CategoricalCrossentropy`` only on labels whose rows sum to at most 1:
+    its Hessian is the softmax Hessian times that sum), else ``"other"``."""
+    losses = [x for x in tf.nest.flatten(getattr(model, "loss", None)) if x is not None]
+    if len(losses) != 1:
+        return "other", f"{len(losses)} losses in model.loss"
+    loss = losses[0]
+    name = type(loss).__name__ if isinstance(loss, tf.keras.losses.Loss) else repr(getattr(loss, "__name__", loss))
+    if type(loss) not in _CROSS_ENTROPIES:
+        return "other", f"the loss {name} in model.loss"
+    config = loss.get_config()
+    shown = f"{name}(from_logits={config.get('from_logits')}) in model.loss"
+    if config.get("from_logits") is not True:
+        return "other", (f"{shown}, which expects probabilities rather than the logits of a Dense layer without "
+                         "activation,")
+    if config.get("axis", -1) != -1:
+        return "other", f"{shown} over axis {config['axis']}"
+    loss_weights = getattr(getattr(model, "compiled_loss", None), "_user_loss_weights", None)
+    if loss_weights is not None and any(float(w) != 1.0 for w in tf.nest.flatten(loss_weights)):
+        return "other", f"{shown} weighted by compile(loss_weights={loss_weights!r})"
+    if data.weights:
+        return "other", f"{shown} weighted by the {data.weights}"
+    if type(loss) is tf.keras.losses.CategoricalCrossentropy:
+        if data.labels is None:
+            return "other", f"{shown} on labels that could not be read (its smoothness grows with their sum)"
+        labels = np.asarray(data.labels)
+        sums = labels.reshape(len(labels), -1).astype(np.float64).sum(axis=1) if len(labels) else np.zeros(1)
+        if not (np.all(sums >= 0) and np.all(sums <= 1)):
+            return "other", (f"{shown} on labels whose rows sum to {sums.min():.6g}..{sums.max():.6g} (the "
+                             "smoothness (R^2 + 1)/2 holds for rows of non-negative sum at most 1, e.g. one-hot)")
+    return CROSS_ENTROPY_ON_LOGITS, f"{shown}, unweighted"
 
 
 def _check_loss(model) -> None:

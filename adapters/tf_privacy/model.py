@@ -83,6 +83,9 @@ def model_facts(model: tf.keras.Model) -> ModelFacts:
 _INPUT = "the model's input"  # marks "fed by the model's input, unchanged" in _feeding
 
 
+_EPS = {tf.float16: 2.0 ** -10, tf.bfloat16: 2.0 ** -7, tf.float32: 2.0 ** -23, tf.float64: 2.0 ** -52}
+
+
 class FeatureClip(tf.keras.layers.Layer):
     """A parameter-free layer that scales each example (all dimensions but the first) to L2 norm
     ``<= max_norm``: put it right before the trainable ``Dense`` layer so the feature bound of
@@ -107,8 +110,8 @@ class FeatureClip(tf.keras.layers.Layer):
     def call(self, inputs):
         x = tf.convert_to_tensor(inputs)
         norms = tf.norm(tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], -1]), axis=1)
-        eps = np.finfo(x.dtype.as_numpy_dtype).eps if x.dtype.is_floating else 0.0
-        inside = 1.0 - max(1e-6, 4.0 * float(eps))  # more margin where the dtype rounds coarser
+        eps = _EPS.get(x.dtype, 2.0 ** -7) if x.dtype.is_floating else 0.0
+        inside = 1.0 - max(1e-6, 4.0 * eps)  # more margin where the dtype rounds coarser
         scale = tf.minimum(tf.constant(1.0, tf.float64), self._max_norm * inside / tf.maximum(norms, 1e-300))
         shape = tf.concat([[-1], tf.ones([tf.rank(x) - 1], tf.int32)], axis=0)
         return x * tf.cast(tf.reshape(scale, shape), x.dtype)

@@ -753,9 +753,10 @@ class RunRecorder:
         self._feature_claim = why
 
     def restore_feature_norm(self, largest: Optional[float], subject: str) -> None:
-        """For a ledger loaded from a state that does not hold the geometry it was taken under
-        (:meth:`load_ledger_state`): ``largest``, the input norm its steps are known to stay below
-        (``None``: unknown). Raises naming ``checkpoint`` when that does not back the declared bound."""
+        """For a ledger loaded from a checkpoint (:meth:`load_ledger_state`, e.g. the Keras callback's
+        state applied to the recorder of the model being trained): ``largest``, the input norm its
+        steps are known to stay below, as the state stored it (``None``: unknown). Raises naming
+        ``checkpoint`` when that does not back the declared bound."""
         bound = self.feature_norm_bound
         if largest is not None:
             largest = v.nonnegative_float("largest", largest)

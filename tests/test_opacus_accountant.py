@@ -597,7 +597,7 @@ def test_checkpoint_resume_reports_exactly_the_uninterrupted_run(tmp_path):
     assert resumed.accountant.training_run() == whole.accountant.training_run()
     assert resumed.get_epsilon(DELTA) == whole.get_epsilon(DELTA)
     assert resumed.accountant.state_dict() == whole.accountant.state_dict()
-    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 4
+    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 5
     for pa, pb in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(pa, pb), "same batches and noise: the same model"
 

@@ -55,14 +55,23 @@ from hidden_state_accountants.relations import (
 )
 from hidden_state_accountants.schedules import POISSON, BatchSchedule
 
-from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values
+from .facts import (
+    LOSS_UNSEEN,
+    feature_monitor,
+    loader_facts,
+    model_facts,
+    optimizer_facts,
+    step_facts,
+    step_values,
+)
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 __all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "CalibrationClaim", "MECHANISM",
            "sampler_from_checkpoint", "resolve_relation"]
 
 MECHANISM = "hidden_state"
-STATE_VERSION = 4  # 4: the core's RunState (checkpoint module), bound to the model weights saved with it
+STATE_VERSION = 5  # 4: the core's RunState (checkpoint module), bound to the model weights saved with it;
+# 5: the model's feature clip in the claim (and the geometry's feature bound and loss)
 _CALIBRATION_KWARG = "hidden_state_calibration"
 _KEEP: Any = object()  # configure(neighboring_relation=...) omitted: keep the relation set so far
 _HINTS = {
@@ -70,6 +79,9 @@ _HINTS = {
                    "poisson_sampling=False to make_private",
     "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
                   "configure(), which sets it to the sampler's batch size",
+    "feature_norm_bound": "hso.FeatureClip(R) right before the trainable nn.Linear enforces the bound (read from "
+                          "the model's structure at configure); without it, configure(model=...) checks the inputs "
+                          "of every batch",
 }
 
 
@@ -138,7 +150,7 @@ class HiddenStateCalibration:
         return RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
                            assume_convex_model=self.assume_convex_model,
                            gaussian_initialization=self.gaussian_initialization,
-                           dataset_size=self.dataset_size if self.schedule is None else None)
+                           dataset_size=self.dataset_size if self.schedule is None else None, planned=True)
 
     @property
     def claim(self) -> CalibrationClaim:
@@ -220,6 +232,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         # _calibrated_claim by get_optimizer_hook_fn once make_private builds the optimizer)
         self._pending_claim: Optional[CalibrationClaim] = None
         self._calibrated_claim: Optional[CalibrationClaim] = None
+        self._features = None  # a FeatureNormMonitor when the feature bound is checked per batch
 
     # ------------------------------------------------------------------- IAccountant
     mechanism = _Mechanism()
@@ -373,6 +386,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
         self.dataset_size = recorder.dataset_size
         self._recorder = recorder
+        self._features = feature_monitor(model, recorder, self._features)
         return self
 
     @property
@@ -485,6 +499,10 @@ class OpacusHiddenStateAccountant(IAccountant):
         try:
             if self.sampler is not None:
                 check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
+            if self._features is not None:  # the batch's inputs, before the base optimizer's step
+                largest = self._features.take(int(getattr(optim, "world_size", 1)))
+                if largest is not None:
+                    self._recorder.check_feature_norm(largest, f"the batch of step {len(self)}")
             self._recorder.record(self._read(optim, sample_rate))
         except v.ParameterError as err:  # the core's refusal, with how to fix it in Opacus
             if err.parameter not in _HINTS:
@@ -638,6 +656,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                 except v.ParameterError as err:
                     raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
         recorder = run.recorder
+        recorder.check_loss(None, LOSS_UNSEEN)
         if _history(recorder) != _as_history(state_dict["history"]):
             raise refusal(_SUBJECT, "has an Opacus history that is not its ledger's")
 
@@ -669,6 +688,14 @@ class OpacusHiddenStateAccountant(IAccountant):
             raise v.ParameterError("dataset_size", f"the checkpoint was taken with dataset_size={stored.dataset_size}, "
                                                    f"this accountant is configured with {self.dataset_size}")
         if self.geometry != stored.geometry:
+            if None not in (self.geometry, stored.geometry) and stored.geometry.feature_norm_bound is None \
+                    and self.geometry.feature_norm_bound is not None:
+                raise v.ParameterError(
+                    "geometry", "the checkpoint's geometry has no feature_norm_bound (it was declared by its "
+                    "constants), so its steps are not known to respect "
+                    f"feature_norm_bound={self.geometry.feature_norm_bound:g}; train again, or configure the "
+                    "geometry by its constants (LossGeometry(smoothness=..., strong_convexity=..., ...), "
+                    "reported as your claim)")
             raise v.ParameterError("geometry", f"the checkpoint was taken with {stored.geometry}, this accountant "
                                    f"is configured with {self.geometry}")
         for name in ("assume_convex_model", "gaussian_initialization"):

@@ -99,7 +99,7 @@ def planned_run(
     schedule = BatchSchedule(n, b, sampling, last_batch=last_batch, secret=secret_batches)
     diameter = None if geometry is None else geometry.diameter
     # the model is not seen here: its convexity is the callback's to check when fit starts
-    recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=True)
+    recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=True, planned=True)
     spe = schedule.steps_per_epoch
     short = n % b if last_batch != DROPPED else 0
     regular = spe - 1 if short else spe

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from hidden_state_accountants import BatchSchedule, ParameterError
+from hidden_state_accountants import validation as v
 from hidden_state_accountants.recording import BatchSourceFacts
 from hidden_state_accountants.schedules import (
     BALLS_IN_BINS,
@@ -91,10 +92,11 @@ class _Source:
     run's position); a fixed partition restarts at its first batch every epoch.
     """
 
-    def __init__(self, schedule: BatchSchedule):
+    def __init__(self, schedule: BatchSchedule, features=None, labels=None):
         self.schedule = schedule
         self.epochs_started = 0
         self.first_step = 0
+        self.features, self.labels = features, labels  # every batch is gathered from these
 
     @property
     def next_step(self) -> int:
@@ -160,6 +162,7 @@ def batched_dataset(
     seed: Optional[int] = None,
     *,
     last_batch: str = DROPPED,
+    feature_norm_bound: Optional[float] = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(features, labels)`` batches of a core batch schedule.
 
@@ -180,6 +183,10 @@ def batched_dataset(
       last_batch: for ``reshuffle``, ``"dropped"`` (the default: the last ``n % b`` records of
         each epoch's permutation are left out) or ``"kept_own_size"`` (they form a short last
         batch, which TF-Privacy divides by its own size).
+      feature_norm_bound: if given, every record's features (all dimensions but the first) must
+        have L2 norm at most this, or :class:`ParameterError` (naming ``feature_norm_bound``, with
+        the largest norm) is raised now. The callback checks the inputs of the trainable layer
+        against the declared geometry's bound in any case, before the first step.
 
     Returns:
       A finite dataset of ``steps_per_epoch`` batches that Keras iterates once per epoch: the
@@ -213,7 +220,13 @@ def batched_dataset(
     if y.shape.rank is None or y.shape.rank < 1 or y.shape[0] != x.shape[0]:
         raise ParameterError(
             "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}")
-    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch))
+    if feature_norm_bound is not None:
+        bound = v.nonnegative_float("feature_norm_bound", feature_norm_bound)
+        largest = largest_row_norm(x)
+        if not largest <= bound:  # NaN included
+            raise ParameterError("feature_norm_bound", f"the features have a record of norm {largest:.6g}, above "
+                                                       f"{bound:g} (clip them, e.g. with clip_feature_norms)")
+    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch), x, y)
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
     size = b if schedule.fixed_batch_size else None  # a kept short batch is shorter
@@ -292,6 +305,14 @@ def dataset_schedule(dataset) -> Optional[BatchSchedule]:
     return None if source is None else source.schedule
 
 
+def largest_row_norm(features: ArrayLike) -> float:
+    """The largest L2 norm of a record of ``features`` (all dimensions but the first), in float64
+    (``nan`` if a record holds NaN; 0 for no record)."""
+    x = np.asarray(features)
+    rows = x.reshape(len(x), -1).astype(np.float64) if x.ndim else x.reshape(1, 1).astype(np.float64)
+    return float(np.sqrt(np.max(np.einsum("ij,ij->i", rows, rows)))) if len(rows) else 0.0
+
+
 def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
     """Rescales each row of ``features`` to L2 norm at most ``max_norm`` (``||x|| <= R``).
 
@@ -310,18 +331,52 @@ def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- what fit consumes
-def _fit_data_handler(model):
-    """The ``data_handler`` local of the running ``model.fit`` call (Keras 2), or ``None``."""
+def _fit_locals(model) -> dict:
+    """The local variables of the running ``model.fit`` call (Keras 2), or ``{}``."""
     frame = sys._getframe(1)
     try:
         while frame is not None:
             local = frame.f_locals
             if frame.f_code.co_name == "fit" and local.get("self") is model and "data_handler" in local:
-                return local["data_handler"]
+                return local
             frame = frame.f_back
-        return None
+        return {}
     finally:
         del frame
+
+
+def _fit_data_handler(model):
+    """The ``data_handler`` local of the running ``model.fit`` call (Keras 2), or ``None``."""
+    return _fit_locals(model).get("data_handler")
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class FitData:
+    """The records the running ``model.fit`` trains on, as far as they can be read.
+
+    ``features`` / ``labels``: the arrays every batch is cut from (``None`` when they cannot be
+    read: data that is not a :func:`batched_dataset` or arrays); ``weights``: a description of the
+    sample or class weights ``fit`` applies to the per-example losses, or ``None``."""
+
+    features: object = attr.ib()
+    labels: object = attr.ib()
+    weights: Optional[str] = attr.ib()
+
+
+def fit_data(model) -> FitData:
+    """What the running ``model.fit`` trains on: the ``features`` and ``labels`` of its
+    :func:`batched_dataset` or of the arrays passed to it (after ``validation_split``), and the
+    weights it applies (``sample_weight``, ``class_weight``)."""
+    local = _fit_locals(model)
+    source = _fit_source(model)
+    if source is not None:
+        features, labels = source.features, source.labels
+    elif isinstance(local.get("x"), (np.ndarray, tf.Tensor)):
+        features, labels = local["x"], local.get("y")
+    else:
+        features, labels = None, None  # a dict of inputs, a dataset or generator this package did not build
+    weights = [f"{name} passed to fit" for name in ("sample_weight", "class_weight") if local.get(name) is not None]
+    return FitData(features=features, labels=labels, weights=", ".join(weights) or None)
 
 
 def _shuffle_seeds(dataset) -> List[Tuple[int, int]]:

@@ -69,7 +69,9 @@ def main(argv=None):
             lower = exact.poisson_lower_bound(run, args.delta, relation)
             prv = opacus_prv(run, args.delta) if relation == "ADD_OR_REMOVE_ONE" else float("nan")
             if relation == "ADD_OR_REMOVE_ONE":
-                hidden = any(a.name == report.analysis and a.hidden_state for a in report.analyses)
+                # a hidden-state number, not si_poisson's composition candidate (tau = 0)
+                hidden = any(a.name == report.analysis and a.hidden_state and not a.detail.startswith("tau = 0")
+                             for a in report.analyses)
                 wins = hidden and report.epsilon < prv and report.epsilon < report.composition_epsilon
                 below_from = (below_from or epoch) if wins else None
             if epoch % args.every == 0 or epoch == args.epochs:

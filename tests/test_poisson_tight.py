@@ -10,12 +10,11 @@ test_poisson_hidden_state.py) and with the affine construction's exact value at 
 
 import math
 import time
-import warnings
 
 import numpy as np
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
-from scipy import special
+from hypothesis import given, settings, strategies as st
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent, exact, fdp
 from hidden_state_accountants.accountant import analyze_training_run
@@ -206,6 +205,18 @@ def test_monotone_in_steps_and_finite_without_bound(relation):
     assert time.perf_counter() - t < 20.0
 
 
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None)
+@given(q=st.floats(0.005, 0.3), z=st.sampled_from([0.7, 1.0, 2.0]), contraction=st.floats(0.005, 0.3),
+       t1=st.integers(1, 3000), extra=st.integers(1, 3000), rel=st.sampled_from(RELATIONS))
+def test_monotone_in_steps_randomised(q, z, contraction, t1, extra, rel):
+    lr = 0.5
+    run = small(n=4000, q=q, b=max(1, int(q * 4000)), T=t1, z=z, lr=lr, m=contraction / lr, M=1.0)
+    a = bound(run, rel).epsilon(1e-5)
+    b = bound(run.replace(steps=t1 + extra), rel).epsilon(1e-5)
+    assert a <= b
+
+
 def test_window_does_not_depend_on_the_length():
     b1, b2 = bound(mnist(20), ADD_OR_REMOVE_ONE), bound(mnist(400), ADD_OR_REMOVE_ONE)
     assert b1._plan(1e-5).caps == b2._plan(1e-5).caps  # noqa: SLF001
@@ -287,3 +298,25 @@ def test_lower_bound_refusals_and_speed():
     for r, name in bad:
         with pytest.raises(ParameterError, match=name):
             exact.poisson_lower_bound(r, 1e-5)
+
+
+@pytest.mark.parametrize("relation", ["ADD_OR_REMOVE_ONE", "REPLACE_ONE"])
+def test_composes_with_other_events(relation):
+    """The bound's PLD (with the cap's failure mass at +infinity) composes with other events."""
+    from dp_accounting import dp_event
+
+    run = mnist(5)
+    alone = HiddenStateAccountant(neighboring_relation=relation).compose(run).get_epsilon(1e-5)
+    both = HiddenStateAccountant(neighboring_relation=relation).compose(run).compose(dp_event.GaussianDpEvent(20.0))
+    assert alone < both.get_epsilon(1e-5) < alone + 0.3
+
+
+@pytest.mark.parametrize("setting", [(0.3, 6, 4, 1.0, 0.5, 0.2), (0.05, 1, 12, 0.5, 1.0, 0.5)])
+def test_replace_one_composition_baseline_above_exact(setting):
+    """The REPLACE_ONE composition baseline composes the antipodal pair: still above the exact value."""
+    q, b, T, z, lr, m = setting
+    run = small(q=q, b=b, T=T, z=z, lr=lr, m=m)
+    comp = bound(run, REPLACE_ONE, "composition_poisson_pld")
+    truth = exact.exact_pair(run)
+    for d in (1e-3, 1e-5):
+        assert comp.epsilon(d) >= truth.epsilon(d) * (1 - 1e-9)

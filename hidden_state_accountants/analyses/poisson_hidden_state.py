@@ -258,6 +258,15 @@ def si_shift_mu(*, k, r, split: float, steps: int, log_c: float, z: float, Dn: O
 _STEP_CACHE: Dict = {}
 
 
+def _cached(cache: Dict, key, limit: int, make: Callable):
+    """``cache[key]``, made by ``make()`` when missing; the cache is emptied beyond ``limit`` entries."""
+    if key not in cache:
+        if len(cache) > limit:
+            cache.clear()
+        cache[key] = make()
+    return cache[key]
+
+
 def _grid_end(profile: Callable[[np.ndarray], np.ndarray], d: float) -> int:
     """``k`` with ``profile(k d) <= TAIL_MASS`` (the smallest on a 1/4 grid), at most ``MAX_LOSS / d``:
     what lies beyond goes to ``+infinity`` (pessimistic)."""
@@ -288,29 +297,24 @@ def step_pld(z: float, q: float, relation, d: float) -> fdp.PLD:
     Gaussian with its two directions kept apart
     (:func:`~hidden_state_accountants.fdp.poisson_add_remove_deltas`, the pair dp_accounting's
     ``from_gaussian_mechanism(sampling_prob=q)`` discretises). Cached (PLDs are immutable)."""
-    key = (float(z), float(q), relation, float(d))
-    hit = _STEP_CACHE.get(key)
-    if hit is not None:
-        return hit
-    if len(_STEP_CACHE) > 256:
-        _STEP_CACHE.clear()
+    return _cached(_STEP_CACHE, (float(z), float(q), relation, float(d)), 256, lambda: _step_pld(z, q, relation, d))
+
+
+def _step_pld(z: float, q: float, relation, d: float) -> fdp.PLD:
     r = 1.0 / z
     if q >= 1.0:  # every step uses the record: a Gaussian pair
-        out = gaussian_pld(r * sensitivity_factor(relation), d)
-    elif relation == ADD_OR_REMOVE_ONE:
+        return gaussian_pld(r * sensitivity_factor(relation), d)
+    if relation == ADD_OR_REMOVE_ONE:
         k = _grid_end(lambda e: np.maximum(*fdp.poisson_add_remove_deltas(r, q, e)), d)
         fwd, bwd = fdp.poisson_add_remove_deltas(r, q, np.arange(-k, k + 1) * d)
         if fwd[-1] >= 0.5 or bwd[-1] >= 0.5:
             raise fdp.VacuousBound("delta(MAX_LOSS) >= 1/2")
-        out = pld_lib.PrivacyLossDistribution(_ctd_pmf(d, -k, fwd), _ctd_pmf(d, -k, bwd))
-    else:
-        k = _grid_end(lambda e: fdp.antipodal_delta(r, q, e), d)
-        deltas = fdp.antipodal_delta(r, q, np.arange(-k, k + 1) * d)
-        if deltas[-1] >= 0.5:
-            raise fdp.VacuousBound("delta(MAX_LOSS) >= 1/2")
-        out = pld_lib.PrivacyLossDistribution(_ctd_pmf(d, -k, deltas))
-    _STEP_CACHE[key] = out
-    return out
+        return pld_lib.PrivacyLossDistribution(_ctd_pmf(d, -k, fwd), _ctd_pmf(d, -k, bwd))
+    k = _grid_end(lambda e: fdp.antipodal_delta(r, q, e), d)
+    deltas = fdp.antipodal_delta(r, q, np.arange(-k, k + 1) * d)
+    if deltas[-1] >= 0.5:
+        raise fdp.VacuousBound("delta(MAX_LOSS) >= 1/2")
+    return pld_lib.PrivacyLossDistribution(_ctd_pmf(d, -k, deltas))
 
 
 def gaussian_pld(mu: float, d: float) -> fdp.PLD:
@@ -337,26 +341,26 @@ _MGF_LAMBDAS = np.concatenate([-np.geomspace(0.05, 400.0, 12)[::-1], np.geomspac
 _MGF_CACHE: Dict = {}
 
 
-def _pmf_log_mgf(pmf: pld_pmf.DensePLDPmf) -> np.ndarray:
-    """An upper bound on ``log E e^{lam L}`` over the finite losses at :data:`_MGF_LAMBDAS`: the masses in
-    blocks of 16 grid points, each at its block's largest loss for ``lam > 0`` and smallest for ``lam < 0``
-    (cached; the PMF is kept so that its ``id`` is not reused). It only sizes Chernoff windows."""
-    hit = _MGF_CACHE.get(id(pmf))
-    if hit is not None:
-        return hit[1]
-    if len(_MGF_CACHE) > 512:
-        _MGF_CACHE.clear()
+def _log_mgf(pmf: pld_pmf.DensePLDPmf, lam: np.ndarray, block: int = 1) -> np.ndarray:
+    """An upper bound on ``log E e^{lam L}`` over the PMF's finite losses: the masses in blocks of
+    ``block`` grid points, each at its block's largest loss for ``lam > 0`` and smallest for ``lam < 0``
+    (exact for ``block = 1``)."""
     p = np.asarray(pmf._probs, dtype=float)  # noqa: SLF001
-    blocks = -(-p.size // 16)
-    mass = np.bincount(np.arange(p.size) // 16, weights=p, minlength=blocks)
-    first = (pmf._lower_loss + 16 * np.arange(blocks)) * pmf._discretization  # noqa: SLF001
-    last = np.minimum(first + 15 * pmf._discretization, (pmf._lower_loss + p.size - 1) * pmf._discretization)  # noqa: SLF001
-    loss = np.where(_MGF_LAMBDAS[:, None] > 0, last[None, :], first[None, :])
+    blocks = -(-p.size // block)
+    mass = np.bincount(np.arange(p.size) // block, weights=p, minlength=blocks)
+    d, low = pmf._discretization, pmf._lower_loss  # noqa: SLF001
+    first = (low + block * np.arange(blocks)) * d
+    last = np.minimum(first + (block - 1) * d, (low + p.size - 1) * d)
+    loss = np.where(lam[:, None] > 0, last[None, :], first[None, :])
     with np.errstate(divide="ignore"):
         logp = np.log(np.where(mass > 0, mass, 0.0))
-    out = special.logsumexp(_MGF_LAMBDAS[:, None] * loss + logp[None, :], axis=1)
-    _MGF_CACHE[id(pmf)] = (pmf, out)
-    return out
+    return special.logsumexp(lam[:, None] * loss + logp[None, :], axis=1)
+
+
+def _pmf_log_mgf(pmf: pld_pmf.DensePLDPmf) -> np.ndarray:
+    """:func:`_log_mgf` at :data:`_MGF_LAMBDAS` in blocks of 16 points (cached; the PMF is kept so that
+    its ``id`` is not reused): it only sizes Chernoff windows."""
+    return _cached(_MGF_CACHE, id(pmf), 512, lambda: (pmf, _log_mgf(pmf, _MGF_LAMBDAS, 16)))[1]
 
 
 def compose_pmfs(parts: Sequence[Tuple[pld_pmf.DensePLDPmf, int]], tail: float = 1e-15) -> pld_pmf.DensePLDPmf:
@@ -524,22 +528,14 @@ def shift_law(q: float, log_c: float, *, cap: Optional[float], eta: float) -> Sh
     exactly; the later ones by a Chernoff law (a survival function that bounds theirs). Without a cap the
     grid ends where a Chernoff bound on ``P(S >= x)`` falls below ``eta``; the mass beyond it (computed, not
     estimated) goes to ``+infinity``. Cached."""
-    key = (float(q), float(log_c), cap, float(eta))
-    hit = _LAW_CACHE.get(key)
-    if hit is not None:
-        return hit
-    if len(_LAW_CACHE) > 64:
-        _LAW_CACHE.clear()
     if log_c == -math.inf:  # c = 0: the distance at the window's start is forgotten in its first step
-        out = ShiftLaw(np.zeros(1), np.ones(1), 0.0)
-    elif log_c >= 0.0:
+        return ShiftLaw(np.zeros(1), np.ones(1), 0.0)
+    if log_c >= 0.0:
         if cap is None:
             raise ValueError("shift_law: c = 1 needs a cap (the diameter)")
-        out = ShiftLaw(np.array([float(cap)]), np.ones(1), 0.0)
-    else:
-        out = _geometric_shift_law(q, log_c, cap, eta)
-    _LAW_CACHE[key] = out
-    return out
+        return ShiftLaw(np.array([float(cap)]), np.ones(1), 0.0)
+    return _cached(_LAW_CACHE, (float(q), float(log_c), cap, float(eta)), 64,
+                   lambda: _geometric_shift_law(q, log_c, cap, eta))
 
 
 def _geometric_shift_law(q: float, log_c: float, cap: Optional[float], eta: float) -> ShiftLaw:
@@ -637,7 +633,7 @@ def mixture_pld(law: ShiftLaw, scale: float, d: float, components: int = MIX_COM
         mgf = special.logsumexp(np.log(np.append(p, max(zero_mass, 1e-300)))[None, :]
                                 + np.append((lam[:, None] + lam[:, None] ** 2) * (m * m / 2)[None, :],
                                             np.zeros((lam.size, 1)), axis=1), axis=1)
-    _MGF_CACHE[id(pmf)] = (pmf, mgf + np.maximum(lam, 0.0) * d)
+    _MGF_CACHE[id(pmf)] = (pmf, mgf + np.maximum(lam, 0.0) * d)  # registered for compose_pmfs
     return pld_lib.PrivacyLossDistribution(pmf)
 
 
@@ -669,19 +665,11 @@ class Window:
         return math.exp(self.k * min(log_c, 0.0)) * (rho / z) / math.sqrt((1.0 - self.split) * window)
 
 
-def _log_mgf(pmf: pld_pmf.DensePLDPmf, lam: np.ndarray) -> np.ndarray:
-    """``log E e^{lam L}`` over the PMF's finite losses (the surrogate only)."""
-    p = np.asarray(pmf._probs, dtype=float)  # noqa: SLF001
-    loss = (pmf._lower_loss + np.arange(p.size)) * pmf._discretization  # noqa: SLF001
-    with np.errstate(divide="ignore"):
-        logp = np.log(np.where(p > 0, p, 0.0))
-    return special.logsumexp(lam[:, None] * loss[None, :] + logp[None, :], axis=1)
-
-
 def _surrogate(q, z, relation, log_c, law: ShiftLaw, delta: float, rho: float,
                k_hi: int) -> Tuple[Optional[Window], float]:
-    """The window ranked best, and its estimate, by an RDP-style estimate (``log E e^{lam L}`` of each part, added, converted with
-    ``delta <= e^{Lambda - lam eps} lam^lam / (lam+1)^(lam+1)``): only chooses; never reported."""
+    """The window ranked best, and its estimate, by an RDP-style estimate (``log E e^{lam L}`` of each
+    part, added, converted with ``delta <= e^{Lambda - lam eps} lam^lam / (lam+1)^(lam+1)``): only
+    chooses, never reported."""
     lam = SURROGATE_LAMBDAS
     d = SURROGATE_DISCRETIZATION
     conv = lam * np.log(lam) - (lam + 1) * np.log1p(lam) - math.log(delta)
@@ -812,17 +800,15 @@ class PoissonShiftBound(Bound):
                components: int = MIX_COMPONENTS) -> fdp.PLD:
         """The window's PLD: its sampled steps and the mixture of the shifts (cached: independent of T)."""
         s = self.setup
+
+        def make():
+            law = self._law(log_c, delta)
+            return compose_plds([(step_pld(s.z * math.sqrt(w.split), s.q, self.relation, d), w.r),
+                                 (step_pld(s.z, s.q, self.relation, d), w.k - w.r),
+                                 (mixture_pld(law, w.scale(log_c, s.z, s.rho), d, components), 1)])
+
         key = (s.q, s.z, self.relation, s.Dn, s.rho, w, log_c, float(delta), d, components)
-        if key in _WINDOW_CACHE:
-            return _WINDOW_CACHE[key]
-        if len(_WINDOW_CACHE) > 64:
-            _WINDOW_CACHE.clear()
-        law = self._law(log_c, delta)
-        parts = [(step_pld(s.z * math.sqrt(w.split), s.q, self.relation, d), w.r),
-                 (step_pld(s.z, s.q, self.relation, d), w.k - w.r),
-                 (mixture_pld(law, w.scale(log_c, s.z, s.rho), d, components), 1)]
-        _WINDOW_CACHE[key] = out = compose_plds(parts)
-        return out
+        return _cached(_WINDOW_CACHE, key, 64, make)
 
     def _comp(self, steps: int, d: float) -> fdp.PLD:
         key = ("comp", steps, d)
@@ -846,32 +832,32 @@ class PoissonShiftBound(Bound):
         s = self.setup
         key = (s.q, s.z, self.relation, self.cap_list, self.free_cap_at(delta), s.Dn, s.rho, float(delta),
                self.discretization)
-        if key not in _PLAN_CACHE:
-            if len(_PLAN_CACHE) > 256:
-                _PLAN_CACHE.clear()
-            caps, d = [], self.discretization
-            for K, log_c in self._caps_for(delta):
-                law = self._law(log_c, delta)
-                start, estimate = _surrogate(s.q, s.z, self.relation, log_c, law, delta, s.rho, self._k_hi(log_c))
-                if not estimate <= MAX_ESTIMATE:  # epsilon in the ten thousands: not worth a PLD
-                    caps.append((K, log_c, None))
-                    continue
-                # the grid: the base one unless the window's losses span more than ~2e5 of its points
-                d_cap = max(self.discretization, (estimate + 50.0) / 2e5)
+        return _cached(_PLAN_CACHE, key, 256, lambda: self._make_plan(delta))
 
-                # the search's grid: coarser (faster), but fine enough next to the estimate's size
-                d_search = max(d_cap, min(SEARCH_DISCRETIZATION, estimate / 200.0))
+    def _make_plan(self, delta: float) -> _Plan:
+        s = self.setup
+        caps, d = [], self.discretization
+        for K, log_c in self._caps_for(delta):
+            law = self._law(log_c, delta)
+            start, estimate = _surrogate(s.q, s.z, self.relation, log_c, law, delta, s.rho, self._k_hi(log_c))
+            if not estimate <= MAX_ESTIMATE:  # epsilon in the ten thousands: not worth a PLD
+                caps.append((K, log_c, None))
+                continue
+            # the grid: the base one unless the window's losses span more than ~2e5 of its points
+            d_cap = max(self.discretization, (estimate + 50.0) / 2e5)
 
-                def value(w, log_c=log_c, d_search=d_search):  # exact at T = infinity (only chooses)
-                    try:
-                        return grid_epsilon(self._exact(w, log_c, delta, d_search, SEARCH_COMPONENTS), delta)
-                    except fdp.VacuousBound:
-                        return math.inf
+            # the search's grid: coarser (faster), but fine enough next to the estimate's size
+            d_search = max(d_cap, min(SEARCH_DISCRETIZATION, estimate / 200.0))
 
-                caps.append((K, log_c, _local_search(start, value)))
-                d = max(d, d_cap)
-            _PLAN_CACHE[key] = _Plan(caps, d)
-        return _PLAN_CACHE[key]
+            def value(w, log_c=log_c, d_search=d_search):  # exact at T = infinity (only chooses)
+                try:
+                    return grid_epsilon(self._exact(w, log_c, delta, d_search, SEARCH_COMPONENTS), delta)
+                except fdp.VacuousBound:
+                    return math.inf
+
+            caps.append((K, log_c, _local_search(start, value)))
+            d = max(d, d_cap)
+        return _Plan(caps, d)
 
     def _terms(self, delta: float, d: float):
         """``(epsilon, pld, detail)`` of every term of the minimum at this length."""
@@ -879,7 +865,6 @@ class PoissonShiftBound(Bound):
         T = s.steps
         out = []
         plan = self._plan(delta)
-        d = max(d, plan.discretization)
         windows = [w.k for _, _, w in plan.caps if w is not None]
         if not windows or T <= COMPOSITION_REACH * max(windows):
             try:
@@ -916,11 +901,11 @@ class PoissonShiftBound(Bound):
 
     # ------------------------------------------------------------------ Bound API
     def epsilon(self, delta: float) -> float:
-        best = self._best(delta, self.discretization)
+        best = self._best(delta, self._plan(delta).discretization)
         return math.inf if best is None else best[0]
 
     def delta(self, epsilon: float) -> float:
-        best = self._best(1e-5, self.discretization)  # the windows are tuned for a typical delta; any is valid
+        best = self._best(1e-5, self._plan(1e-5).discretization)  # windows tuned for a typical delta; any is valid
         return 1.0 if best is None else fdp.pld_delta(best[1], epsilon)
 
     def pld(self, delta: float, discretization: float) -> Optional[fdp.PLD]:
@@ -928,7 +913,7 @@ class PoissonShiftBound(Bound):
         return None if best is None else best[1]
 
     def detail(self, delta: float) -> str:
-        best = self._best(delta, self.discretization)
+        best = self._best(delta, self._plan(delta).discretization)
         if best is None:
             return "no batch-size cap leaves a failure probability below delta"
         return "; ".join((best[2], self.relation.name))
@@ -941,6 +926,12 @@ CAP_REFUSAL = 1e-3  # refused when even the largest admissible cap fails with a 
 SUGGESTED_FAILURE = 1e-10  # the failure probability of the cap behind a suggested learning rate
 _PLAN_CACHE: Dict = {}
 _WINDOW_CACHE: Dict = {}
+
+
+def clear_caches() -> None:
+    """Empties every cache of this module (benchmarks time cold evaluations)."""
+    for cache in (_STEP_CACHE, _LAW_CACHE, _MGF_CACHE, _PLAN_CACHE, _WINDOW_CACHE):
+        cache.clear()
 
 
 def cap_list(s: PoissonSetup, admissible: Callable[[float], bool]) -> List[Tuple[int, float]]:
@@ -1041,4 +1032,4 @@ def si_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 __all__ = ["si_poisson", "poisson_setup", "caps", "log_cap_failure", "log_step_lipschitz", "si_shift_mu",
            "step_pld", "PoissonSetup", "capped", "shift_law", "ShiftLaw", "mixture_pld", "compose_plds",
-           "PoissonShiftBound", "Window", "cap_list"]
+           "PoissonShiftBound", "Window", "cap_list", "clear_caches"]

@@ -30,10 +30,7 @@ from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.errors import CalibrationWarning  # re-exported
 from hidden_state_accountants.relations import schedule_reason
 from hidden_state_accountants.selection import NONE, RDP_POINTWISE_MIN, bound_epsilon, pointwise_rdp_minimum, select_best
-from hidden_state_accountants.schedules import EPOCH_ORDERS, FULL, MAX_STEPS, visits_per_record
-
-# Steps standing in for "forever" when certifying that a budget is never exhausted.
-UNBOUNDED_STEPS = 10**15
+from hidden_state_accountants.schedules import EPOCH_ORDERS, FULL, MAX_STEPS, UNBOUNDED_STEPS, visits_per_record  # re-exported
 
 
 @dataclass

@@ -392,3 +392,177 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
 
 
 __all__ += ["shuffled_lower_bound"]
+
+
+# ------------------------------------- the best known lower bound of a Poisson run, fast (issue 18)
+LOWER_BOUND_DIRECT_TERMS = 20_000_000  # (steps convolved term by term) x (frequencies) allowed: about a second
+
+
+def _poisson_log_cf(theta: np.ndarray, q: float, c: float, steps: int) -> np.ndarray:
+    """``log E exp(i theta S)``, ``S = sum_{j < steps} I_j c^j``, ``I_j ~ Bern(q)`` i.i.d.
+
+    Term by term while ``|theta| c^j > 1e-4``; the rest by the first three cumulants of a Bernoulli
+    (``q``, ``q(1-q)``, ``q(1-q)(1-2q)``) with the geometric power sums in closed form (the next term is
+    below ``1e-16`` of the sum). ``c = 1``: ``steps log(1 - q + q e^{i theta})``."""
+    theta = np.asarray(theta, dtype=float)
+    one = lambda u: np.log1p(q * np.expm1(1j * u))
+    if c == 1.0:
+        return steps * one(theta)
+    if c == 0.0:
+        return one(theta)
+    top = float(np.max(np.abs(theta))) if theta.size else 0.0
+    direct = steps if top <= 0 else min(steps, max(0, int(math.ceil(math.log(top * 1e4) / -math.log(c)))))
+    if direct * theta.size > LOWER_BOUND_DIRECT_TERMS:
+        raise v.ParameterError("steps", f"too long a run with too weak a contraction (c = {c:.9g}) for the fast "
+                               "lower bound; use exact_pair")
+    out = np.zeros(theta.shape, dtype=complex)
+    for start in range(0, direct, 4096):
+        j = np.arange(start, min(direct, start + 4096))
+        out += np.sum(one(theta[:, None] * c ** j[None, :]), axis=1)
+    if direct < steps:
+        rest = steps - direct
+        power = lambda n: c ** (direct * n) * -math.expm1(rest * n * math.log(c)) / -math.expm1(n * math.log(c))
+        kappas = (q, q * (1 - q), q * (1 - q) * (1 - 2 * q))
+        for n, kappa in enumerate(kappas, start=1):
+            out += kappa * (1j * theta) ** n / math.factorial(n) * power(n)
+    return out
+
+
+def s_max_of(c: float, steps: int) -> float:
+    """``sum_{j < steps} c^j``."""
+    if c == 1.0:
+        return float(steps)
+    if c == 0.0:
+        return 1.0
+    return -math.expm1(steps * math.log(c)) / (1 - c)
+
+
+class _FourierLaw:
+    """The law of ``X = a S + N(0, 1)`` (``sign = -1``: of ``-a S + N(0, 1)``) from its characteristic
+    function: density and survival function by Fourier sums (Gil-Pelaez) on a midpoint grid of
+    frequencies wide enough that the aliased mass is negligible."""
+
+    def __init__(self, a: float, q: float, c: float, steps: int, sign: float = 1.0) -> None:
+        s_max = s_max_of(c, steps)
+        mean = a * q * s_max
+        sd = math.sqrt(1.0 + a * a * q * (1 - q) * (s_max if c == 1.0 else (1 - c ** (2 * min(steps, 10**9)))
+                                                     / max(1 - c * c, 1e-300)))
+        reach = min(a * s_max, mean + 25 * sd + 25 * a) + 15.0  # the mass beyond is below 1e-40
+        self.dw = math.pi / reach
+        self.w = (np.arange(int(math.ceil(12.0 / self.dw))) + 0.5) * self.dw  # e^{-w^2/2} < 1e-31 beyond
+        self.phi = np.exp(_poisson_log_cf(sign * a * self.w, q, c, steps) - self.w ** 2 / 2)
+
+    def _both(self, t: np.ndarray):
+        """Density and survival function at ``t`` (the last grid asked for is remembered)."""
+        t = np.asarray(t, dtype=float)
+        if getattr(self, "_t", None) is not None and self._t.shape == t.shape and np.array_equal(self._t, t):
+            return self._vals
+        e = np.exp(-1j * np.multiply.outer(t, self.w))
+        dens = np.maximum(np.real(e @ self.phi) * self.dw / math.pi, 0.0)
+        sf = np.clip(0.5 + np.imag(e @ (self.phi / self.w)) * self.dw / math.pi, 0.0, 1.0)
+        self._t, self._vals = t.copy(), (dens, sf)
+        return dens, sf
+
+    def density(self, t):
+        return self._both(t)[0]
+
+    def sf(self, t):
+        return self._both(t)[1]
+
+
+def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE_ONE") -> float:
+    """The best known lower bound on the epsilon of a Poisson run (shown beside a reported bound, never as
+    the guarantee): the exact epsilon of the affine construction with the worst known pair, computed from
+    the characteristic function of the last iterate (a mixture over the secret inclusions), fast at any
+    length (docs/derivations.md section 17).
+
+    The construction: every per-example gradient constant (``v_i``, ``||v_i|| <= C``, data curvature 0),
+    the run's L2 term ``m_reg`` once per step, so every step contracts by ``c = 1 - lr m_reg``; an instance
+    of the declared class when ``m <= m_reg <= M``. The pairs are those of :func:`exact_pair`
+    (:func:`constructions_for`): ``half`` (the record ``+C`` against absent / ``0``) and, under
+    REPLACE_ONE, ``mirror`` (``+C`` against ``-C``); it equals ``exact_pair(run, relation=...).epsilon``
+    up to the Fourier inversion's accuracy (about 1e-6 relative at ``delta >= 1e-9``).
+
+    >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
+    >>> run = TrainingRunDpEvent(dataset_size=20, batch_size=6, steps=4, noise_multiplier=1.0, clip_norm=1.0,
+    ...     learning_rate=0.5, sampling="poisson", sampling_probability=0.3, l2_regularization=0.2,
+    ...     geometry=LossGeometry(strong_convexity=0.2, smoothness=1.0))
+    >>> round(poisson_lower_bound(run, 1e-5, "ADD_OR_REMOVE_ONE"), 4) == round(
+    ...     exact_pair(run, relation="ADD_OR_REMOVE_ONE").epsilon(1e-5), 4)
+    True
+    """
+    relation = getattr(relation, "name", relation)
+    if relation not in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE"):
+        raise v.ParameterError("relation", f"must be REPLACE_ONE or ADD_OR_REMOVE_ONE, got {relation!r}")
+    v.probability("delta", delta)
+    if run.sampling != POISSON:
+        raise v.ParameterError("sampling", f"the fast lower bound is for sampling='poisson', not {run.sampling!r}")
+    if not run.is_constant:
+        raise v.ParameterError("learning_rate", "the lower bound needs a constant learning rate and noise")
+    g = run.geometry
+    m_reg = run.l2_regularization
+    if g is None or m_reg is None:
+        raise v.ParameterError("l2_regularization", "the construction needs the loss geometry and the L2 strength")
+    if g.diameter is not None:
+        raise v.ParameterError("geometry", "with a projection the affine construction leaves the domain; "
+                               "see poisson_projected_epsilon")
+    if not g.strong_convexity <= m_reg <= g.smoothness:
+        raise v.ParameterError("l2_regularization", f"the affine construction (data curvature 0) is in the declared "
+                               f"class only when strong_convexity <= l2_regularization <= smoothness, got "
+                               f"{g.strong_convexity:g} <= {m_reg:g} <= {g.smoothness:g}")
+    lr, z = float(run.learning_rate), float(run.noise_multiplier)
+    c = 1.0 - lr * m_reg
+    if not 0.0 <= c <= 1.0:
+        raise v.ParameterError("learning_rate", f"the construction's contraction 1 - lr m_reg = {c:g} must lie in [0, 1]")
+    T, q = run.steps, run.sampling_rate
+    c2 = c * c
+    variance = float(T) if c2 == 1.0 else (1.0 if c2 == 0.0 else -math.expm1(T * math.log(c2)) / (1 - c2))
+    a = (1.0 / z) / math.sqrt(variance)  # one use's shift of the last iterate, in units of its noise
+    law = _FourierLaw(a, q, c, T)
+    reach = 12.0 + a * q * s_max_of(c, T) + 12.0 * a * math.sqrt(q * s_max_of(c, T))
+    grid = np.arange(-reach, reach + 0.01, 0.02)
+
+    def log_p(t):
+        return np.log(np.maximum(law.density(t), 1e-300))
+
+    def threshold_epsilon(log_ratio, gap, densities) -> float:
+        """The Neyman-Pearson half-line traced by its threshold ``t``: ``eps = log_ratio(t)`` where ``gap(t) =
+        H(t) - delta`` turns negative beyond ``log_ratio = 0``, located on the grid where both densities are
+        resolved (above 1e-12), then refined. Where the crossing lies beyond them, the ratio at the last
+        resolved point with a positive gap: a smaller value, still a lower bound."""
+        ok = np.flatnonzero(np.minimum(*densities) > 1e-12)
+        if not ok.size:
+            return 0.0
+        lo, hi = int(ok[0]), int(ok[-1]) + 1
+        r, g = log_ratio(grid[lo:hi]), gap(grid[lo:hi])
+        start = np.flatnonzero(r >= 0)
+        if not start.size:
+            return 0.0
+        i0 = int(start[0])
+        if g[i0] <= 0:
+            return 0.0
+        below = np.flatnonzero(g[i0:] <= 0)
+        if not below.size:
+            return max(0.0, float(r[-1]))
+        j = lo + i0 + int(below[0])
+        t = optimize.brentq(lambda x: float(gap(np.array([x]))[0]), grid[j - 1], grid[j], xtol=1e-13)
+        return max(0.0, float(log_ratio(np.array([t]))[0]))
+
+    ex = lambda x: np.exp(np.minimum(x, 700.0))
+    log_gauss = lambda t: -0.5 * t * t - 0.5 * math.log(2 * math.pi)
+    # half: X = a S + N(0,1) against N(0,1); forward on {x > t}, reverse on {x < -t}
+    lr_half = lambda t: log_p(t) - log_gauss(t)
+    fwd = lambda t: law.sf(t) - ex(lr_half(t)) * special.ndtr(-t) - delta
+    rev = lambda t: special.ndtr(-t) - ex(-lr_half(-t)) * (1.0 - law.sf(-t)) - delta
+    p_grid, p_flip = law.density(grid), law.density(-grid)
+    gauss = np.exp(log_gauss(grid))
+    best = max(threshold_epsilon(lr_half, fwd, (p_grid, gauss)),
+               threshold_epsilon(lambda t: -lr_half(-t), rev, (p_flip, gauss)))
+    if relation == "REPLACE_ONE":  # mirror: a S + N against -a S' + N (symmetric)
+        lr_mirror = lambda t: log_p(t) - log_p(-t)
+        gap = lambda t: law.sf(t) - ex(lr_mirror(t)) * (1.0 - law.sf(-t)) - delta
+        best = max(best, threshold_epsilon(lr_mirror, gap, (p_grid, p_flip)))
+    return best + EPS_PAD if best > 0 else 0.0
+
+
+__all__ += ["poisson_lower_bound"]

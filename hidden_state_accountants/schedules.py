@@ -92,6 +92,9 @@ fixed ``b`` (Opacus with ``optimizer.expected_batch_size = b``). When ``b`` divi
 there is no short batch and every value means ``dropped``."""
 
 MAX_STEPS = 10**18
+UNBOUNDED_STEPS = 10**15
+"""Steps standing in for "forever" when a bound valid for every length is certified (calibration's
+``limit_epsilon``; analyses that must answer there)."""
 """More optimiser steps than any training run takes; the hidden-state bounds' limit for
 unbounded training is what ``max_epochs_within_budget`` / ``hsa epochs`` report."""
 

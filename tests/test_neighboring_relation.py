@@ -97,14 +97,14 @@ def test_full_batch_composition_is_the_gaussian_with_sensitivity_c():
 def test_full_batch_hidden_state_halves_mu_and_checks_the_larger_batch():
     geom = LossGeometry(smoothness=1.0, strong_convexity=0.5)
     run = TrainingRunDpEvent(dataset_size=100, batch_size=100, steps=50, noise_multiplier=5.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling="full", geometry=geom)
+                             learning_rate=0.5, sampling="full", geometry=geom, l2_regularization=0.0)
     a, r = rows(report_of(run)), rows(report_of(run, "REPLACE_ONE"))
     mu_a = float(a["bok_thm4.2"].detail.split("mu = ")[1].split(";")[0])
     mu_r = float(r["bok_thm4.2"].detail.split("mu = ")[1].split(";")[0])
     assert mu_a == pytest.approx(mu_r / 2, rel=1e-5)
     # n = 10, lr = 1.95/M: fine for D, but the batch of D' (11 records over divisor 10) is 1.1 M-smooth
     run = TrainingRunDpEvent(dataset_size=10, batch_size=10, steps=50, noise_multiplier=5.0, clip_norm=1.0,
-                             learning_rate=1.95, sampling="full", geometry=geom)
+                             learning_rate=1.95, sampling="full", geometry=geom, l2_regularization=0.0)
     a = rows(report_of(run))
     assert a["bok_thm4.2"].epsilon is None and "one record more than the divisor" in a["bok_thm4.2"].reason
     assert rows(report_of(run, "REPLACE_ONE"))["bok_thm4.2"].epsilon is not None

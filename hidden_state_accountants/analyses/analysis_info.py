@@ -90,7 +90,7 @@ def analysis(name: str, citation: str, schedules, *, hidden_state: bool = True, 
                 except ParameterError as err:
                     bound = NotApplicable(reason=(
                         "under ADD_OR_REMOVE_ONE the batch holding the added record has one record more than "
-                        f"the divisor, and its smoothness rules out this step size: {err}"))
+                        f"the divisor, and its curvature rules this analysis out: {err}"))
                     bound.name, bound.citation, bound.hidden_state = name, cite, hidden_state
                     return bound
             bound = fn(event, ctx)

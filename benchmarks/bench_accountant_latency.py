@@ -82,7 +82,7 @@ def make_run(sampling: str, steps: int, z: float = 2.0, geometry: LossGeometry =
 def clear_caches() -> None:
     rdp_tools._sgm_rdp_cached.cache_clear()
     rdp_tools._wor_rdp_cached.cache_clear()
-    poisson_hidden_state._STEP_CACHE.clear()
+    poisson_hidden_state.clear_caches()
 
 
 def timed(fn: Callable[[], float], repeat: int = 3) -> tuple:

@@ -10,6 +10,10 @@ optimizer (SGD with the same weight_decay); what differs is only what the adapte
   adapter      ... and PrivacyEngine(accountant="hidden_state"), configured (full adapter)
   adapter-l2   the full adapter without projection (ProjectionHook(l2_regularization=...) only:
                enough for the strongly convex analyses, which need no diameter)
+  plain-pre    plain, on features clipped beforehand (clip_features) and a model without FeatureClip
+  adapter-check  the full adapter on the same model and data: no FeatureClip, so the accountant
+               checks the trainable layer's inputs on every batch before its step (compared with
+               plain-pre)
 
 A step is fetching the batch, forward, backward, ``optimizer.step()`` and ``zero_grad()``
 (the accountant's hook runs inside ``step``, the projection right after it). The variants are
@@ -44,7 +48,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import hidden_state_accountants.opacus as hso
 
-VARIANTS = ("plain", "+sampler", "+hook", "adapter", "adapter-l2")
+VARIANTS = ("plain", "+sampler", "+hook", "adapter", "adapter-l2", "plain-pre", "adapter-check")
+BASE = {"adapter-check": "plain-pre"}  # what a variant is compared with (default: plain)
 
 
 def dataset(name: str):
@@ -64,20 +69,23 @@ def dataset(name: str):
 
 def build(variant: str, ds: TensorDataset, batch_size: int, seed: int, device: torch.device):
     torch.manual_seed(seed)
+    pre = variant in ("plain-pre", "adapter-check")
+    if pre:  # the features clipped once, outside the model
+        ds = TensorDataset(hso.clip_features(ds.tensors[0], 1.0), ds.tensors[1])
     n, d = ds.tensors[0].shape
     k = int(ds.tensors[1].max()) + 1
     sampler = hso.ShufflePartitionBatchSampler(n, batch_size, seed)
-    if variant == "plain":
+    if variant.startswith("plain"):
         loader = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=True,
                             generator=torch.Generator().manual_seed(seed))
     else:
         loader = DataLoader(ds, batch_sampler=sampler)
-    model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(d, k)).to(device)
+    model = (nn.Sequential(nn.Linear(d, k)) if pre else nn.Sequential(hso.FeatureClip(1.0), nn.Linear(d, k))).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.01)
     engine = PrivacyEngine(accountant="hidden_state" if variant.startswith("adapter") else "prv")
     model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
                                              noise_multiplier=2.0, max_grad_norm=1.0, poisson_sampling=False)
-    if variant != "plain" and variant != "+sampler":
+    if not variant.startswith("plain") and variant != "+sampler":
         radius = None if variant == "adapter-l2" else 5.0
         hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=0.01, check_loss_penalty=False)
         if variant.startswith("adapter"):
@@ -143,6 +151,9 @@ def components(setups, device: torch.device, repeats: int = 7, number: int = 300
         o.zero_grad()
     proj = getattr(opt, hso.PROJECTION_ATTR)
     out["projection"] = best(proj.project)
+    monitor = setups["adapter-check"][0].accountant._features  # the per-batch input check, alone
+    xb = next(iter(setups["adapter-check"][3]))[0].to(device)
+    out["feature_check"] = best(lambda: (monitor._see(monitor.module, (xb,)), monitor.take()))
     out["added"] = (out["sampler_ours"] - out["sampler_torch"] + out["accountant_ours"] - out["accountant_prv"]
                     + out["projection"])
     return out
@@ -191,8 +202,8 @@ def main(argv=None) -> Dict[str, object]:
     rng = np.random.default_rng(0)
 
     def ci(v):  # bootstrap the ratio of medians
-        k = len(us[v])
-        boots = [np.median(us[v][rng.integers(0, k, k)]) / np.median(us["plain"][rng.integers(0, k, k)])
+        k, base = len(us[v]), us[BASE.get(v, "plain")]
+        boots = [np.median(us[v][rng.integers(0, k, k)]) / np.median(base[rng.integers(0, len(base), len(base))])
                  for _ in range(300)]
         return [100 * (x - 1) for x in np.percentile(boots, [2.5, 97.5])]
 
@@ -209,12 +220,13 @@ def main(argv=None) -> Dict[str, object]:
         print(f"CUDA device: {torch.cuda.get_device_name(device)}")
     print(f"dataset={a.dataset} n={len(ds)} d={ds.tensors[0].shape[1]} batch_size={b} steps={a.steps} "
           f"threads={a.threads} device={a.device} clock={a.clock} torch={torch.__version__}")
-    print(f"{'variant':<10} {'median us/step':>15} {'vs plain':>9}   (95% interval)")
+    print(f"{'variant':<13} {'median us/step':>15} {'vs base':>9}   (95% interval)")
     intervals = {}
     for v in VARIANTS:
         intervals[v] = ci(v)
-        print(f"{v:<10} {med[v]:>15.1f} {100 * (med[v] / med['plain'] - 1):>+8.2f}%   "
-              f"({intervals[v][0]:+.2f}% .. {intervals[v][1]:+.2f}%)")
+        base = BASE.get(v, "plain")
+        print(f"{v:<13} {med[v]:>15.1f} {100 * (med[v] / med[base] - 1):>+8.2f}%   "
+              f"({intervals[v][0]:+.2f}% .. {intervals[v][1]:+.2f}%)" + ("" if base == "plain" else f" vs {base}"))
     print("pieces alone, tight loop, best of 7 x 300 calls (us): "
           + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in comp.items() if k != "added"))
     print(f"net (ours minus what they replace, plus projection): {comp['added'] * 1e6:.1f} us = "
@@ -222,7 +234,7 @@ def main(argv=None) -> Dict[str, object]:
     print(f"get_epsilon after {len(engine.accountant)} steps: {t_eps * 1e3:.1f} ms (epsilon {eps:.4f}, "
           f"{engine.accountant.explain(1e-5).analysis})")
     out = {"per_step_us": med,
-           "overhead_pct": {v: 100 * (med[v] / med["plain"] - 1) for v in VARIANTS},
+           "overhead_pct": {v: 100 * (med[v] / med[BASE.get(v, "plain")] - 1) for v in VARIANTS},
            "overhead_95pct_interval": intervals,
            "components_us": {k: v * 1e6 for k, v in comp.items()},
            "get_epsilon_ms": t_eps * 1e3}

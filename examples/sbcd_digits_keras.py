@@ -3,7 +3,7 @@
     .venv/bin/python examples/sbcd_digits_keras.py            # the table in docs/dp_sbcd.md
     .venv/bin/python examples/sbcd_digits_keras.py --quick    # one setting, one seed
 
-As ``examples/sbcd_digits_torch.py``, with ``hidden_state_accountants.tf_privacy.sbcd.DPSBCD``
+As ``examples/sbcd_digits_torch.py``, with ``hidden_state_accountants.keras.sbcd.DPSBCD``
 and TF-Privacy's ``DPKerasSGDOptimizer``. Keras' ``fit`` reshuffles fixed-size batches every
 epoch, so the DP-SGD noise is calibrated with TF-Privacy's *own* statement for that data order
 ("each example occurring once per epoch", RDP composition, add/remove-one); its
@@ -31,7 +31,7 @@ from sklearn.model_selection import train_test_split  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from hidden_state_accountants.analyses import sbcd as core  # noqa: E402
-from hidden_state_accountants.tf_privacy.sbcd import DPSBCD  # noqa: E402
+from hidden_state_accountants.keras.sbcd import DPSBCD  # noqa: E402
 
 DELTA = 1e-5
 SETTINGS = [  # (batch size, o, lambda, epochs), as in the PyTorch example

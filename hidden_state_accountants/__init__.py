@@ -22,11 +22,10 @@ from hidden_state_accountants.calibration import (
     max_epochs_within_budget,
 )
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.recording import CompositionFallbackWarning, HiddenStateWarning
+from hidden_state_accountants.errors import CalibrationWarning, CompositionFallbackWarning, HiddenStateWarning, ParameterError
 from hidden_state_accountants.schedules import SAMPLINGS, BatchSchedule
-from hidden_state_accountants.validation import ParameterError
 
-__version__ = "0.1.0"
+__version__ = "0.1.0.dev0"  # single source: pyproject.toml reads it (CHANGELOG.md)
 
 __all__ = [
     "HiddenStateAccountant",
@@ -35,6 +34,7 @@ __all__ = [
     "LossGeometry",
     "BatchSchedule",
     "CompositionFallbackWarning",
+    "CalibrationWarning",
     "HiddenStateWarning",
     "PrivacyReport",
     "AnalysisReport",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
@@ -25,32 +25,14 @@ from dp_accounting import dp_event, privacy_accountant
 from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses import composition, long_composition, registry, sbcd
-from hidden_state_accountants.analyses._common import NO_GEOMETRY, Context
-from hidden_state_accountants.bounds import Bound, NotApplicable
+from hidden_state_accountants.analyses import composition, long_composition, registry
+from hidden_state_accountants.analyses._common import Context
+from hidden_state_accountants.bounds import Bound
+from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarning
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.recording import CompositionFallbackWarning
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
 from hidden_state_accountants.schedules import SAMPLINGS
-
-EventAnalyzer = Callable[[dp_event.DpEvent, Context], List[Bound]]
-_EVENT_ANALYZERS: Dict[type, EventAnalyzer] = {}
-_EVENT_RELATIONS: Dict[type, Tuple[NeighborRel, ...]] = {}
-
-
-def register_event_analyzer(event_type: type, analyzer: EventAnalyzer,
-                            relations: Sequence[NeighborRel] = (REPLACE_ONE,)) -> None:
-    """Teaches :class:`HiddenStateAccountant` a new event type (e.g. a DP-SBCD run).
-
-    ``analyzer(event, ctx)`` returns the event's bounds (:mod:`hidden_state_accountants.bounds`),
-    including ``NotApplicable`` entries with reasons, exactly like :func:`analyze_training_run`.
-    ``relations``: the neighbouring relations its analyses are proved for (the accountant
-    reports ``inf`` with a reason under any other, without calling it).
-    """
-    if not (isinstance(event_type, type) and issubclass(event_type, dp_event.DpEvent)):
-        raise TypeError(f"event_type: must be a DpEvent subclass, got {event_type!r}")
-    _EVENT_ANALYZERS[event_type] = analyzer
-    _EVENT_RELATIONS[event_type] = tuple(parse_relation(r, "relations") for r in relations)
+from hidden_state_accountants.selection import RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, bound_epsilon, select_best
 
 
 def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
@@ -75,21 +57,8 @@ def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> L
     """Every analysis for ``run`` under ``ctx.neighboring_relation``: its schedule's composition
     baselines and all hidden-state analyses, those that do not apply carrying the reason (from
     the registry, without running them: another schedule, or a relation the analysis is not
-    proved for)."""
-    run = normalised(run)
-    bounds = []
-    for info in registry.all_analyses():
-        if run.sampling in info.schedules:
-            reason = info.relation_reason(ctx.neighboring_relation, run.sampling)
-            if reason:
-                bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=info.hidden_state,
-                                            reason=reason))
-            else:
-                bounds.append(info.function(run, ctx))
-        elif info.hidden_state:
-            reason = info.not_applicable_reason(run.sampling)
-            bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=True, reason=reason))
-    return bounds
+    proved for). The run is analysed in units where the clip norm is 1 (:func:`normalised`)."""
+    return registry.analyze(normalised(run), ctx)
 
 
 @dataclass
@@ -103,12 +72,18 @@ class AnalysisReport:
     hidden_state: bool
     kind: str
     detail: str = ""
+    # the bound never decreases with the run's length (it then bounds every shorter run)
+    monotone_in_steps: bool = False
 
     def to_dict(self) -> dict:
+        reason = self.reason
+        if reason is None and self.epsilon is not None and not math.isfinite(self.epsilon):
+            # JSON has no infinity: an applicable bound that says nothing here still gets a reason
+            reason = "the bound is infinite here" + (f" ({self.detail})" if self.detail else "")
         return {
             "name": self.name,
             "epsilon": _json_number(self.epsilon),
-            "reason": self.reason,
+            "reason": reason,
             "hidden_state": self.hidden_state,
             "kind": self.kind,
             "citation": self.citation,
@@ -163,6 +138,10 @@ class PrivacyReport:
         return "\n".join(lines).rstrip()
 
 
+def _delta_or_one(delta: float) -> float:
+    return 1.0 if math.isnan(delta) else delta
+
+
 def _fmt(x: Optional[float]) -> str:
     if x is None:
         return "-"
@@ -183,9 +162,20 @@ RELATION_NOTES = {
 
 @dataclass
 class _Component:
+    """One event composed ``count`` times. A standard dp_accounting event's bounds are of the
+    whole ``count``-fold composition (``folded``: a Gaussian self-composed ``k`` times is
+    ``G(sqrt(k) mu)``, composed before any PLD is built); other events' bounds are of one
+    occurrence and composed ``repeat = count`` times."""
+
     event: dp_event.DpEvent
     count: int
     bounds: Optional[List[Bound]] = None
+    folded: bool = False
+
+    @property
+    def repeat(self) -> int:
+        """How often the bounds still have to be composed."""
+        return 1 if self.folded else self.count
 
 
 class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
@@ -229,10 +219,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         d = v.positive_float("pld_discretization", pld_discretization)
         if d > 0.1:
             raise v.ParameterError("pld_discretization", f"must be <= 0.1 for meaningful PLDs, got {d:g}")
-        orders = rdp_tools.DEFAULT_ORDERS if orders is None else tuple(sorted(float(a) for a in orders))
-        if not orders or not all(1 < a < math.inf for a in orders):
-            raise v.ParameterError("orders", f"every RDP order must be finite and > 1, got {orders}")
-        self._ctx = Context(orders=tuple(orders), discretization=d, neighboring_relation=relation)
+        self._ctx = Context(orders=rdp_tools.check_orders(orders), discretization=d, neighboring_relation=relation)
         self._components: List[_Component] = []
         self._warned = False
 
@@ -248,7 +235,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 if err is not None:
                     return err
             return None
-        if isinstance(event, (TrainingRunDpEvent, dp_event.NonPrivateDpEvent)) or type(event) in _EVENT_ANALYZERS:
+        if isinstance(event, dp_event.NonPrivateDpEvent) or registry.event_analyses(type(event)) is not None:
             if do_compose:
                 self._add(event, count)
             return None
@@ -271,7 +258,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 CompositionFallbackWarning,
                 stacklevel=4,
             )
-        self._components.append(_Component(event, count))
+        # a standard event's count is folded into its bounds (composition.standard_event_bounds)
+        standard = registry.event_analyses(type(event)) is None
+        self._components.append(_Component(event, count, folded=standard))
 
     def get_epsilon(self, target_delta: float) -> float:
         return self.explain(target_delta).epsilon
@@ -288,12 +277,11 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             return 0.0 if all(finite) else 1.0
         rdp = self.get_rdp()  # pointwise minimum over every RDP-capable bound (and sum over events)
         if self._single() is not None:
-            own = [b.delta(target_epsilon) for b in self._single().bounds if b.applicable]
+            own = [_delta_or_one(b.delta(target_epsilon)) for b in self._single().bounds if b.applicable]
             return min(own + [rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)])
         d_rdp = rdp_tools.rdp_to_delta(self._ctx.orders, rdp, target_epsilon)
-        pld = self._composed_pld(1e-5)
-        d_pld = fdp.pld_delta(pld, target_epsilon) if pld is not None else 1.0
-        return min(d_rdp, d_pld)
+        d_fdp = float(self._composed_delta(np.array([float(target_epsilon)]), 1e-5)[0])
+        return min(d_rdp, d_fdp)
 
     # --------------------------------------------------------------------- reporting
     def explain(self, target_delta: float) -> PrivacyReport:
@@ -317,28 +305,30 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return report
 
     @property
+    def context(self) -> Context:
+        """The order grid, PLD discretisation and neighbouring relation this accountant analyses with."""
+        return self._ctx
+
+    @property
     def _relation_name(self) -> str:
         return self.neighboring_relation.name
 
     def _single(self) -> Optional[_Component]:
-        if len(self._components) == 1 and self._components[0].count == 1:
+        """The only component, when its bounds describe everything composed (count 1, or a
+        standard event whose count is folded into its bounds)."""
+        if len(self._components) == 1:
             c = self._components[0]
             self._ensure_bounds(c)
-            return c
+            if c.repeat == 1:
+                return c
         return None
 
     def _ensure_bounds(self, c: _Component) -> List[Bound]:
         if c.bounds is None:
             if isinstance(c.event, TrainingRunDpEvent):
                 c.bounds = analyze_training_run(c.event, self._ctx)
-            elif type(c.event) in _EVENT_ANALYZERS:
-                if self.neighboring_relation in _EVENT_RELATIONS[type(c.event)]:
-                    c.bounds = _EVENT_ANALYZERS[type(c.event)](c.event, self._ctx)
-                else:
-                    c.bounds = [NotApplicable(
-                        name=type(c.event).__name__, hidden_state=False,
-                        reason=f"its analyses are proved for {', '.join(r.name for r in _EVENT_RELATIONS[type(c.event)])}"
-                               f" only, not {self._relation_name}")]
+            elif registry.event_analyses(type(c.event)) is not None:
+                c.bounds = registry.analyze(c.event, self._ctx)
             elif isinstance(c.event, dp_event.NonPrivateDpEvent):
                 c.bounds = [composition.non_private_bound("NonPrivateDpEvent")]
             else:
@@ -346,34 +336,19 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return c.bounds
 
     def _explain_single(self, c: _Component, delta: float, notes: List[str]) -> PrivacyReport:
-        rows, candidates = [], []
-        for b in c.bounds:
-            if not b.applicable:
+        best = select_best(c.bounds, delta, self._ctx.orders)  # the rule calibration searches with
+        rows = []
+        for b, eps in zip(c.bounds, best.epsilons):
+            if eps is None:
                 rows.append(AnalysisReport(b.name, b.citation, None, b.reason, b.hidden_state, b.kind))
-                continue
-            eps = b.epsilon(delta)
-            rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta)))
-            candidates.append((eps, b.name))
-        # RDP: pointwise minimum over every RDP-capable analysis, then convert once
-        curves = [(b.name, b.rdp(self._ctx.orders)) for b in c.bounds if b.applicable and b.kind in ("rdp", "gdp")]
-        curves = [(n, v) for n, v in curves if v is not None]
-        if len(curves) > 1:
-            stack = np.vstack([v for _, v in curves])
-            best = np.min(stack, axis=0)
-            eps, order = rdp_tools.rdp_to_epsilon(self._ctx.orders, best, delta)
-            if math.isfinite(order):
-                i = int(np.argmin(np.abs(np.asarray(self._ctx.orders) - order)))
-                winner = curves[int(np.argmin(stack[:, i]))][0]
-                name = "rdp_pointwise_min"
-                rows.append(AnalysisReport(
-                    name, "pointwise minimum of the RDP curves above, then converted", eps, None,
-                    any(b.hidden_state for b in c.bounds if b.name == winner), "rdp",
-                    f"order {order:g} from {winner}"))
-                candidates.append((eps + 1e-12, name))  # prefer a named analysis on ties
-        if not candidates:
-            return PrivacyReport(math.inf, delta, "none", self._relation_name, rows, notes)
-        eps, name = min(candidates)
-        return PrivacyReport(eps, delta, name, self._relation_name, rows, notes)
+            else:
+                rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta),
+                                           b.monotone_in_steps))
+        p = best.pointwise
+        if p is not None:
+            rows.append(AnalysisReport(RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, p.epsilon, None, p.hidden_state,
+                                       "rdp", f"order {p.order:g} from {p.winner}", p.monotone_in_steps))
+        return PrivacyReport(best.epsilon, delta, best.analysis, self._relation_name, rows, notes)
 
     def _explain_composed(self, delta: float, notes: List[str]) -> PrivacyReport:
         rows = []
@@ -382,16 +357,21 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             prefix = f"event{i}" + (f"x{c.count}" if c.count > 1 else "")
             for b in c.bounds:
                 if b.applicable:
-                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, b.epsilon(delta), None,
-                                               b.hidden_state, b.kind, b.detail(delta)))
+                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, bound_epsilon(b, delta),
+                                               None, b.hidden_state, b.kind, b.detail(delta)))
                 else:
                     rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, None, b.reason,
                                                b.hidden_state, b.kind))
         eps_rdp = rdp_tools.rdp_to_epsilon(self._ctx.orders, self.get_rdp(), delta)[0]
-        pld = self._composed_pld(delta)
-        eps_pld = fdp.pld_epsilon(pld, delta) if pld is not None else math.inf
+        parts = self._composed_fdp(delta)
+        eps_pld = math.inf
+        if parts is not None:
+            mu, pld, _ = parts
+            eps_pld = fdp.gdp_epsilon(mu, delta) if pld is None else fdp.pld_epsilon(pld, delta)
         rows.append(AnalysisReport("composed_rdp", "RDP curves added over events", eps_rdp, None, True, "rdp"))
-        rows.append(AnalysisReport("composed_fdp", "PLDs composed over events", eps_pld, None, True, "fdp"))
+        rows.append(AnalysisReport("composed_fdp", "PLDs composed over events (Gaussian parts exactly: "
+                                   "mu = sqrt(sum mu_i^2), Dong, Roth & Su 2022, Cor. 3.3)",
+                                   eps_pld, None, True, "fdp"))
         notes.append("several events: each event contributes its best bound to each composition")
         if eps_pld < eps_rdp:
             return PrivacyReport(eps_pld, delta, "composed_fdp", self._relation_name, rows, notes)
@@ -403,32 +383,54 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         orders = self._ctx.orders if orders is None else tuple(float(a) for a in orders)
         total = np.zeros(len(orders))
         for c in self._components:
-            total = total + c.count * self._event_rdp(c, orders)
+            total = total + c.repeat * self._event_rdp(c, orders)
         return total
 
     def _event_rdp(self, c: _Component, orders) -> np.ndarray:
         curves = [b.rdp(orders) for b in self._ensure_bounds(c) if b.applicable]
-        curves = [x for x in curves if x is not None]
+        curves = [rdp_tools.sanitized(x) for x in curves if x is not None]
         return np.min(np.vstack(curves), axis=0) if curves else np.full(len(orders), np.inf)
 
-    def _composed_pld(self, delta: float):
+    def _composed_fdp(self, delta: float) -> Optional[Tuple[float, Optional[fdp.PLD], float]]:
+        """The composition of every event's best bound at ``delta`` as ``G(mu) (x) pld``:
+        ``(mu, pld, grid)``, ``pld`` ``None`` when every part is Gaussian (then the composition
+        is exactly ``G(mu)``, ``mu = sqrt(sum_i k_i mu_i^2)``: Dong, Roth & Su 2022, Cor. 3.3,
+        whatever the epsilon). ``None`` when some event has no bound or no PLD."""
         chosen = []
         for c in self._components:
             options = [b for b in self._ensure_bounds(c) if b.applicable]
             if not options:
                 return None
-            chosen.append((c, min(options, key=lambda b: b.epsilon(delta))))
+            chosen.append((c, min(options, key=lambda b: bound_epsilon(b, delta))))
+        mu_sq = math.fsum(c.repeat * b.mu * b.mu for c, b in chosen if b.kind == "gdp")
+        others = [(c, b) for c, b in chosen if b.kind != "gdp"]
         # one grid for all parts: the coarsest any part needs
-        d = max([self._ctx.discretization] + [getattr(b, "discretization", 0.0) for _, b in chosen])
+        d = max([self._ctx.discretization] + [getattr(b, "discretization", 0.0) for _, b in others])
         total = None
-        for c, best in chosen:
-            part = best.pld(delta, d)
-            if part is None:
-                return None
-            if c.count > 1:
-                part = long_composition.self_compose(part, c.count)  # repeated squaring for huge counts
-            total = part if total is None else total.compose(part)
-        return total
+        try:
+            for c, best in others:
+                part = best.pld(delta, d)
+                if part is None:
+                    return None
+                if c.repeat > 1:
+                    part = long_composition.self_compose(part, c.repeat)  # repeated squaring for huge counts
+                total = part if total is None else total.compose(part)
+            if total is not None and mu_sq > 0:
+                total = total.compose(fdp.gaussian_pld(math.sqrt(mu_sq), d))
+        except fdp.VacuousBound:  # most mass at losses beyond the grid: the RDP composition answers
+            return None
+        return math.sqrt(mu_sq), total, d
+
+    def _composed_delta(self, eps: np.ndarray, delta_hint: float) -> np.ndarray:
+        """``delta(eps)`` of :meth:`_composed_fdp` (1 where there is none)."""
+        parts = self._composed_fdp(delta_hint)
+        if parts is None:
+            return np.ones_like(eps)
+        mu, pld, _ = parts
+        if pld is None:
+            return np.atleast_1d(fdp.gdp_delta(mu, eps))
+        out = np.asarray(pld.get_delta_for_epsilon(eps), dtype=float)
+        return np.where(np.isnan(out), 1.0, out)
 
     def privacy_profile(self, epsilons: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
         """``delta(eps)`` on a grid: the smallest over the bounds (each valid at every eps)."""
@@ -448,9 +450,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             return np.clip(out, 0.0, 1.0)
         rdp = self.get_rdp()
         out = np.array([rdp_tools.rdp_to_delta(self._ctx.orders, rdp, e) for e in eps])
-        pld = self._composed_pld(delta_hint)
-        if pld is not None:
-            out = np.minimum(out, np.asarray(pld.get_delta_for_epsilon(eps)))
+        out = np.minimum(out, self._composed_delta(eps, delta_hint))
         return np.clip(out, 0.0, 1.0)
 
     def tradeoff_curve(self, alphas: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
@@ -459,17 +459,11 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return fdp.profile_tradeoff(self.privacy_profile(eps, delta_hint), eps, alphas)
 
 
-# DP-SBCD runs carry their own event. The registration lives here, on the accountant's side,
-# so that no analysis module imports the accountant.
-register_event_analyzer(sbcd.DpSbcdRunDpEvent, sbcd.analyze)
-
-
 __all__ = [
     "NO_GEOMETRY",
     "HiddenStateAccountant",
     "PrivacyReport",
     "AnalysisReport",
     "analyze_training_run",
-    "register_event_analyzer",
     "SAMPLINGS",
 ]

@@ -52,7 +52,11 @@ from hidden_state_accountants.relations import REPLACE_ONE, parse_relation
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.schedules import DROPPED, POISSON, RESHUFFLE
+from hidden_state_accountants.schedule_laws import Linear  # the short batches' scale and extra noise
+from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, POISSON, RESHUFFLE
+
+# Schedules with one fresh position of the record per epoch (a uniform slot; balls-in-bins: a uniform step).
+_PER_EPOCH = (RESHUFFLE, BALLS_IN_BINS)
 
 CONSTRUCTIONS = ("strongly_convex", "constrained")
 
@@ -135,8 +139,8 @@ def work(run: TrainingRunDpEvent, construction: str, repetitions: int) -> float:
     reps = 2.0 * repetitions
     if construction == "constrained":
         per_step = 2 if run.sampling in ("poisson", "without_replacement") else 1
-        return reps * (run.steps * per_step + (-(-run.steps // run.steps_per_epoch) if run.sampling == RESHUFFLE else 0))
-    if run.sampling == RESHUFFLE:
+        return reps * (run.steps * per_step + (-(-run.steps // run.steps_per_epoch) if run.sampling in _PER_EPOCH else 0))
+    if run.sampling in _PER_EPOCH:
         return reps * (_epoch_window(run, _contraction(run, construction)) + 1)
     if run.sampling in ("poisson", "without_replacement"):
         a = _contraction(run, construction)
@@ -160,7 +164,10 @@ def _bar(total: float, enabled: bool, what: str):
 
 def _batch_of_slot(run: TrainingRunDpEvent, rng: np.random.Generator, size: int) -> np.ndarray:
     """The record's batch in an order drawn at random: its slot is uniform on the ``n`` records,
-    batch ``slot // b``; ``-1`` for the ``n mod b`` slots a dropped short batch leaves unused."""
+    batch ``slot // b``; ``-1`` for the ``n mod b`` slots a dropped short batch leaves unused.
+    Balls-in-bins: a uniform step of the epoch."""
+    if run.sampling == BALLS_IN_BINS:
+        return rng.integers(0, run.steps_per_epoch, size, dtype=np.int64)
     j = rng.integers(0, run.dataset_size, size, dtype=np.int64) // run.batch_size
     return np.where(j < run.steps_per_epoch, j, -1)
 
@@ -172,7 +179,7 @@ def _inclusion_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.
     T = run.steps
     if run.sampling == "full":
         return np.full(repetitions, float(_geometric(a, T)))
-    if run.sampling == RESHUFFLE:
+    if run.sampling in _PER_EPOCH:
         return _reshuffle_sum(run, a, repetitions, rng, bar)
     if run.sampling in ("cyclic", "shuffle_partition"):
         l = run.steps_per_epoch
@@ -228,8 +235,6 @@ def _reshuffle_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.
                    bar) -> np.ndarray:
     """The inclusion sum of ``reshuffle``: in every epoch a fresh uniform slot; epochs whose uses
     are all discounted below ``2^-60`` are skipped."""
-    from hidden_state_accountants.exact import Linear  # the short batch's scale
-
     T, spe = run.steps, run.steps_per_epoch
     epochs = -(-T // spe)
     model = Linear(run, a)
@@ -269,11 +274,10 @@ def simulate(run: TrainingRunDpEvent, sign: float, repetitions: int, constructio
     draws = work(run, construction, repetitions)
     with _bar(repetitions * run.steps if construction == "constrained" else draws / 2, progress, f"audit ({'D' if sign > 0 else 'D prime'})") as bar:
         if construction == "strongly_convex":
-            from hidden_state_accountants.exact import Linear  # the short batches' extra noise
-
             s = _inclusion_sum(run, a, repetitions, rng, bar)
             sd = lr * noise * math.sqrt(Linear(run, a).variance())
-            x = sign if run.sampling == POISSON else (2.0 if sign > 0 else 0.0)
+            # random batch sizes: the others at 0 (their random sum is common noise), the record +-1
+            x = sign if run.sampling in (POISSON, BALLS_IN_BINS) else (2.0 if sign > 0 else 0.0)
             return -lr * (x * C / b) * s + sd * rng.standard_normal(repetitions)
         return _projected(run, repetitions, rng, bar, lr * noise, lr * sign * C / b)
 
@@ -309,7 +313,7 @@ def _projected(run, repetitions, rng, bar, noise_step, drift):
         c[:, :per] = -noise_step * rng.standard_normal((repetitions, per))
         if run.sampling == "full":
             c[:, :per] -= drift
-        elif run.sampling == RESHUFFLE:
+        elif run.sampling in _PER_EPOCH:
             steps = t + np.arange(per, dtype=np.int64)
             for e in np.unique(steps // l):
                 if e not in epoch_positions:

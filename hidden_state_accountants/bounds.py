@@ -24,8 +24,8 @@ from hidden_state_accountants import rdp as rdp_tools
 class Bound:
     """Base class. ``name`` is a stable identifier, ``citation`` says paper/theorem/equation.
 
-    Analyses registered with :func:`hidden_state_accountants.analyses.registry.analysis`
-    leave these three to the registry, which fills them in from the analysis' entry.
+    Analyses declared with :func:`hidden_state_accountants.analyses.analysis_info.analysis`
+    leave these three to the decorator, which fills them in from the analysis' entry.
     """
 
     name: str = ""
@@ -85,6 +85,10 @@ class RdpBound(Bound):
     values: np.ndarray = field(default_factory=lambda: np.zeros(0))
     note: str = ""
     kind = "rdp"
+
+    def __post_init__(self):
+        # a NaN (an overflow inside the analysis) says nothing at its order: inf, never 0
+        self.values = rdp_tools.sanitized(self.values)
 
     def epsilon(self, delta: float) -> float:
         return rdp_tools.rdp_to_epsilon(self.orders, self.values, delta)[0]

@@ -77,7 +77,7 @@ def seal_state(payload: Dict[str, Any]) -> Dict[str, Any]:
     >>> unseal_state(sealed, "checkpoint")
     Traceback (most recent call last):
     ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
+    hidden_state_accountants.errors.ParameterError: checkpoint: its digest does not match its content (edited or corrupted after it was written); it cannot be trusted
     """
     if not isinstance(payload, dict) or "digest" in payload:
         raise v.ParameterError("payload", "must be a dict without a 'digest' key")
@@ -112,7 +112,7 @@ def open_state(state: Any, *, subject: str, fmt: str, version: int, keys: Sequen
     >>> open_state(state, subject="the demo state", fmt="demo", version=2, keys=())
     Traceback (most recent call last):
     ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: the demo state is of format 'demo' version 1; this version of the package reads 'demo' version 2
+    hidden_state_accountants.errors.ParameterError: checkpoint: the demo state is of format 'demo' version 1; this version of the package reads 'demo' version 2
     """
     payload = unseal_state(state, "checkpoint")
     if payload.get("format") != fmt or payload.get("version") != version:
@@ -183,7 +183,7 @@ class RunState:
     >>> RunState(claim(), steps=4, ledger=run.recorder.ledger_state())
     Traceback (most recent call last):
     ...
-    hidden_state_accountants.validation.ParameterError: checkpoint: the run's state says 4 steps were taken but its ledger accounts 3
+    hidden_state_accountants.errors.ParameterError: checkpoint: the run's state says 4 steps were taken but its ledger accounts 3
     """
 
     def __init__(self, recorder: RunRecorder, *, ledger: Sequence[Sequence[Any]] = (), steps: int = 0,
@@ -204,8 +204,7 @@ class RunState:
             parsed.load_ledger_state(ledger)  # types and counts
             with warnings.catch_warnings():  # given when the steps were first recorded
                 warnings.simplefilter("ignore", HiddenStateWarning)
-                for step, count in parsed.ledger:
-                    recorder.record(step, count)  # the checks each step passed when it was first recorded
+                recorder.record_restored(parsed.ledger)  # the checks each step passed when it was first recorded
         except v.ParameterError as err:
             raise refusal(subject, f"has an invalid ledger ({err})") from None
         if recorder.steps != steps:
@@ -241,7 +240,8 @@ class RunState:
             "seed_is_secret": bool(s is not None and s.seed_is_secret),
             "geometry": None if r.geometry is None else attr.asdict(r.geometry),
             "model": None if m is None else {"layers": [attr.asdict(layer) for layer in m.layers],
-                                             "complete": m.complete, "description": m.description},
+                                             "complete": m.complete, "description": m.description,
+                                             "feature_clip_norm": m.feature_clip_norm},
             "assume_convex_model": r.assume_convex_model,
             "gaussian_initialization": r.gaussian_initialization,
             "dataset_size": r.dataset_size,
@@ -328,16 +328,20 @@ def _decode_claim(claim: Any, subject: str) -> RunRecorder:
 
 
 def _decode_model(d: Dict[str, Any]) -> ModelFacts:
-    if set(d) != {"layers", "complete", "description"} or not isinstance(d["layers"], list) \
-            or not isinstance(d["complete"], bool) or not isinstance(d["description"], str):
-        raise ValueError(f"a model must be {{layers: [...], complete: bool, description: str}}, got {d!r}")
+    if not isinstance(d, dict) or set(d) != {"layers", "complete", "description", "feature_clip_norm"} \
+            or not isinstance(d["layers"], list) or not isinstance(d["complete"], bool) \
+            or not isinstance(d["description"], str):
+        raise ValueError(f"a model must be {{layers: [...], complete: bool, description: str, feature_clip_norm: "
+                         f"number or null}}, got {d!r}")
     layers: List[LayerFacts] = []
     for layer in d["layers"]:
         if not isinstance(layer, dict) or not isinstance(layer.get("name"), str) \
                 or not isinstance(layer.get("trainable"), bool):
             raise ValueError(f"a layer must be {{name: str, kind: str, trainable: bool}}, got {layer!r}")
         layers.append(LayerFacts(**layer))
-    return ModelFacts(layers=layers, complete=d["complete"], description=d["description"])
+    clip = d["feature_clip_norm"]  # a bool or a string would pass ModelFacts' float converter
+    return ModelFacts(layers=layers, complete=d["complete"], description=d["description"],
+                      feature_clip_norm=None if clip is None else v.positive_float("feature_clip_norm", clip))
 
 
 # -------------------------------------------------------------------------- files

@@ -6,13 +6,30 @@
                 [--strong-convexity M_LOW] [--smoothness M_HIGH] [--diameter D] [--l2-regularization M_REG]
                 [--neighboring-relation {replace_one,add_or_remove_one}] --delta DELTA [--json]
     hsa noise   ... --target-epsilon EPS (no --noise-multiplier needed)
-    hsa epochs  ... --target-epsilon EPS (no --epochs/--steps needed)
+    hsa epochs  ... --target-epsilon EPS [--max-epochs E] (no --epochs/--steps needed)
     hsa plot    ... --output FILE.png [--max-epochs E]
     hsa audit   ... [--construction strongly_convex|constrained] [--repetitions R]: an empirical
                 lower bound on epsilon from simulated runs, next to the reported bound
     hsa demo    the embedded MNIST-scale logistic-regression run: table + plot
 
-Bad input exits with status 2 and one line naming the offending flag.
+``--l2-regularization R`` with ``--smoothness`` and no ``--strong-convexity`` takes ``R`` as the
+strong convexity: a convex (clipped) per-example loss plus the L2 term applied outside clipping
+is ``R``-strongly convex. That convexity is the user's claim, as the smoothness is; the report
+says so in a note. Declare ``--strong-convexity`` to state another value.
+
+``hsa epsilon``, ``hsa noise`` and ``hsa epochs`` with ``--json`` print one object with an
+``analyses`` list (each ``name``, ``epsilon`` or null, ``reason`` or null, ``hidden_state``) and
+``notes``: for ``noise`` at the calibrated noise multiplier, for ``epochs`` after the epochs that
+fit (after one epoch when none does; of an unbounded run when the budget is never exhausted).
+``hsa epochs`` answers the largest ``E`` such that stopping after any number of epochs up to
+``E`` stays within the budget; it prints ``unlimited`` with the limit when an analysis valid for
+every length converges below the target, and otherwise what that limit is.
+
+Bad input exits with status 2 and one line naming the offending flag as it was typed (also where
+the condition is on a derived quantity: too many steps names ``--epochs``, ``--dataset-size`` or
+``--max-epochs``), before any work is done (``--output`` is checked by creating a file there).
+Floating-point warnings of intermediate results are not shown: every conversion treats a NaN as
+"nothing known" (infinity), so they never lower a reported epsilon.
 """
 
 from __future__ import annotations
@@ -26,13 +43,27 @@ from typing import List, Optional
 
 import numpy as np
 
+from hidden_state_accountants import __version__
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant
-from hidden_state_accountants.calibration import calibrate_noise_multiplier, max_epochs_within_budget
+from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport
+from hidden_state_accountants.audit import audit
+from hidden_state_accountants.calibration import (
+    calibrate_noise_multiplier,
+    accountant_context,
+    check_relation,
+    max_epochs_within_budget,
+)
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.schedules import DROPPED, LAST_BATCHES, SAMPLINGS, steps_per_epoch
-from hidden_state_accountants.recording import HiddenStateWarning
-from hidden_state_accountants.plotting import epsilon_curves, plot_epsilon_curves, plot_path
+from hidden_state_accountants.schedules import (
+    DROPPED,
+    LAST_BATCHES,
+    MAX_STEPS,
+    SAMPLINGS,
+    check_schedule,
+    steps_per_epoch,
+)
+from hidden_state_accountants.errors import HiddenStateWarning
+from hidden_state_accountants.plotting import check_plottable, epsilon_curves, plot_epsilon_curves, plot_path
 
 FLAG_FOR_PARAMETER = {
     "dataset_size": "--dataset-size",
@@ -48,6 +79,9 @@ FLAG_FOR_PARAMETER = {
     "diameter": "--diameter",
     "lsi_constant": "--lsi-constant",
     "geometry": "--smoothness",
+    "l2_regularization": "--l2-regularization",
+    "neighboring_relation": "--neighboring-relation",
+    "gaussian_initialization": "--gaussian-init",
     "target_delta": "--delta",
     "target_epsilon": "--target-epsilon",
     "max_epochs": "--max-epochs",
@@ -68,6 +102,8 @@ DEMO = dict(
     learning_rate=0.05, sampling="cyclic", feature_norm_bound=1.0, l2_regularization=0.002,
     delta=1e-5,
 )
+# `hsa epochs` searches up to this many epochs unless --max-epochs says otherwise.
+DEFAULT_MAX_EPOCHS = 100_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,6 +130,9 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer {text!r}") from None
 
 
+RELATION_CHOICES = ("replace_one", "add_or_remove_one")
+
+
 def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bool = True) -> None:
     p.add_argument("--dataset-size", type=integer, required=True, metavar="N")
     p.add_argument("--batch-size", type=integer, required=True, metavar="B")
@@ -112,7 +151,8 @@ def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bo
     p.add_argument("--public-batches", action="store_true",
                    help="the batches' randomness is known to the adversary (e.g. a published seed)")
     p.add_argument("--strong-convexity", type=number, metavar="M_LOW",
-                   help="strong convexity m of the per-example update (e.g. the L2 weight decay)")
+                   help="strong convexity m of the per-example update (default: --l2-regularization when given, "
+                        "a convex loss plus the L2 term outside clipping; else 0)")
     p.add_argument("--smoothness", type=number, metavar="M_HIGH",
                    help="smoothness M; declaring it makes hidden-state analyses possible")
     p.add_argument("--diameter", type=number, metavar="D",
@@ -122,14 +162,12 @@ def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bo
                    help="theta_0 ~ N(0, 2 sigma^2/m I) as Chourasia Cor. 1 requires")
     p.add_argument("--l2-regularization", type=number, metavar="M_REG",
                    help="L2 strength applied once per step outside clipping (weight decay); the Poisson "
-                        "hidden-state analyses need it")
+                        "hidden-state analyses need it. With --smoothness and no --strong-convexity it is also "
+                        "taken as the strong convexity")
     p.add_argument("--neighboring-relation", choices=RELATION_CHOICES, default="replace_one",
                    help="replace_one (default, the papers') or add_or_remove_one (Opacus' convention)")
     p.add_argument("--delta", type=number, required=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-RELATION_CHOICES = ("replace_one", "add_or_remove_one")
 
 
 def _relation(args) -> str:
@@ -144,19 +182,22 @@ def _accountant_kwargs(args) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hsa", description="Hidden-state privacy accounting for DP-SGD "
                                              "(REPLACE_ONE by default; --neighboring-relation add_or_remove_one).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("epsilon", help="best valid epsilon of a run, with every analysis")
     _add_run_flags(p)
     p = sub.add_parser("noise", help="noise multiplier needed for a target epsilon")
     _add_run_flags(p, noise=False)
     p.add_argument("--target-epsilon", type=number, required=True)
-    p = sub.add_parser("epochs", help="largest number of epochs within a budget")
+    p = sub.add_parser("epochs", help="largest number of epochs within a budget (every shorter run fits too)")
     _add_run_flags(p, length=False)
     p.add_argument("--target-epsilon", type=number, required=True)
-    p.add_argument("--max-epochs", type=integer, default=100_000)
+    p.add_argument("--max-epochs", type=integer, default=None,
+                   help=f"search at most this many epochs (default {DEFAULT_MAX_EPOCHS}, fewer where that "
+                        f"would exceed {MAX_STEPS:.0e} steps)")
     p = sub.add_parser("plot", help="epsilon against epochs per analysis, saved as an image")
     _add_run_flags(p, length=False)
-    p.add_argument("--max-epochs", type=number, default=1000)
+    p.add_argument("--max-epochs", type=number, default=1000, help="the last epoch plotted (at least 1)")
     p.add_argument("--output", default="hsa_epsilon_vs_epochs.png")
     p = sub.add_parser("audit", help="empirical lower bound on epsilon from simulated training runs")
     _add_run_flags(p)
@@ -171,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _strong_convexity_from_l2(args) -> bool:
+    """Whether the strong convexity is the L2 strength (declared L2, smoothness, no m)."""
+    return args.smoothness is not None and args.strong_convexity is None and args.l2_regularization is not None
+
+
 def _geometry(args) -> Optional[LossGeometry]:
     if args.smoothness is None:
         for flag, value in (("--strong-convexity", args.strong_convexity), ("--diameter", args.diameter),
@@ -178,12 +224,48 @@ def _geometry(args) -> Optional[LossGeometry]:
             if value is not None:
                 raise v.ParameterError("smoothness", f"{flag} needs --smoothness as well")
         return None
+    m = args.strong_convexity
+    if _strong_convexity_from_l2(args):
+        m = v.nonnegative_float("l2_regularization", args.l2_regularization)
+        smoothness = v.positive_float("smoothness", args.smoothness)
+        if m > smoothness:
+            raise v.ParameterError("l2_regularization", f"taken as the strong convexity (no --strong-convexity), "
+                                   f"must be <= --smoothness {smoothness:g}, got {m:g}")
     return LossGeometry(
         smoothness=args.smoothness,
-        strong_convexity=0.0 if args.strong_convexity is None else args.strong_convexity,
+        strong_convexity=0.0 if m is None else m,
         diameter=args.diameter,
         lsi_constant=args.lsi_constant,
     )
+
+
+def _notes(args) -> List[str]:
+    """What the command line assumed on the user's behalf, said in every report."""
+    if _strong_convexity_from_l2(args):
+        return [f"strong convexity taken from --l2-regularization: m = {args.l2_regularization:g}, assuming the clipped "
+                "per-example loss is convex (the L2 term applied outside clipping adds m); pass --strong-convexity "
+                "to declare another value"]
+    return []
+
+
+def _steps_per_epoch(args) -> int:
+    """Steps per epoch, after the schedule's own checks (a zero batch size is refused first)."""
+    n, b = check_schedule(args.dataset_size, args.batch_size, args.sampling)
+    return steps_per_epoch(n, b, args.sampling, args.last_batch)
+
+
+def _checked_length(args, epochs: float, flag_parameter: str) -> int:
+    """``epochs`` epochs in steps, refused naming the flag the user typed when it is more
+    steps than any run takes: the dataset size when one epoch already is, else ``flag_parameter``."""
+    spe = _steps_per_epoch(args)
+    if spe > MAX_STEPS:
+        raise v.ParameterError("dataset_size", f"one epoch of {args.dataset_size:.3g} records in batches of "
+                               f"{args.batch_size} is {spe:.3g} steps, more than any training run takes "
+                               f"(at most {MAX_STEPS:.0e})")
+    if epochs * spe > MAX_STEPS:
+        raise v.ParameterError(flag_parameter, f"{epochs:g} epochs of {spe} steps is {epochs * spe:.3g} steps, more "
+                               f"than any training run takes (at most {MAX_STEPS:.0e})")
+    return spe
 
 
 def _run(args, *, noise: Optional[float] = None, steps: Optional[int] = None) -> TrainingRunDpEvent:
@@ -199,6 +281,8 @@ def _run(args, *, noise: Optional[float] = None, steps: Optional[int] = None) ->
         return TrainingRunDpEvent(steps=steps, **common)
     if getattr(args, "steps", None) is not None:
         return TrainingRunDpEvent(steps=args.steps, **common)
+    v.positive_float("epochs", args.epochs)
+    _checked_length(args, args.epochs, "epochs")
     return TrainingRunDpEvent.from_epochs(epochs=args.epochs, **common)
 
 
@@ -206,51 +290,106 @@ def _check_delta(args) -> float:
     return v.probability("target_delta", args.delta)
 
 
+def _analyses(report: PrivacyReport) -> List[dict]:
+    """The ``analyses`` list of ``hsa epsilon --json``: each name, epsilon or null, reason or null, ..."""
+    return [a.to_dict() for a in report.analyses]
+
+
+def _print_report(args, report: PrivacyReport) -> None:
+    report.notes.extend(_notes(args))
+    print(json.dumps(report.to_dict()) if args.json else report.to_table())
+
+
 def cmd_epsilon(args) -> int:
     delta = _check_delta(args)
     report = HiddenStateAccountant(**_accountant_kwargs(args)).compose(_run(args)).explain(delta)
-    if args.json:
-        print(json.dumps(report.to_dict()))
-    else:
-        print(report.to_table())
+    _print_report(args, report)
     return 0
 
 
 def cmd_noise(args) -> int:
     delta = _check_delta(args)
     v.positive_float("target_epsilon", args.target_epsilon)
-    result = calibrate_noise_multiplier(_run(args, noise=1.0), args.target_epsilon, delta, **_accountant_kwargs(args))
-    out = {"noise_multiplier": result.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
-           "analysis": result.analysis, "evaluations": result.evaluations,
-           "neighboring_relation": _relation(args)}
+    run = _run(args, noise=1.0)
+    result = calibrate_noise_multiplier(run, args.target_epsilon, delta, **_accountant_kwargs(args))
+    report = HiddenStateAccountant(**_accountant_kwargs(args)).compose(
+        run.replace(noise_multiplier=result.noise_multiplier)).explain(delta)
+    notes = report.notes + _notes(args)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({"noise_multiplier": result.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
+                          "analysis": result.analysis, "evaluations": result.evaluations,
+                          "converged": result.converged, "neighboring_relation": _relation(args),
+                          "analyses": _analyses(report), "notes": notes}))
     else:
         print(f"noise multiplier {result.noise_multiplier:.4f} gives epsilon {result.epsilon:.4f} "
               f"at delta {delta:g} ({_relation(args)}), from {result.analysis} "
               f"[{result.evaluations} evaluations]")
+        print("\nat that noise multiplier:\n" + report.to_table())
+        for note in _notes(args):
+            print(f"note: {note}")
     return 0
 
 
 def cmd_epochs(args) -> int:
     delta = _check_delta(args)
     v.positive_float("target_epsilon", args.target_epsilon)
-    run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling, args.last_batch))
-    budget = max_epochs_within_budget(run, args.target_epsilon, delta, max_epochs=args.max_epochs,
-                                      **_accountant_kwargs(args))
-    out = {"epochs": budget.epochs, "unlimited": budget.unlimited, "epsilon": budget.epsilon,
-           "limit_epsilon": _finite(budget.limit_epsilon), "delta": delta, "analysis": budget.analysis,
-           "neighboring_relation": _relation(args)}
-    if args.json:
-        print(json.dumps(out))
-    elif budget.unlimited:
-        print(f"unlimited: {budget.analysis} stays at or below epsilon {budget.limit_epsilon:.4f} "
-              f"(<= {args.target_epsilon:g}) at delta {delta:g} ({_relation(args)}) however long the run trains")
+    spe = _steps_per_epoch(args)
+    if args.max_epochs is None:
+        max_epochs = max(1, min(DEFAULT_MAX_EPOCHS, MAX_STEPS // spe))
     else:
-        print(f"{budget.epochs} epochs fit in epsilon {args.target_epsilon:g} at delta {delta:g} ({_relation(args)}) "
-              f"(epsilon {budget.epsilon:.4f}, from {budget.analysis}); the bound tends to "
-              f"{budget.limit_epsilon:.4f} for unbounded training")
+        max_epochs = v.positive_int("max_epochs", args.max_epochs)
+        _checked_length(args, max_epochs, "max_epochs")
+    run = _run(args, steps=spe)
+    budget = max_epochs_within_budget(run, args.target_epsilon, delta, max_epochs=max_epochs,
+                                      **_accountant_kwargs(args))
+    report = budget.report
+    notes = report.notes + _notes(args)
+    if args.json:
+        print(json.dumps({
+            "epochs": budget.epochs, "unlimited": budget.unlimited, "epsilon": budget.epsilon,
+            "next_epsilon": budget.next_epsilon, "limit_epsilon": _finite(budget.limit_epsilon),
+            "limit_analysis": budget.limit_analysis, "max_epochs": max_epochs, "complete": budget.complete,
+            "delta": delta,
+            "analysis": budget.analysis, "neighboring_relation": _relation(args),
+            "analyses": _analyses(report), "notes": notes}))
+        return 0
+    rel = f"at delta {delta:g} ({_relation(args)})"
+    if budget.unlimited:
+        print(f"unlimited: {budget.analysis} stays at or below epsilon {budget.limit_epsilon:.4f} "
+              f"(<= {args.target_epsilon:g}) {rel} however long the run trains")
+    else:
+        if budget.epochs == 0:
+            print(f"no whole epoch fits in epsilon {args.target_epsilon:g} {rel}: one epoch costs "
+                  f"{report.epsilon:.4f} (from {report.analysis})")
+        elif budget.epochs == max_epochs or not budget.complete:
+            why = "the --max-epochs searched" if budget.epochs == max_epochs else "checked epoch by epoch"
+            print(f"at least {budget.epochs} epochs ({why}) fit in epsilon {args.target_epsilon:g} {rel} "
+                  f"(epsilon {budget.epsilon:.4f}, from {budget.analysis})")
+        else:
+            print(f"{budget.epochs} epochs fit in epsilon {args.target_epsilon:g} {rel} "
+                  f"(epsilon {budget.epsilon:.4f}, from {budget.analysis}; "
+                  f"{budget.epochs + 1} epochs would cost {_fmt(budget.next_epsilon)})")
+        print(_limit_sentence(budget, report))
+    for note in _notes(args):
+        print(f"note: {note}")
     return 0
+
+
+def _limit_sentence(budget, report: PrivacyReport) -> str:
+    """What a run of unbounded length costs, in the words that fit the limit."""
+    lim = budget.limit_epsilon
+    hidden = {a.name: a.hidden_state for a in report.analyses}
+    if math.isinf(lim):
+        return "no analysis valid for every length bounds an unbounded run"
+    if hidden.get(budget.limit_analysis, True) and budget.limit_analysis != "none":
+        return (f"for unbounded training {budget.limit_analysis} converges to epsilon {lim:.4f}, above the target "
+                "(an analysis valid for every length)")
+    return (f"no hidden-state analysis valid for every length converges below the target; "
+            f"the best for an unbounded run is {budget.limit_analysis} at {lim:.4g}, which grows without limit")
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "-" if x is None else ("inf" if math.isinf(x) else f"{x:.4f}")
 
 
 def _finite(x: float):
@@ -259,24 +398,33 @@ def _finite(x: float):
 
 def _epoch_grid(max_epochs: float) -> List[float]:
     v.positive_float("max_epochs", max_epochs)
-    grid = np.unique(np.round(np.geomspace(1, max(max_epochs, 1), 16)))
+    if max_epochs < 1:
+        raise v.ParameterError("max_epochs", f"must be at least 1 (the plot starts at one epoch), got {max_epochs:g}")
+    grid = np.unique(np.round(np.geomspace(1, max_epochs, 16)))
     return [float(e) for e in grid]
 
 
 def cmd_plot(args) -> int:
     delta = _check_delta(args)
-    run = _run(args, steps=steps_per_epoch(args.dataset_size, args.batch_size, args.sampling, args.last_batch))
     output = plot_path(args.output, "hsa_epsilon_vs_epochs.png")  # checked before the work
-    curves = epsilon_curves(run, _epoch_grid(args.max_epochs), delta, **_accountant_kwargs(args))
+    epochs = _epoch_grid(args.max_epochs)
+    spe = _checked_length(args, max(epochs), "max_epochs")
+    run = _run(args, steps=spe)
+    try:
+        check_relation(run, accountant_context(_accountant_kwargs(args)))
+    except v.ParameterError as err:  # every curve would be infinite
+        raise v.ParameterError(err.parameter, f"nothing to plot: {str(err).split(': ', 1)[1]}") from None
+    curves = epsilon_curves(run, epochs, delta, **_accountant_kwargs(args))
+    check_plottable(curves)
     print(f"neighbouring relation: {_relation(args)}")
     print(curves.table())
     print(f"\nplot saved to {plot_epsilon_curves(curves, output)}")
+    for note in _notes(args):
+        print(f"note: {note}")
     return 0
 
 
 def cmd_audit(args) -> int:
-    from hidden_state_accountants.audit import audit
-
     delta = _check_delta(args)
     run = _run(args)
     construction = args.construction or ("constrained" if args.diameter is not None else "strongly_convex")
@@ -294,13 +442,13 @@ def cmd_audit(args) -> int:
 
 def cmd_demo(args) -> int:
     d = DEMO
+    output = plot_path(args.output, "hsa_demo.png")  # checked before the work
     geometry = LossGeometry.logistic_regression(d["feature_norm_bound"], d["l2_regularization"])
     run = TrainingRunDpEvent(
         dataset_size=d["dataset_size"], batch_size=d["batch_size"], steps=1,
         noise_multiplier=d["noise_multiplier"], clip_norm=d["clip_norm"],
         learning_rate=d["learning_rate"], sampling=d["sampling"], geometry=geometry)
     epochs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
-    output = plot_path(args.output, "hsa_demo.png")
     curves = epsilon_curves(run, epochs, d["delta"])
     if args.json:
         print(json.dumps({"epochs": curves.epochs, "best": curves.best, "analyses": curves.epsilon,
@@ -325,27 +473,36 @@ COMMANDS = {"epsilon": cmd_epsilon, "noise": cmd_noise, "epochs": cmd_epochs, "p
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    """The package's warnings as one line on stderr (a command line has no source lines to show)."""
+    """Every warning as one line on stderr: a command line has no source lines to show."""
     if issubclass(category, HiddenStateWarning):
         print(f"hsa: warning: {message}", file=sys.stderr)
     else:
-        _default_showwarning(message, category, filename, lineno, file, line)
+        print(f"hsa: warning: {category.__name__}: {message}", file=sys.stderr)
 
 
-_default_showwarning = warnings.showwarning
+def _flag(parameter: str, args) -> Optional[str]:
+    """The flag the user typed for ``parameter`` (``steps`` came from ``--epochs`` when that was
+    given); ``None`` for a condition on the whole run (``run``), which no single flag sets."""
+    if parameter == "steps" and getattr(args, "steps", None) is None and getattr(args, "epochs", None) is not None:
+        return "--epochs"
+    if parameter == "run":
+        return None
+    return FLAG_FOR_PARAMETER.get(parameter, parameter)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with warnings.catch_warnings():
+        # numpy's floating-point warnings of intermediate results (overflow at z = 1e-308) are
+        # not the user's concern: a NaN never reaches a conversion (it counts as infinity there)
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.showwarning = _show_warning
             return COMMANDS[args.command](args)
     except v.ParameterError as err:
-        flag = FLAG_FOR_PARAMETER.get(err.parameter, err.parameter)
         message = str(err).split(": ", 1)[1] if ": " in str(err) else str(err)
-        print(f"hsa: error: {flag}: {message}", file=sys.stderr)
+        flag = _flag(err.parameter, args)
+        print(f"hsa: error: {flag + ': ' if flag else ''}{message}", file=sys.stderr)
         return 2
 
 

@@ -14,6 +14,8 @@ accountant's parameter, not the event's.
 from __future__ import annotations
 
 import copy
+import math
+import sys
 from collections import Counter
 from typing import Dict, Optional, Tuple, Union
 
@@ -33,6 +35,36 @@ from hidden_state_accountants.schedules import (
     steps_per_epoch,
 )
 
+CROSS_ENTROPY_ON_LOGITS = "cross_entropy_on_logits"
+
+LOSSES: Dict[str, str] = {
+    CROSS_ENTROPY_ON_LOGITS: (
+        "softmax cross-entropy with one-hot or integer labels, or sigmoid cross-entropy, on the trainable "
+        "layer's outputs (logits), one unweighted loss per example"),
+}
+"""The losses a :class:`LossGeometry` can be derived from (``LossGeometry.loss``), with what each
+assumes. An adapter that can see the training loss compares it with this; where it cannot, the
+report says the loss is the user's claim."""
+
+
+def cross_entropy_smoothness(feature_norm_bound: float) -> float:
+    """``(R^2 + 1) / 2``: the smoothness of cross-entropy on the logits of an affine map with a bias,
+    for features of norm ``<= R`` (Ye & Shokri 2022, Prop. 5.1: ``||(x, 1)||^2 <= R^2 + 1`` times the
+    largest eigenvalue ``1/2`` of the softmax Hessian ``diag(p) - p p^T``; the sigmoid's ``p (1 - p)``
+    is at most ``1/4``). Raises naming ``feature_norm_bound`` when it overflows.
+
+    >>> cross_entropy_smoothness(1.0)
+    1.0
+    """
+    r = v.nonnegative_float("feature_norm_bound", feature_norm_bound)
+    beta = (r * r + 1.0) / 2.0
+    if not math.isfinite(beta):
+        raise v.ParameterError(
+            "feature_norm_bound", f"must be at most {math.sqrt(sys.float_info.max):.4g} (R^2 and the smoothness "
+            f"(R^2 + 1)/2 must be a finite number), got {feature_norm_bound!r}")
+    return beta
+
+
 @attr.s(frozen=True, slots=True, kw_only=True)
 class LossGeometry:
     """A declared claim about the per-example update map ``g_i(theta) = clip_C(grad l_i) + m_reg*theta``.
@@ -44,17 +76,26 @@ class LossGeometry:
         after every step, or ``None`` when the run is unconstrained.
       lsi_constant: optional log-Sobolev constant ``c`` that the user asserts holds for the
         parameter distributions throughout training (Chourasia et al. Thm 2 only).
+      feature_norm_bound: ``R``, the bound on the L2 norm of every input of the trainable layer
+        that the smoothness was derived for, or ``None`` when the geometry does not depend on it.
+        The data decides it, so the adapters enforce it (a feature clip in the model) or check it
+        on every batch before its step (:class:`~hidden_state_accountants.recording.RunRecorder`).
+      loss: the loss the constants were derived from (a key of :data:`LOSSES`), or ``None``.
+        Set by :meth:`logistic_regression`; needs ``feature_norm_bound`` and a smoothness of at
+        least what that loss gives plus ``strong_convexity``.
 
-    Nothing here can be checked from the outside: declaring a geometry the training code
-    does not enforce (feature clipping, L2 regularisation outside clipping, projection)
-    makes every hidden-state number meaningless. The samplers, projection hook and
-    feature clipping of the adapters make these claims true.
+    A geometry given by its constants alone (``LossGeometry(smoothness=..., ...)``) cannot be
+    observed from a training run: it is the user's claim, and the adapters' reports say so.
+    Declaring a geometry the training code does not enforce (feature clipping, L2
+    regularisation outside clipping, projection) makes every hidden-state number meaningless.
     """
 
     smoothness: float = attr.ib()
     strong_convexity: float = attr.ib(default=0.0)
     diameter: Optional[float] = attr.ib(default=None)
     lsi_constant: Optional[float] = attr.ib(default=None)
+    feature_norm_bound: Optional[float] = attr.ib(default=None)
+    loss: Optional[str] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
         object.__setattr__(self, "smoothness", v.positive_float("smoothness", self.smoothness))
@@ -70,6 +111,29 @@ class LossGeometry:
             object.__setattr__(
                 self, "lsi_constant", v.positive_float("lsi_constant", self.lsi_constant)
             )
+        if self.feature_norm_bound is not None:
+            object.__setattr__(self, "feature_norm_bound",
+                               v.nonnegative_float("feature_norm_bound", self.feature_norm_bound))
+        if self.loss is not None:
+            if self.loss not in LOSSES:
+                raise v.ParameterError("loss", f"must be None or one of {', '.join(LOSSES)}, got {self.loss!r}")
+            if self.feature_norm_bound is None:
+                raise v.ParameterError("feature_norm_bound", f"is needed with loss={self.loss!r} (its smoothness "
+                                                             "depends on the feature norm)")
+            needed = self.loss_smoothness + self.strong_convexity
+            if self.smoothness < needed * (1 - 1e-12):
+                raise v.ParameterError(
+                    "smoothness", f"{self.smoothness:g} is below {needed:g}, what loss={self.loss!r} with "
+                    f"feature_norm_bound={self.feature_norm_bound:g} and strong_convexity={self.strong_convexity:g} "
+                    "gives")
+
+    @property
+    def loss_smoothness(self) -> Optional[float]:
+        """The smoothness of the loss alone (no L2 term) for ``feature_norm_bound``, when the
+        geometry was derived from a loss; else ``None``."""
+        if self.loss is None:
+            return None
+        return cross_entropy_smoothness(self.feature_norm_bound)
 
     @classmethod
     def logistic_regression(
@@ -82,17 +146,25 @@ class LossGeometry:
 
         Ye & Shokri (2022) Prop. 5.1/5.2: with features clipped to ``||x|| <= R`` and the
         regulariser ``m_reg`` applied outside per-example clipping, the per-example map is
-        ``m_reg``-strongly convex and ``((R^2 + 1)/2 + m_reg)``-smooth (eq. 10, eq. 11).
+        ``m_reg``-strongly convex and ``((R^2 + 1)/2 + m_reg)``-smooth (eq. 10, eq. 11). The
+        geometry remembers what the data must satisfy (``feature_norm_bound``) and the loss it
+        assumes (cross-entropy on logits), so that the adapters can enforce or check them.
 
         >>> LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
-        LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=None, lsi_constant=None)
+        LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=None, lsi_constant=None, feature_norm_bound=1.0, loss='cross_entropy_on_logits')
         """
-        r = v.nonnegative_float("feature_norm_bound", feature_norm_bound)
+        beta = cross_entropy_smoothness(feature_norm_bound)
         m_reg = v.nonnegative_float("l2_regularization", l2_regularization)
+        smoothness = beta + m_reg
+        if not math.isfinite(smoothness):
+            raise v.ParameterError("l2_regularization", f"makes the smoothness (R^2 + 1)/2 + l2_regularization "
+                                                        f"overflow, got {l2_regularization!r}")
         return cls(
-            smoothness=(r * r + 1.0) / 2.0 + m_reg,
+            smoothness=smoothness,
             strong_convexity=m_reg,
             diameter=diameter,
+            feature_norm_bound=float(feature_norm_bound),
+            loss=CROSS_ENTROPY_ON_LOGITS,
         )
 
     def rescaled(self, scale: float) -> "LossGeometry":
@@ -283,4 +355,4 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
 
 
-__all__ = ["TrainingRunDpEvent", "LossGeometry"]
+__all__ = ["TrainingRunDpEvent", "LossGeometry", "LOSSES", "CROSS_ENTROPY_ON_LOGITS", "cross_entropy_smoothness"]

@@ -3,33 +3,74 @@
 from __future__ import annotations
 
 import math
+import numbers
 from functools import lru_cache
-from typing import Sequence, Tuple
+from typing import Any, Iterable, Optional, Sequence, Tuple
 
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
+from hidden_state_accountants import validation as v
 
 DEFAULT_ORDERS: Tuple[float, ...] = tuple(float(a) for a in _rdp.DEFAULT_RDP_ORDERS)
 """dp_accounting's default order grid (1.1 ... 1024)."""
 
 
+# Orders above this cannot improve an epsilon by more than 7e-6 (the conversion's
+# log(1/delta)/(alpha - 1) term for any delta >= 1e-300) and only invite overflow in the
+# analyses' (alpha - 1) * value products.
+MAX_ORDER = 1e8
+
+
+def check_orders(orders: Optional[Iterable[Any]]) -> Tuple[float, ...]:
+    """A validated order grid: ``DEFAULT_ORDERS`` for ``None``; otherwise a non-empty iterable of
+    real numbers in ``(1, MAX_ORDER]``, returned sorted without duplicates. Anything else raises
+    :class:`~hidden_state_accountants.ParameterError` naming ``orders``.
+
+    >>> check_orders([4, 2, 2.0])
+    (2.0, 4.0)
+    """
+    if orders is None:
+        return DEFAULT_ORDERS
+    if isinstance(orders, (str, bytes)) or not isinstance(orders, Iterable):
+        raise v.ParameterError("orders", f"must be a sequence of RDP orders (numbers > 1), got {orders!r}")
+    values = []
+    for a in orders:
+        if isinstance(a, bool) or not isinstance(a, numbers.Real) or not 1 < float(a) <= MAX_ORDER:
+            raise v.ParameterError("orders", f"every RDP order must be a number in (1, {MAX_ORDER:g}], got {a!r}")
+        values.append(float(a))
+    if not values:
+        raise v.ParameterError("orders", "must hold at least one RDP order")
+    return tuple(sorted(set(values)))
+
+
 def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> Tuple[float, float]:
-    """(epsilon, best order) via dp_accounting's conversion (Canonne et al. 2020, Prop. 12)."""
-    rdp = _nonnegative(rdp)
+    """(epsilon, best order) via dp_accounting's conversion (Canonne et al. 2020, Prop. 12).
+
+    A NaN value never reaches dp_accounting (whose conversion turns it into epsilon 0): it
+    counts as ``inf`` at its order (:func:`sanitized`)."""
+    rdp = sanitized(rdp)
     if not np.any(np.isfinite(rdp)):
         return math.inf, float("nan")
     eps, order = _rdp.compute_epsilon(list(orders), list(rdp), delta)
     return max(0.0, float(eps)), float(order)
 
 
-def _nonnegative(rdp: Sequence[float]) -> np.ndarray:
-    """Renyi divergences are >= 0; a bound that rounds a vanishing value to ``-4e-15`` is
-    raised to 0 (a larger value is still a valid bound; dp_accounting refuses negatives)."""
-    return np.maximum(np.asarray(rdp, dtype=float), 0.0)
+def sanitized(rdp: Sequence[float]) -> np.ndarray:
+    """An RDP curve safe to convert or take minima of, never below the curve it stands for:
+
+    * NaN (an overflow inside an analysis, ``inf - inf``) becomes ``inf``: the analysis says
+      nothing at that order. dp_accounting's ``compute_epsilon`` would read a NaN as 0 and
+      report epsilon 0, and ``min`` over curves would propagate it;
+    * Renyi divergences are >= 0; a bound that rounds a vanishing value to ``-4e-15`` is
+      raised to 0 (a larger value is still a valid bound; dp_accounting refuses negatives).
+    """
+    values = np.asarray(rdp, dtype=float)
+    return np.maximum(np.where(np.isnan(values), math.inf, values), 0.0)
 
 
 def rdp_to_delta(orders: Sequence[float], rdp: Sequence[float], epsilon: float) -> float:
-    rdp = _nonnegative(rdp)
+    rdp = sanitized(rdp)
     if not np.any(np.isfinite(rdp)):
         return 1.0
     delta, _ = _rdp.compute_delta(list(orders), list(rdp), epsilon)

@@ -22,7 +22,18 @@ The policy, one for every framework:
    clipping, a declared diameter without projection, ``learning_rate >= 2/smoothness``, or
    batches that do not come from the declared schedule raise
    :class:`~hidden_state_accountants.ParameterError` naming the parameter, at configuration or
-   before the first step is accounted.
+   before the first step is accounted. So does a loss other than the one the geometry was derived
+   from (:meth:`RunRecorder.check_loss`), and a model whose feature clip is wider than the declared
+   feature bound.
+1b. **What the data decides is enforced or checked before each step.** A geometry with a
+   ``feature_norm_bound`` holds only if every input of the trainable layer has that norm at most:
+   *enforced* when the model's structure shows the package's feature clip (radius ``<=`` the bound)
+   feeding the trainable layer (:attr:`ModelFacts.feature_clip_norm`), else *checked*: the adapter
+   reports the largest input norm of the data of each step before the step is taken
+   (:meth:`RunRecorder.check_feature_norm`), and a step recorded without such a check, or data above
+   the bound, is an error naming ``feature_norm_bound`` (with the observed norm). What no adapter can
+   observe (a geometry given by its constants, a loss the framework does not show) is the user's claim,
+   and :meth:`RunRecorder.notes` says so in every report.
 2. **Departures during training end the hidden-state claim.** If the learning rate, noise,
    clip norm, L2 strength or projection changes mid-run, or the update stops being plain
    DP-SGD, the run is accounted by composition (valid for any post-processing of the noisy
@@ -43,8 +54,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import attr
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.analyses._common import NO_GEOMETRY
-from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarning, HiddenStateWarning  # re-exported
+from hidden_state_accountants.events import LOSSES, LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.schedules import (
     DROPPED,
     EPOCH_ORDERS,
@@ -60,14 +71,6 @@ ASSUMED_CONVEX_NOTE = (
     "the model structure was not verified: the user asserted (assume_convex_model=True) that "
     "the loss is convex in the trainable parameters with the declared geometry"
 )
-
-
-class HiddenStateWarning(UserWarning):
-    """Base class of this package's warnings."""
-
-
-class CompositionFallbackWarning(HiddenStateWarning):
-    """A training run is accounted by composition only; the message says why."""
 
 
 # ------------------------------------------------------------------------------ facts
@@ -196,6 +199,10 @@ class ModelFacts:
     layers: Tuple[LayerFacts, ...] = attr.ib(converter=tuple)
     complete: bool = attr.ib(converter=bool)
     description: str = attr.ib(default="")
+    feature_clip_norm: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+    """``max_norm`` of the package's feature clip when the adapter read from the model's structure
+    that the clip's output is the whole input of the one trainable layer (so every input it sees has
+    norm ``<= max_norm``), else ``None``."""
 
 
 @attr.s(frozen=True, slots=True, kw_only=True)
@@ -398,8 +405,9 @@ def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_di
     account (the projection's diameter filled in when none was declared).
 
     Strong convexity can only come from the L2 term applied outside clipping (a clipped
-    gradient is bounded, so it is not strongly monotone); a declared diameter needs a
-    projection onto a set no larger.
+    gradient is bounded, so it is not strongly monotone); a geometry derived from a loss
+    (``LossGeometry.logistic_regression``) must have a smoothness that includes the L2 term the
+    update applies; a declared diameter needs a projection onto a set no larger.
     """
     m = geometry.strong_convexity
     if m > weight_decay * (1 + 1e-9):
@@ -407,6 +415,13 @@ def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_di
             "geometry", f"strong_convexity {m:g} exceeds the L2 regularisation applied outside clipping "
             f"({weight_decay:g}): clipped per-example gradients give no strong convexity of their own, so "
             "m can be at most that L2 strength (the package's L2 hooks apply it outside clipping)")
+    beta = geometry.loss_smoothness
+    if beta is not None and geometry.smoothness < (beta + weight_decay) * (1 - 1e-9):
+        # derived from a loss: the map clip_C(grad l_i) + wd * theta is (beta + wd)-smooth, not less
+        raise v.ParameterError(
+            "geometry", f"smoothness {geometry.smoothness:g} was derived with L2 strength "
+            f"{geometry.smoothness - beta:g}, but the update applies {weight_decay:g} outside clipping, which makes "
+            f"the per-example map {beta + weight_decay:g}-smooth; declare the geometry with that L2 strength")
     if geometry.diameter is None:
         if projection_diameter is not None:
             return attr.evolve(geometry, diameter=projection_diameter)
@@ -461,6 +476,7 @@ class RunRecorder:
         assume_convex_model: bool = False,
         gaussian_initialization: bool = False,
         dataset_size: Optional[int] = None,
+        planned: bool = False,
     ) -> None:
         if schedule is not None and not isinstance(schedule, BatchSchedule):
             raise v.ParameterError("schedule", f"must be a BatchSchedule or None, got {type(schedule).__name__}")
@@ -470,7 +486,8 @@ class RunRecorder:
             raise v.ParameterError(
                 "dataset_size", "a hidden-state claim for steps without a package schedule (Poisson sampling at "
                 "the rate the framework reports) needs the dataset size")
-        for name, flag in (("assume_convex_model", assume_convex_model), ("gaussian_initialization", gaussian_initialization)):
+        for name, flag in (("assume_convex_model", assume_convex_model), ("gaussian_initialization", gaussian_initialization),
+                           ("planned", planned)):
             if not isinstance(flag, bool):
                 raise v.ParameterError(name, f"must be True or False, got {flag!r}")
         self.schedule = schedule
@@ -479,13 +496,28 @@ class RunRecorder:
         self.assume_convex_model = assume_convex_model
         self.gaussian_initialization = gaussian_initialization
         self.dataset_size = None if dataset_size is None else v.positive_int("dataset_size", dataset_size)
+        self.planned = planned
         self._ledger: List[List[Any]] = []  # [StepFacts, count]
         self._steps = 0
         self._warned: set = set()
+        # what the data decides (feature norms) and the loss: see the module docstring, rule 1b
+        self._feature_largest: Optional[float] = None  # the largest input norm checked in this process
+        self._feature_cover = 0.0  # steps the last check covers (inf: every step until the next check)
+        self._feature_claim: Optional[str] = None  # why the bound cannot be observed (assume_convex_model)
+        self._feature_restored: Optional[float] = None  # the largest norm of a restored ledger's steps
+        self._restored_steps = 0
+        self._replaying = False
+        self._loss: Optional[Tuple[Optional[str], str]] = None  # (kind or None, description) as observed
         if geometry is not None:
             reason = model_refusal(model, assume_convex_model)
             if reason:
                 raise v.ParameterError("model", reason)
+            clip, bound = (None if model is None else model.feature_clip_norm), geometry.feature_norm_bound
+            if clip is not None and bound is not None and clip > bound:
+                raise v.ParameterError(
+                    "feature_norm_bound", f"the model's feature clip (max_norm={clip:g}) lets inputs of norm up to "
+                    f"{clip:g} reach the trainable layer, above the declared bound {bound:g}; clip to {bound:g} or "
+                    f"declare {clip:g}")
 
     # ------------------------------------------------------------------ ledger
     @property
@@ -643,6 +675,7 @@ class RunRecorder:
         else:
             self._check_accountable(step, self._steps, count)
         step = effective_step(step)  # the ledger holds one-device steps
+        self._use_feature_check(step, count)
         if self._ledger and self._ledger[-1][0] == step:
             self._ledger[-1][1] += count
         else:
@@ -651,6 +684,117 @@ class RunRecorder:
 
     def reset(self) -> None:
         self._ledger, self._steps = [], 0
+        self._feature_cover, self._restored_steps = 0.0, 0
+
+    # ------------------------------------------------- what the data decides, and the loss
+    @property
+    def feature_norm_bound(self) -> Optional[float]:
+        """``R`` of the declared geometry (``None``: nothing about the features is claimed)."""
+        return None if self.geometry is None else self.geometry.feature_norm_bound
+
+    @property
+    def feature_clip_norm(self) -> Optional[float]:
+        """The radius of the model's feature clip that enforces :attr:`feature_norm_bound`, or ``None``."""
+        if self.feature_norm_bound is None or self.model is None:
+            return None
+        return self.model.feature_clip_norm  # never above the bound: refused at construction
+
+    @property
+    def needs_feature_checks(self) -> bool:
+        """Whether the adapter must report the largest input norm of the trainable layer for the data
+        of every step before the step is taken (:meth:`check_feature_norm`): a feature bound is
+        declared, no feature clip in the model enforces it, and this is not a planned run."""
+        return (self.feature_norm_bound is not None and self.feature_clip_norm is None and not self.planned
+                and self._feature_claim is None)
+
+    def check_feature_norm(self, largest: float, what: str, steps: Optional[int] = 1) -> None:
+        """The adapter observed ``largest``, the largest L2 norm of an input of the trainable layer in
+        ``what`` (e.g. "the batch of step 12"; per example, all dimensions but the first), before the
+        steps it feeds are taken; it covers the
+        next ``steps`` recorded steps (``None``: every step until the next check, for data checked
+        in full before training).
+
+        Raises :class:`~hidden_state_accountants.ParameterError` naming ``feature_norm_bound``, with
+        the observed norm, when it exceeds the declared bound (or is not a finite number): the claim
+        ends there, and the adapter raises it before the step is applied.
+        """
+        bound = self.feature_norm_bound
+        if bound is None:
+            return
+        try:
+            x = float(largest)
+        except (TypeError, ValueError):
+            raise v.ParameterError("largest", f"must be a number, got {largest!r}") from None
+        if not (math.isfinite(x) and x <= bound):  # NaN and inf included
+            raise v.ParameterError(
+                "feature_norm_bound", f"in {what}, the trainable layer has an input of norm {x:.6g}, above the "
+                f"declared bound {bound:g}: the declared smoothness does not hold for it, so the claim ends before "
+                "a step is taken on it (clip the features, or declare the bound the data has)")
+        self._feature_largest = x if self._feature_largest is None else max(self._feature_largest, x)
+        self._feature_cover = math.inf if steps is None else float(v.positive_int("steps", steps))
+
+    def feature_norm_unobservable(self, why: str) -> None:
+        """The adapter can neither see a feature clip nor the trainable layer's inputs (``why``).
+        With ``assume_convex_model`` the bound is then part of the user's claim (noted); otherwise it
+        is an error naming ``feature_norm_bound``."""
+        if self.feature_norm_bound is None or self.feature_clip_norm is not None:
+            return
+        if not self.assume_convex_model:
+            raise v.ParameterError("feature_norm_bound", f"{self.feature_norm_bound:g} can be neither enforced nor "
+                                                         f"checked: {why}")
+        self._feature_claim = why
+
+    def restore_feature_norm(self, largest: Optional[float], subject: str) -> None:
+        """For a ledger loaded from a checkpoint (:meth:`load_ledger_state`, e.g. the Keras callback's
+        state applied to the recorder of the model being trained): ``largest``, the input norm its
+        steps are known to stay below, as the state stored it (``None``: unknown). Raises naming
+        ``checkpoint`` when that does not back the declared bound."""
+        bound = self.feature_norm_bound
+        if largest is not None:
+            largest = v.nonnegative_float("largest", largest)
+        if bound is not None and self._restored_steps and (largest is None or largest > bound):
+            known = "not known (taken without a checked feature bound)" if largest is None else f"{largest:.6g}"
+            raise v.ParameterError(
+                "checkpoint", f"{subject} has {self._restored_steps} steps whose largest input norm is {known}; "
+                f"the declared feature_norm_bound {bound:g} does not cover them")
+        self._feature_restored = largest
+
+    @property
+    def largest_feature_norm(self) -> Optional[float]:
+        """A norm that every input of the trainable layer in the recorded steps stayed below (the
+        feature clip's radius, or the largest checked), ``None`` when unknown or nothing was claimed."""
+        if self.feature_norm_bound is None or not self._steps:
+            return None
+        values = [self._feature_restored] if self._restored_steps else []
+        if self._steps > self._restored_steps:
+            values.append(self.feature_clip_norm if self.feature_clip_norm is not None else self._feature_largest)
+        return None if None in values else max(values)
+
+    def _use_feature_check(self, step: StepFacts, count: int) -> None:
+        """Rule 1b: a step that could back the claim must have had its data checked. (A step that is
+        not the analysed update ends the hidden-state claim anyway; replayed steps were checked when
+        they were first recorded.)"""
+        if not self.needs_feature_checks or self._replaying or update_departure(step) is not None:
+            return
+        if self._feature_cover < count:
+            first = self._steps + int(self._feature_cover)
+            raise v.ParameterError(
+                "feature_norm_bound", f"the inputs of the trainable layer in step {first} were not checked against "
+                f"the declared bound {self.feature_norm_bound:g} before the step; the claim cannot cover it")
+        self._feature_cover -= count
+
+    def check_loss(self, kind: Optional[str], description: str) -> None:
+        """The adapter's reading of the training loss: ``kind``, a key of
+        :data:`~hidden_state_accountants.events.LOSSES` it matches (``"other"`` for none), or ``None``
+        when the framework does not show the loss; ``description`` says what it is (or why it cannot
+        be seen). A loss other than the one the geometry was derived from raises naming ``loss``."""
+        assumed = None if self.geometry is None else self.geometry.loss
+        if assumed is not None and kind is not None and kind != assumed:
+            raise v.ParameterError(
+                "loss", f"{description} is not the loss the geometry was derived from ({LOSSES[assumed]}): "
+                "its smoothness is not the declared one (declare a LossGeometry for this loss, or geometry=None "
+                "for composition)")
+        self._loss = (kind, description)
 
     # ------------------------------------------------------------------- the run
     def reasons(self) -> List[str]:
@@ -687,6 +831,7 @@ class RunRecorder:
         out = []
         if self.geometry is not None and self.assume_convex_model:
             out.append(ASSUMED_CONVEX_NOTE)
+        out += self._geometry_notes()
         s = self.schedule
         if s is None:
             out.append("no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
@@ -700,6 +845,39 @@ class RunRecorder:
         elif s.is_random and not s.seed_is_secret:
             out.append(f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
                        "as secret as the data")
+        return out
+
+    def _geometry_notes(self) -> List[str]:
+        """What the declared geometry rests on: enforced, checked, or the user's claim."""
+        g = self.geometry
+        if g is None:
+            return []
+        out = []
+        bound = g.feature_norm_bound
+        if g.loss is None:
+            given = (f"smoothness={g.smoothness:g}, strong_convexity={g.strong_convexity:g}"
+                     + ("" if bound is None else f" for inputs of norm <= {bound:g}"))
+            out.append(f"the declared geometry ({given}) is the user's claim: given by its constants, not derived "
+                       "from a loss, it cannot be observed from the training run")
+        if bound is not None:
+            clip = self.feature_clip_norm
+            if clip is not None:
+                out.append(f"feature norm <= {bound:g}: enforced by the model's feature clip (max_norm={clip:g}) "
+                           "in front of the trainable layer")
+            elif self._feature_claim is not None:
+                out.append(f"feature norm <= {bound:g} is the user's claim: {self._feature_claim}")
+            elif not self.planned:
+                seen = "none yet" if self._feature_largest is None else f"{self._feature_largest:.6g}"
+                restored = (f"; the {self._restored_steps} steps restored from a checkpoint were checked when they "
+                            "were taken" if self._restored_steps else "")
+                out.append(f"feature norm <= {bound:g}: checked on the trainable layer's inputs before every step "
+                           f"(largest seen {seen}){restored}")
+        if g.loss is not None:
+            kind, description = self._loss if self._loss is not None else (None, "the adapter did not observe it")
+            if kind is None:
+                out.append(f"the loss is the user's claim: the geometry assumes {LOSSES[g.loss]}; {description}")
+            else:
+                out.append(f"loss: {description}, as the geometry assumes")
         return out
 
     def run(self, *, steps: Optional[int] = None, warn: bool = True) -> TrainingRunDpEvent:
@@ -784,6 +962,21 @@ class RunRecorder:
             ledger.append([step, count])
         self._ledger = ledger
         self._steps = sum(c for _, c in ledger)
+        self._restored_steps, self._feature_cover = self._steps, 0.0
+
+    def record_restored(self, ledger: Sequence[Tuple[StepFacts, int]]) -> None:
+        """Records the ``(step, count)`` entries of a stored ledger (a checkpoint's) through
+        :meth:`record`, so each passes the checks it passed when it was first recorded, and marks
+        them as restored: their data was checked against the feature bound when they were first
+        taken (rule 1b), so they need no feature check now, and the notes and
+        :meth:`restore_feature_norm` speak of them as restored."""
+        self._replaying = True
+        try:
+            for step, count in ledger:
+                self.record(step, count)
+        finally:
+            self._replaying = False
+        self._restored_steps = self._steps
 
 
 __all__ = [

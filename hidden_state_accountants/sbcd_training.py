@@ -1,7 +1,7 @@
 """What every DP-SBCD trainer shares, free of any framework: checks, schedule, seeds, accounting.
 
 The PyTorch trainer (``hidden_state_accountants.pytorch.sbcd.DPSBCD``) and the Keras trainer
-(``hidden_state_accountants.tf_privacy.sbcd.DPSBCD``) implement the updates of Algorithm 2 of
+(``hidden_state_accountants.keras.sbcd.DPSBCD``) implement the updates of Algorithm 2 of
 *Differentially Private Network Training under Hidden State Assumption* (ICLR 2025 submission,
 arXiv:2407.08233) on their framework's tensors; everything their privacy rests on is decided
 here, once:
@@ -36,6 +36,7 @@ import numpy as np
 
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.analyses.sbcd import (
     REGULARIZERS,
     VARIANTS,
@@ -131,7 +132,7 @@ class SbcdTrainerBase:
                 warnings.warn(
                     f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
                     "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
-                    UserWarning, stacklevel=3,
+                    HiddenStateWarning, stacklevel=3,
                 )
 
     def _noise_at(self, t: int) -> float:

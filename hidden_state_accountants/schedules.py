@@ -15,17 +15,22 @@ sampling                    schedule
                             (``DataLoader(shuffle=True)``, Keras ``fit(shuffle=True)``)
 ``without_replacement``     each step draws ``b`` distinct records afresh from all ``n``
 ``poisson``                 each record joins each step's batch independently with probability ``q``
+``balls_in_bins``           every epoch, each record independently draws its step uniformly among the
+                            epoch's ``n // b`` steps (batches of random size, divided by ``b``)
 ==========================  ========================================================================
 
 An epoch is ``n // b`` steps (one for ``full``); the partition schedules and ``reshuffle``
 leave the last ``n % b`` records of their order out of every epoch (Ye & Shokri 2022,
 footnote 3). ``reshuffle`` may instead keep that short batch (``last_batch``, see
-:data:`LAST_BATCHES`): an epoch is then ``ceil(n / b)`` steps.
+:data:`LAST_BATCHES`): an epoch is then ``ceil(n / b)`` steps. ``balls_in_bins`` uses every
+record exactly once per epoch; where a record goes does not depend on the other records, so
+adding or removing one changes nothing else (the property its ADD_OR_REMOVE_ONE analyses rest
+on, docs/derivations.md, "Balls-in-bins sampling"), and its batch sizes vary around ``n / (n // b)``.
 
 **Secret seeds.** A random schedule is only as private as its randomness is secret: the
-analyses of ``shuffle_partition`` and ``reshuffle`` that average over the record's position,
-``without_replacement`` and ``poisson`` (amplification by sampling) assume the adversary does
-not know the draw. So
+analyses of ``shuffle_partition``, ``reshuffle`` and ``balls_in_bins`` that average over the
+record's position, ``without_replacement`` and ``poisson`` (amplification by sampling) assume the
+adversary does not know the draw. So
 every random schedule draws a fresh secret seed from :mod:`secrets` unless the caller passes
 one. A seed passed by the caller is their explicit choice and must be kept as private as the
 data (it is stored in checkpoints, which must be too); a published seed makes the batches
@@ -62,14 +67,15 @@ SHUFFLE_PARTITION = "shuffle_partition"
 WITHOUT_REPLACEMENT = "without_replacement"
 RESHUFFLE = "reshuffle"
 POISSON = "poisson"
+BALLS_IN_BINS = "balls_in_bins"
 
-SAMPLINGS: Tuple[str, ...] = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, POISSON)
+SAMPLINGS: Tuple[str, ...] = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, POISSON, BALLS_IN_BINS)
 """Every batch schedule the accountant knows."""
 
 PARTITIONS: Tuple[str, ...] = (CYCLIC, SHUFFLE_PARTITION)
 """Schedules that visit a fixed partition of the records in the same order every epoch."""
 
-RANDOM: Tuple[str, ...] = (SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, POISSON)
+RANDOM: Tuple[str, ...] = (SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, POISSON, BALLS_IN_BINS)
 """Schedules whose batches are random (and need a secret seed)."""
 
 EPOCH_ORDERS: Tuple[str, ...] = (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE)
@@ -86,6 +92,9 @@ fixed ``b`` (Opacus with ``optimizer.expected_batch_size = b``). When ``b`` divi
 there is no short batch and every value means ``dropped``."""
 
 MAX_STEPS = 10**18
+UNBOUNDED_STEPS = 10**15
+"""Steps standing in for "forever" when a bound valid for every length is certified (calibration's
+``limit_epsilon``; analyses that must answer there)."""
 """More optimiser steps than any training run takes; the hidden-state bounds' limit for
 unbounded training is what ``max_epochs_within_budget`` / ``hsa epochs`` report."""
 
@@ -96,6 +105,8 @@ SAMPLING_DESCRIPTIONS: Dict[str, str] = {
     WITHOUT_REPLACEMENT: "each step draws b distinct records afresh",
     RESHUFFLE: "a fresh random permutation every epoch, cut into n//b batches",
     POISSON: "each record joins each step's batch independently with probability q",
+    BALLS_IN_BINS: ("every epoch, each record independently draws its step uniformly among the epoch's n//b "
+                    "steps (batches of random size, each divided by b)"),
 }
 
 
@@ -139,8 +150,9 @@ def check_schedule(dataset_size: Any, batch_size: Any, sampling: Any) -> Tuple[i
 
 def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str, last_batch: str = DROPPED) -> int:
     """One step for ``full``; ``n // b`` otherwise (a remainder of ``n % b`` records is
-    dropped each epoch by the partition schedules, Ye & Shokri footnote 3), ``ceil(n / b)``
-    when ``reshuffle`` keeps the short batch."""
+    dropped each epoch by the partition schedules, Ye & Shokri footnote 3; ``balls_in_bins``
+    spreads all ``n`` records over these steps), ``ceil(n / b)`` when ``reshuffle`` keeps the
+    short batch."""
     if sampling == FULL:
         return 1
     if last_batch != DROPPED:
@@ -174,7 +186,9 @@ class BatchSchedule:
 
     Args:
       dataset_size: ``n``; records are indices ``0 .. n-1``.
-      batch_size: ``b`` (the expected batch size for ``poisson``).
+      batch_size: ``b``, the number every batch's clipped sum is divided by (the expected
+        batch size for ``poisson``; for ``balls_in_bins`` a batch holds ``n / (n // b)``
+        records on average).
       sampling: one of :data:`SAMPLINGS`.
       seed: for the random schedules, ``None`` (the default) draws a secret seed; an integer
         is the caller's explicit choice and must be kept secret. Deterministic schedules
@@ -286,9 +300,9 @@ class BatchSchedule:
 
     @property
     def fixed_batch_size(self) -> bool:
-        """Every batch holds exactly ``batch_size`` records (all but ``poisson`` and a kept
-        short batch)."""
-        return self.sampling != POISSON and self.last_batch == DROPPED
+        """Every batch holds exactly ``batch_size`` records (all but ``poisson``,
+        ``balls_in_bins`` and a kept short batch)."""
+        return self.sampling not in (POISSON, BALLS_IN_BINS) and self.last_batch == DROPPED
 
     def order(self) -> np.ndarray:
         """The record order a partition schedule cuts into batches (computed once)."""
@@ -313,6 +327,34 @@ class BatchSchedule:
             object.__setattr__(self, "_epoch", cached)
         return cached[1]
 
+    def epoch_assignment(self, epoch: int) -> np.ndarray:
+        """``balls_in_bins``: the step (``0 .. n//b - 1``) of every record in ``epoch`` (0-based).
+        Record ``i``'s step is the ``i``-th of ``n`` independent uniform draws from one stream per
+        ``(seed, epoch)``: the draws are i.i.d., so no record's step depends on the others'
+        (appending a record leaves the first ``n`` draws as they were), and any epoch is reached
+        in O(n).
+
+        >>> s = BatchSchedule(5, 2, BALLS_IN_BINS, seed=7)
+        >>> a = s.epoch_assignment(0)
+        >>> sorted(np.concatenate([s.batch(0), s.batch(1)]).tolist()), bool(np.all(s.batch(1) == np.flatnonzero(a == 1)))
+        ([0, 1, 2, 3, 4], True)
+        """
+        return self._epoch_bins(epoch)[0]
+
+    def _epoch_bins(self, epoch: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(assignment, records sorted by step, where each step's records start)``, cached."""
+        if self.sampling != BALLS_IN_BINS:
+            raise v.ParameterError("sampling", f"{self.sampling!r} draws no step per record")
+        cached = self._epoch
+        if cached is None or cached[0] != epoch:
+            steps = self.steps_per_epoch
+            assignment = _rng(self.seed, int(epoch)).integers(0, steps, self.dataset_size)
+            order = np.argsort(assignment, kind="stable")  # ascending record ids within a step
+            starts = np.searchsorted(assignment[order], np.arange(steps + 1))
+            cached = (epoch, assignment, order, starts)
+            object.__setattr__(self, "_epoch", cached)
+        return cached[1], cached[2], cached[3]
+
     def partition(self) -> np.ndarray:
         """The batches of one epoch of a partition schedule, shape ``(n // b, b)``."""
         spe, b = self.steps_per_epoch, self.batch_size
@@ -330,6 +372,10 @@ class BatchSchedule:
             return self.epoch_order(epoch)[j * b:(j + 1) * b]  # a kept short batch is the tail
         if self.external:
             raise v.ParameterError("schedule", "the framework draws these batches; this schedule only describes them")
+        if s == BALLS_IN_BINS:
+            epoch, j = divmod(int(step), self.steps_per_epoch)
+            _, order, starts = self._epoch_bins(epoch)
+            return order[starts[j]:starts[j + 1]]
         rng = _rng(self.seed, int(step))  # one stream per step: O(1) to resume anywhere
         if s == WITHOUT_REPLACEMENT:
             return rng.choice(n, b, replace=False)

@@ -6,15 +6,7 @@ import math
 import numbers
 from typing import Any, Optional
 
-
-class ParameterError(ValueError):
-    """A parameter violates a stated condition; ``parameter`` names it, ``reason`` says what
-    does not hold (the message without the parameter's name)."""
-
-    def __init__(self, parameter: str, message: str):
-        super().__init__(f"{parameter}: {message}")
-        self.parameter = parameter
-        self.reason = message
+from hidden_state_accountants.errors import ParameterError  # re-exported: validation.ParameterError
 
 
 def positive_int(name: str, value: Any, *, maximum: Optional[int] = None, why: str = "") -> int:

@@ -2,13 +2,12 @@
 weights digest and atomic writes."""
 
 import copy
-import doctest
 import json
 import os
 
 import pytest
 
-from hidden_state_accountants import LossGeometry, ParameterError, checkpoint
+from hidden_state_accountants import LossGeometry, ParameterError
 from hidden_state_accountants.checkpoint import (
     RunState,
     open_run,
@@ -34,13 +33,9 @@ def step(**kw):
 
 def live(steps=30, sampling=SHUFFLE_PARTITION, geometry=GEOM):
     rec = RunRecorder(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=LINEAR)
+    rec.check_feature_norm(0.9, "the data", steps=None)  # rule 1b: the data of every step, before it
     rec.record(step(), steps)
     return rec
-
-
-def test_doctests():
-    result = doctest.testmod(checkpoint)
-    assert result.failed == 0 and result.attempted > 0
 
 
 def test_a_sealed_state_refuses_any_edit():
@@ -92,6 +87,13 @@ def test_a_geometry_with_new_optional_fields_round_trips():
     rec.record(step(learning_rate=0.5, projection_diameter=3.0), 3)
     run, _ = open_run(seal_run(RunState.of(rec), fmt="f", version=1), fmt="f", version=1)
     assert run.recorder.geometry == geometry
+    # the feature bound and the loss of a derived geometry, and the model's feature clip
+    geometry = LossGeometry.logistic_regression(feature_norm_bound=0.5, l2_regularization=0.01, diameter=3.0)
+    clipped = ModelFacts(layers=LINEAR.layers, complete=True, feature_clip_norm=0.25)
+    rec = RunRecorder(schedule=BatchSchedule(200, 10, CYCLIC), geometry=geometry, model=clipped)
+    rec.record(step(learning_rate=0.5, projection_diameter=3.0), 3)  # enforced by the clip: nothing to check
+    run, _ = open_run(json.loads(json.dumps(seal_run(RunState.of(rec), fmt="f", version=1))), fmt="f", version=1)
+    assert (run.recorder.geometry, run.recorder.model) == (geometry, clipped)
 
 
 def _resealed(edit):
@@ -115,6 +117,11 @@ def _resealed(edit):
     (lambda p: p["claim"]["model"]["layers"][0].update(trainable=1), "has an invalid geometry or model"),
     (lambda p: p["claim"].update(geometry={"smoothness": -1}), "has an invalid geometry or model .*smoothness"),
     (lambda p: p["claim"].pop("geometry"), "has a claim with fields"),
+    (lambda p: p["claim"]["geometry"].update(loss="hinge"), "has an invalid geometry or model .*loss"),
+    (lambda p: p["claim"]["model"].pop("feature_clip_norm"), "has an invalid geometry or model"),
+    (lambda p: p["claim"]["model"].update(feature_clip_norm=True), "has an invalid geometry or model .*feature_clip"),
+    (lambda p: p["claim"]["model"].update(feature_clip_norm=2.0),
+     "has a claim that does not hold .*feature clip \\(max_norm=2\\) .* above the declared bound 1"),
     (lambda p: p.update(weights_digest=12), "has weights_digest=12; must be a SHA-256 hex digest or null"),
     (lambda p: p.update(extra=1), "has unknown fields extra"),
     (lambda p: p.update(claim=None), "accounts 30 steps without a claim"),

@@ -541,7 +541,10 @@ def test_calibration_kwargs_check_the_claim_before_calibrating():
     base = torch.optim.SGD(model.parameters(), lr=0.5)  # no weight_decay: nothing gives m = 0.1
     with pytest.raises(ParameterError, match="^geometry: strong_convexity 0.1 exceeds"):
         engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0)
-    assert hso.OpacusHiddenStateAccountant().calibration_kwargs(optimizer=base, max_grad_norm=1.0) == {}
+    # unconfigured: the claim a fresh accountant makes anyway (Opacus' Poisson loader, by composition)
+    spec = hso.OpacusHiddenStateAccountant().calibration_kwargs(optimizer=base, max_grad_norm=1.0)
+    assert spec["hidden_state_calibration"].claim == hso.CalibrationClaim(
+        relation=hso.OpacusHiddenStateAccountant().relation()[0], schedule=None, geometry=None)
 
 
 def test_calibration_refuses_a_loader_of_another_schedule():
@@ -594,7 +597,7 @@ def test_checkpoint_resume_reports_exactly_the_uninterrupted_run(tmp_path):
     assert resumed.accountant.training_run() == whole.accountant.training_run()
     assert resumed.get_epsilon(DELTA) == whole.get_epsilon(DELTA)
     assert resumed.accountant.state_dict() == whole.accountant.state_dict()
-    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 4
+    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 5
     for pa, pb in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(pa, pb), "same batches and noise: the same model"
 

@@ -21,7 +21,8 @@ from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITIO
 
 GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
 LINEAR = ModelFacts(layers=[LayerFacts(name="FeatureClip", kind="other", trainable=False),
-                            LayerFacts(name="Linear(64, 10)", kind="affine", trainable=True)], complete=True)
+                            LayerFacts(name="Linear(64, 10)", kind="affine", trainable=True)], complete=True,
+                    feature_clip_norm=1.0)
 CONV_NET = ModelFacts(layers=[LayerFacts(name="Conv2d", kind="other", trainable=True),
                               LayerFacts(name="ReLU", kind="other", trainable=False),
                               LayerFacts(name="Linear", kind="affine", trainable=True),
@@ -46,6 +47,7 @@ def test_a_network_with_hidden_layers_cannot_carry_a_geometry():
     with pytest.raises(ParameterError, match="model: .*not convex"):
         recorder(model=CONV_NET)
     rec = recorder(model=CONV_NET, assume_convex_model=True)  # the documented opt-in, reported as such
+    rec.feature_norm_unobservable("the adapter cannot see the trainable layer's inputs")
     rec.record(step())
     assert any("assume_convex_model=True" in n for n in rec.notes())
 
@@ -143,7 +145,11 @@ def test_a_clean_run_is_the_core_event():
                                      clip_norm=1.0, learning_rate=0.5, sampling=SHUFFLE_PARTITION, geometry=GEOM,
                                      l2_regularization=0.01)
     assert rec.run(steps=800).steps == 800  # planning: the last step repeated
-    assert rec.notes() == []  # a secret seed, a checked model: nothing to qualify
+    assert rec.notes() == [  # a secret seed, a checked model: only what the geometry rests on
+        "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer",
+        "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels, "
+        "or sigmoid cross-entropy, on the trainable layer's outputs (logits), one unweighted loss per example; the "
+        "adapter did not observe it"]
 
 
 def test_a_user_chosen_seed_is_stated():

@@ -27,7 +27,7 @@ def test_l2_after_reduction_keeps_the_l2_term_and_scales_only_the_gradients(repl
 
 
 def test_the_flag_decides_whether_a_declared_strong_convexity_is_backed():
-    geometry = LossGeometry.logistic_regression(1.0, 0.05)
+    geometry = LossGeometry(smoothness=1.05, strong_convexity=0.05)
     recorder = RunRecorder(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry, assume_convex_model=True)
     recorder.record(opacus_like(2, divisor=5.0, l2_after_reduction=True), 3)
     assert recorder.steps == 3 and recorder.ledger[0][0].weight_decay == 0.05

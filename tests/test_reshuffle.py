@@ -36,7 +36,9 @@ from hidden_state_accountants.schedules import (
 )
 
 GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
-LINEAR = ModelFacts(layers=[LayerFacts(name="Linear", kind="affine", trainable=True)], complete=True)
+LINEAR = ModelFacts(layers=[LayerFacts(name="FeatureClip", kind="other", trainable=False),
+                            LayerFacts(name="Linear", kind="affine", trainable=True)], complete=True,
+                    feature_clip_norm=1.0)
 
 
 # ------------------------------------------------------------------------------ the schedule

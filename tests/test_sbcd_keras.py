@@ -18,7 +18,7 @@ from hidden_state_accountants import BatchSchedule, HiddenStateAccountant, Param
 from hidden_state_accountants.analyses import sbcd as core  # noqa: E402
 from hidden_state_accountants.sbcd_training import CALLER_SEED_NOTE  # noqa: E402
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION  # noqa: E402
-from hidden_state_accountants.tf_privacy.sbcd import DPSBCD, UnsupportedLayerError, u_update  # noqa: E402
+from hidden_state_accountants.keras.sbcd import DPSBCD, UnsupportedLayerError, u_update  # noqa: E402
 
 L = tf.keras.layers
 
@@ -263,10 +263,23 @@ def test_example_runs():
     assert float(cells[2]) < float(cells[3])
 
 
-def test_module_doctest():
-    import doctest
+def test_the_keras_trainer_imports_without_tensorflow_privacy():
+    # issue 21: it lived in the TF-Privacy adapter, whose package imports tensorflow_privacy
+    import subprocess
+    import sys
 
-    from hidden_state_accountants.tf_privacy import sbcd as module
+    code = ("import sys; sys.modules['tensorflow_privacy'] = None\n"  # any import of it now fails
+            "from hidden_state_accountants.keras import DPSBCD, UnsupportedLayerError\n"
+            "from hidden_state_accountants.errors import UnsupportedLayerError as core\n"
+            "assert UnsupportedLayerError is core and DPSBCD.__module__ == 'hidden_state_accountants.keras.sbcd'\n"
+            "assert not any(m.startswith(('tensorflow_privacy.', 'hidden_state_accountants.tf_privacy')) "
+            "for m in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
 
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0
+
+def test_the_former_module_name_is_the_same_module():
+    from hidden_state_accountants.keras import sbcd
+    from hidden_state_accountants.tf_privacy import sbcd as former
+
+    assert former is sbcd and former.DPSBCD is DPSBCD

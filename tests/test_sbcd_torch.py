@@ -543,12 +543,3 @@ def test_example_runs():
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1].split()[0]) > 60  # DP-SBCD test accuracy (%)
     assert float(cells[2]) < float(cells[3])  # hidden-state eps below composition
-
-
-def test_module_doctest():
-    import doctest
-
-    from hidden_state_accountants.pytorch import sbcd as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0

@@ -392,11 +392,20 @@ def test_privacy_statement_of_the_callback_matches_the_function(data):
     cb = callback("shuffle_partition")
     fit(model, data, cb, epochs=2, sampling="shuffle_partition")
     text = cb.privacy_statement()
-    assert cb.notes() == []  # a secret seed, a model the core checked: nothing to qualify
+    largest = float(np.sqrt((data[0].astype(np.float32).astype(np.float64) ** 2).sum(axis=1)).max())
+    # a secret seed, a model the core checked: only what the geometry rests on (the data checked, the loss read)
+    assert cb.notes() == [
+        f"feature norm <= 1: checked on the trainable layer's inputs before every step (largest seen {largest:.6g})",
+        "loss: SparseCategoricalCrossentropy(from_logits=True) in model.loss, unweighted, as the geometry assumes"]
     calculated = compute_hidden_state_privacy_statement(
         N, B, 2, Z, DELTA, l2_norm_clip=C, learning_rate=LR, sampling="shuffle_partition", geometry=GEOMETRY)
-    # the same text, except that the function cannot see the model and says so
+    # the same text, except that the function sees neither the model nor the data and says so
     notes = [p for p in calculated.split("\n\n") if p.startswith("Note:")]
-    assert len(notes) == 1 and notes[0].startswith("Note: the model structure was not verified")
-    assert text == "\n\n".join(p for p in calculated.split("\n\n") if not p.startswith("Note:"))
+    assert len(notes) == 3 and notes[0].startswith("Note: the model structure was not verified")
+    assert "is the user's claim: the statement is computed without the data" in " ".join(notes[1].split())
+
+    def body(statement):
+        return "\n\n".join(p for p in statement.split("\n\n") if not p.startswith("Note:"))
+
+    assert body(text) == body(calculated)
     assert f"{cb.epsilon:.3f}" in text

@@ -131,6 +131,9 @@ def functional_shared():
     return tf.keras.Model(inputs, tf.keras.layers.Dense(CLASSES)(shared(shared(inputs))))
 
 
+from hidden_state_accountants.tf_privacy import FeatureClip  # noqa: E402
+
+
 def nested():
     inner = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
     return tf.keras.Sequential([tf.keras.layers.Rescaling(0.5, input_shape=(DIM,)), inner])
@@ -161,6 +164,7 @@ def test_models_that_are_not_one_linear_map_are_refused_with_a_geometry(build, r
     lambda: tf.keras.Model(*(lambda i: (i, tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Flatten()(i))))(
         tf.keras.Input((DIM,)))),
     lambda: tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(DIM,), trainable=False),
+                                 FeatureClip(1.0),  # the bound holds for the trainable layer's input
                                  tf.keras.layers.Dense(CLASSES)]),  # a frozen feature map
 ])
 def test_one_dense_layer_on_fixed_features_carries_a_geometry(build, data):

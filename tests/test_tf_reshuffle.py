@@ -115,7 +115,7 @@ def test_fit_shuffle_true_is_reshuffle_with_the_short_batch_divided_by_its_own_s
     assert cb.steps_per_epoch == spe == 11 and cb.steps == 2 * spe
     expected = core_epsilon(2 * spe, last_batch="kept_own_size", secret_batches=True)
     assert hist["epsilon"][-1] == pytest.approx(expected.epsilon, rel=1e-12)
-    assert expected.analysis == "si_reshuffle_average" and cb.report.analysis == expected.analysis
+    assert expected.analysis == "si_reshuffle_amplified" and cb.report.analysis == expected.analysis  # issue 19
     run = cb.run_event()
     assert (run.sampling, run.last_batch, run.secret_batches) == ("reshuffle", "kept_own_size", True)
     # the ledger: 10 steps divided by b, then the short one divided by its 1 record, every epoch

@@ -183,7 +183,7 @@ def resealed(change):
     (lambda s: {k: x for k, x in s.items() if k != "digest"}, "checkpoint: has no digest"),
     (lambda s: "not json", "checkpoint: the hidden-state privacy state is not JSON"),
     (resealed(lambda p: p.update(format="opacus")), "checkpoint: the hidden-state privacy state is of format "
-                                                    "'opacus' version 2; this version of the package reads"),
+                                                    "'opacus' version 3; this version of the package reads"),
     (resealed(lambda p: p.update(steps=7)), "checkpoint: the hidden-state privacy state says 7 steps were taken but "
                                             "its ledger accounts 6"),
     (resealed(lambda p: p["ledger"][0].__setitem__(1, 2.5)), "checkpoint: .* invalid ledger .*positive integer"),

@@ -120,7 +120,7 @@ def run(strategy, kind, sampling="cyclic", epochs=2, seed=None):
 
 
 def sbcd_refusal(strategy):
-    from hidden_state_accountants.tf_privacy.sbcd import DPSBCD
+    from hidden_state_accountants.keras.sbcd import DPSBCD
 
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)),

@@ -7,7 +7,9 @@ line::
     engine = PrivacyEngine(accountant="hidden_state")
 
 and supplies what makes the hidden-state bounds true: batch samplers following the core's
-schedules, a projection/regularisation hook, and feature clipping. It also makes
+schedules, a projection/regularisation hook, and feature clipping (a ``FeatureClip`` in front of
+the trainable layer enforces the geometry's feature bound; without one the accountant checks the
+layer's inputs on every batch before its step). It also makes
 ``PrivacyEngine.save_checkpoint`` / ``load_checkpoint`` of such engines check a whole checkpoint
 before applying any of it, bind the ledger to the weights it describes, and write atomically
 (:mod:`.checkpoint`). The accountant only reads
@@ -17,12 +19,19 @@ Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. 
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .accountant import (
+    MECHANISM,
+    CalibrationClaim,
+    HiddenStateCalibration,
+    OpacusHiddenStateAccountant,
+    sampler_from_checkpoint,
+)
 from .checkpoint import install as _install_checkpoints
 from .checkpoint import load_checkpoint, module_weights_digest, save_checkpoint
 from .facts import loader_facts, model_facts, step_facts
-from .hooks import PROJECTION_ATTR, FeatureClip, ProjectionHook, clip_features
+from .hooks import PROJECTION_ATTR, FeatureClip, FeatureNormMonitor, ProjectionHook, clip_features
 from .samplers import (
+    BallsInBinsBatchSampler,
     CyclicBatchSampler,
     FullBatchSampler,
     HiddenStateBatchSampler,
@@ -53,6 +62,7 @@ _install_checkpoints()  # engine.save_checkpoint / load_checkpoint: all or nothi
 __all__ = [
     "OpacusHiddenStateAccountant",
     "HiddenStateCalibration",
+    "CalibrationClaim",
     "MECHANISM",
     "HiddenStateBatchSampler",
     "CyclicBatchSampler",
@@ -62,6 +72,7 @@ __all__ = [
     "secret_shuffle",
     "has_secret_generator",
     "FullBatchSampler",
+    "BallsInBinsBatchSampler",
     "sampler_from_state_dict",
     "sampler_from_checkpoint",
     "save_checkpoint",
@@ -69,6 +80,7 @@ __all__ = [
     "module_weights_digest",
     "ProjectionHook",
     "FeatureClip",
+    "FeatureNormMonitor",
     "clip_features",
     "PROJECTION_ATTR",
     "model_facts",

@@ -26,10 +26,12 @@ and says so in the notes. Every report names its relation.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import attr
+from opacus import PrivacyEngine
 from opacus.accountants.accountant import IAccountant
 from opacus.optimizers import DPOptimizer
 
@@ -44,42 +46,150 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     check_position,
 )
-from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, parse_relation, schedule_reason
+from hidden_state_accountants.relations import (
+    ADD_OR_REMOVE_ONE,
+    REPLACE_ONE,
+    NeighborRel,
+    parse_relation,
+    schedule_reason,
+)
 from hidden_state_accountants.schedules import POISSON, BatchSchedule
 
-from .facts import loader_facts, model_facts, optimizer_facts, step_facts, step_values
+from .facts import (
+    LOSS_UNSEEN,
+    feature_monitor,
+    loader_facts,
+    model_facts,
+    optimizer_facts,
+    step_facts,
+    step_values,
+)
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
-__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "sampler_from_checkpoint"]
+__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "CalibrationClaim", "MECHANISM",
+           "sampler_from_checkpoint", "resolve_relation"]
 
 MECHANISM = "hidden_state"
-STATE_VERSION = 4  # 4: the core's RunState (checkpoint module), bound to the model weights saved with it
+STATE_VERSION = 5  # 4: the core's RunState (checkpoint module), bound to the model weights saved with it;
+# 5: the model's feature clip in the claim (and the geometry's feature bound and loss)
 _CALIBRATION_KWARG = "hidden_state_calibration"
+_KEEP: Any = object()  # configure(neighboring_relation=...) omitted: keep the relation set so far
 _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
                    "poisson_sampling=False to make_private",
     "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
                   "configure(), which sets it to the sampler's batch size",
+    "feature_norm_bound": "hso.FeatureClip(R) right before the trainable nn.Linear enforces the bound (read from "
+                          "the model's structure at configure); without it, configure(model=...) checks the inputs "
+                          "of every batch",
 }
+
+
+def resolve_relation(explicit: Optional[NeighborRel], sampling: str) -> Tuple[NeighborRel, Optional[str]]:
+    """The relation the accountant reports a run of ``sampling`` under, and why it is not Opacus'
+    ADD_OR_REMOVE_ONE when it is not: ``explicit`` if given, else ADD_OR_REMOVE_ONE wherever the
+    schedule is covered under it and REPLACE_ONE otherwise (this package's fixed-size samplers)."""
+    if explicit is not None:
+        return explicit, None
+    reason = schedule_reason(ADD_OR_REMOVE_ONE, sampling)
+    if reason:
+        return REPLACE_ONE, (f"reported under REPLACE_ONE, not Opacus' ADD_OR_REMOVE_ONE: the {sampling} schedule "
+                             f"is {reason}")
+    return ADD_OR_REMOVE_ONE, None
+
+
+@dataclass(frozen=True)
+class CalibrationClaim:
+    """What a calibrated noise multiplier was calibrated for: everything the accountant's epsilon
+    depends on besides the step (noise, rate, learning rate, clip norm, L2, projection).
+
+    ``schedule`` ``None`` is Opacus' Poisson loader; ``dataset_size`` counts only there and with
+    a geometry (the Poisson hidden-state analyses read ``n``). A fresh, unconfigured accountant,
+    the one Opacus' ``get_noise_multiplier`` builds by name, claims :data:`DEFAULT_CLAIM`.
+    """
+
+    relation: NeighborRel
+    schedule: Optional[BatchSchedule]
+    geometry: Optional[LossGeometry]
+    assume_convex_model: bool = False
+    gaussian_initialization: bool = False
+    dataset_size: Optional[int] = None
+
+    def describe(self) -> str:
+        if self.schedule is None:
+            batches = "Opacus' Poisson sampling"
+            if self.geometry is not None:
+                batches += f" of n={self.dataset_size} records"
+        else:
+            batches = f"the {self.schedule!r}"
+        what = "composition only" if self.geometry is None else f"the declared {self.geometry}"
+        flags = [f for f in ("assume_convex_model", "gaussian_initialization") if getattr(self, f)]
+        return f"{batches}, {what}{''.join(f', {f}' for f in flags)}, under {self.relation.name}"
+
+
+DEFAULT_CLAIM = CalibrationClaim(relation=ADD_OR_REMOVE_ONE, schedule=None, geometry=None)
 
 
 @dataclass(frozen=True)
 class HiddenStateCalibration:
     """The configuration Opacus' calibration call cannot see (made by
-    :meth:`OpacusHiddenStateAccountant.calibration_kwargs`): the claim, and the planned step
-    (its noise multiplier is what Opacus searches for)."""
+    :meth:`OpacusHiddenStateAccountant.calibration_kwargs`): the claim, the relation, and the
+    planned step (its noise multiplier is what Opacus searches for; with Opacus' Poisson loader
+    its divisor is Opacus' ``int(n / len(data_loader))``, known once the rate is)."""
 
-    schedule: BatchSchedule
+    schedule: Optional[BatchSchedule]
     geometry: Optional[LossGeometry]
     model: Optional[ModelFacts]
     assume_convex_model: bool
     gaussian_initialization: bool
     step: StepFacts
+    neighboring_relation: Optional[NeighborRel] = None  # None: the accountant's default rule
+    dataset_size: Optional[int] = None  # n of Opacus' Poisson loader (needed with a geometry)
 
     def recorder(self) -> RunRecorder:
         return RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
                            assume_convex_model=self.assume_convex_model,
-                           gaussian_initialization=self.gaussian_initialization)
+                           gaussian_initialization=self.gaussian_initialization,
+                           dataset_size=self.dataset_size if self.schedule is None else None, planned=True)
+
+    @property
+    def claim(self) -> CalibrationClaim:
+        return _claim(self.neighboring_relation, self.schedule, self.geometry, self.assume_convex_model,
+                      self.gaussian_initialization, self.dataset_size)
+
+
+def _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization,
+           dataset_size) -> CalibrationClaim:
+    relation, _ = resolve_relation(explicit, POISSON if schedule is None else schedule.sampling)
+    return CalibrationClaim(relation=relation, schedule=schedule, geometry=geometry,
+                            assume_convex_model=assume_convex_model and geometry is not None,
+                            gaussian_initialization=gaussian_initialization and geometry is not None,
+                            dataset_size=dataset_size if schedule is None and geometry is not None else None)
+
+
+class _Mechanism:
+    """``mechanism()``, Opacus' name of the accountant, on the class as on an instance. Called on
+    a configured accountant by ``PrivacyEngine.make_private_with_epsilon`` (the only place where
+    Opacus calls it on an instance), it first checks that the calibration Opacus is about to run
+    calibrates this accountant's claim (:meth:`OpacusHiddenStateAccountant._check_calibration_call`)."""
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return _mechanism
+
+        def mechanism() -> str:
+            frame = sys._getframe(1)
+            try:
+                obj._check_calibration_call(frame)
+            finally:
+                del frame
+            return MECHANISM
+
+        return mechanism
+
+
+def _mechanism() -> str:
+    return MECHANISM
 
 
 class OpacusHiddenStateAccountant(IAccountant):
@@ -99,6 +209,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         schedule is covered under it (Opacus' Poisson loader, full batch), REPLACE_ONE with a note
         for this package's fixed-size samplers. ``"REPLACE_ONE"`` / ``"ADD_OR_REMOVE_ONE"``
         (or dp_accounting's ``NeighboringRelation``): that relation, whatever the schedule.
+        ``configure(neighboring_relation=...)`` sets it too.
 
     With Opacus' default Poisson loader (no sampler), ``configure(geometry=..., model=...,
     optimizer=..., dataset_size=len(dataset))`` enables the Poisson hidden-state analyses (the
@@ -117,11 +228,14 @@ class OpacusHiddenStateAccountant(IAccountant):
         self._recorder = RunRecorder(schedule=None)
         self._facts: Tuple[Any, Optional[StepFacts]] = (None, None)  # the last step read, by its raw values
         self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
+        # the claim make_private_with_epsilon is calibrating for (set by mechanism(), moved to
+        # _calibrated_claim by get_optimizer_hook_fn once make_private builds the optimizer)
+        self._pending_claim: Optional[CalibrationClaim] = None
+        self._calibrated_claim: Optional[CalibrationClaim] = None
+        self._features = None  # a FeatureNormMonitor when the feature bound is checked per batch
 
     # ------------------------------------------------------------------- IAccountant
-    @classmethod
-    def mechanism(cls) -> str:
-        return MECHANISM
+    mechanism = _Mechanism()
 
     def __len__(self) -> int:
         return self._recorder.steps
@@ -146,6 +260,10 @@ class OpacusHiddenStateAccountant(IAccountant):
         self._recorder.record(StepFacts(noise_multiplier=noise_multiplier, sample_rate=sample_rate))
 
     def get_optimizer_hook_fn(self, sample_rate: float):
+        # make_private builds the optimizer: with the noise calibrated for the pending claim, or
+        # (plain make_private) with the user's own noise
+        self._calibrated_claim, self._pending_claim = self._pending_claim, None
+
         def hook_fn(optim: DPOptimizer) -> None:
             self._record(optim, sample_rate)
 
@@ -168,6 +286,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         gaussian_initialization: bool = False,
         data_loader=None,
         dataset_size: Optional[int] = None,
+        neighboring_relation: Any = _KEEP,
     ) -> "OpacusHiddenStateAccountant":
         """Declares what Opacus cannot see; call before training (and before loading a checkpoint).
 
@@ -194,6 +313,16 @@ class OpacusHiddenStateAccountant(IAccountant):
           dataset_size: ``len(dataset)``; with Opacus' Poisson loader (no sampler) a geometry needs it
             (the Poisson hidden-state analyses cap the other records' batch size, whose law depends
             on ``n``; the divisor is the optimizer's ``expected_batch_size``).
+          neighboring_relation: the relation every number is reported (and calibrated) under:
+            ``"REPLACE_ONE"`` or ``"ADD_OR_REMOVE_ONE"`` (or dp_accounting's ``NeighboringRelation``);
+            ``None``: the default (Opacus' ADD_OR_REMOVE_ONE where the schedule is covered under it,
+            REPLACE_ONE with a note for this package's fixed-size samplers); omitted: the relation
+            set so far (by the constructor or an earlier ``configure``).
+
+        Calibration: configure *before* ``make_private_with_epsilon`` and pass it
+        ``**engine.accountant.calibration_kwargs(...)``; a call without them on a configured
+        accountant is refused, and so is a ``configure`` after it that changes the claim the
+        noise was calibrated for (see :meth:`calibration_kwargs`).
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
@@ -202,6 +331,9 @@ class OpacusHiddenStateAccountant(IAccountant):
         """
         if len(self):
             raise v.ParameterError("configure", f"called after {len(self)} steps; configure before training")
+        explicit = self.neighboring_relation
+        if neighboring_relation is not _KEEP:
+            explicit = None if neighboring_relation is None else parse_relation(neighboring_relation)
         if sampler is not None and not isinstance(sampler, HiddenStateBatchSampler):
             raise v.ParameterError(
                 "sampler", f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
@@ -239,11 +371,22 @@ class OpacusHiddenStateAccountant(IAccountant):
                     steps_per_epoch=round(1 / hook.sample_rate)))
                 optimizer.expected_batch_size = schedule.batch_size / getattr(optimizer, "world_size", 1)
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
+        claim = _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization,
+                       recorder.dataset_size)
+        calibrated = self._calibrated_claim
+        if calibrated is not None and claim != calibrated:
+            raise v.ParameterError(
+                "configure", f"make_private_with_epsilon calibrated the noise multiplier for {calibrated.describe()}; "
+                f"this configuration claims {claim.describe()}, so the run would not meet its target. Configure the "
+                "accountant before make_private_with_epsilon and pass it **engine.accountant.calibration_kwargs("
+                "optimizer=..., max_grad_norm=...), or use make_private with a noise_multiplier of your own")
+        self.neighboring_relation = explicit
         self.geometry, self.sampler, self.model = geometry, sampler, facts
         self.loader_schedule = loader_schedule
         self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
         self.dataset_size = recorder.dataset_size
         self._recorder = recorder
+        self._features = feature_monitor(model, recorder, self._features)
         return self
 
     @property
@@ -254,22 +397,24 @@ class OpacusHiddenStateAccountant(IAccountant):
     def relation(self, run: Optional[TrainingRunDpEvent] = None):
         """The neighbouring relation the numbers are reported under (see the class docstring), and
         the note saying why it is not the default ADD_OR_REMOVE_ONE, if it is not."""
-        if self.neighboring_relation is not None:
-            return self.neighboring_relation, None
         schedule = self.schedule
         sampling = run.sampling if run is not None else (POISSON if schedule is None else schedule.sampling)
-        reason = schedule_reason(ADD_OR_REMOVE_ONE, sampling)
-        if reason:
-            return REPLACE_ONE, (f"reported under REPLACE_ONE, not Opacus' ADD_OR_REMOVE_ONE: the {sampling} schedule "
-                                 f"is {reason}")
-        return ADD_OR_REMOVE_ONE, None
+        return resolve_relation(self.neighboring_relation, sampling)
+
+    @property
+    def claim(self) -> CalibrationClaim:
+        """What this accountant's numbers claim, besides the steps: what a noise multiplier is
+        calibrated for."""
+        return _claim(self.neighboring_relation, self.schedule, self.geometry, self.assume_convex_model,
+                      self.gaussian_initialization, self.dataset_size)
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
 
-        Opacus calibrates with a *fresh* accountant built by name; it forwards extra keyword
+        Opacus calibrates with a *fresh* accountant built by name (``get_noise_multiplier(...,
+        accountant="hidden_state")``), which knows nothing of this one; it forwards extra keyword
         arguments of ``make_private_with_epsilon`` to that accountant's ``get_epsilon`` (and to
-        the DP optimizer, which ignores them)::
+        the DP optimizer, which ignores them). So: configure first, then pass these::
 
             engine.accountant.configure(geometry=geometry, sampler=sampler, model=model)
             model, optimizer, loader = engine.make_private_with_epsilon(
@@ -278,30 +423,86 @@ class OpacusHiddenStateAccountant(IAccountant):
                 **engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=1.0))
             engine.accountant.configure(geometry=geometry, sampler=sampler, model=model, optimizer=optimizer)
 
+        The calibrated run then reports at most the target after the planned epochs, under the
+        configured relation, with the smallest noise the best valid analysis allows (within
+        Opacus' ``epsilon_tolerance``, 0.01 unless passed to ``make_private_with_epsilon``). It
+        works on every path the accountant accepts: this package's samplers, a
+        ``DataLoader(shuffle=True)`` (``configure(data_loader=...)``), and Opacus' Poisson
+        loader (with ``configure(geometry=..., model=..., dataset_size=len(dataset))`` the
+        Poisson hidden-state analyses, whose divisor is Opacus' ``int(n / len(data_loader))``).
+
         ``optimizer`` is the base optimizer; its learning rate, ``weight_decay`` and momentum
         are read now and checked against the claim. A declared diameter is taken as the
-        projection to come (the training run is checked for it). Without a sampler there is
-        nothing to carry: the fresh accountant calibrates for Opacus' Poisson rate.
+        projection to come (the training run is checked for it).
+
+        Raises:
+          ParameterError: what the core finds wrong with the planned step for the claim
+            (``momentum``, ``learning_rate``, ``geometry``...), or ``neighboring_relation`` when
+            no analysis of the schedule holds under the configured relation.
         """
         schedule = self.schedule
-        if schedule is None:
-            return {}
+        relation, _ = self.relation()
+        sampling = POISSON if schedule is None else schedule.sampling
+        reason = schedule_reason(relation, sampling)
+        if reason:
+            raise v.ParameterError("neighboring_relation", f"nothing to calibrate for: no analysis of the {sampling} "
+                                                           f"schedule holds under {relation.name} ({reason})")
         base = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         step = StepFacts(noise_multiplier=0.0, clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
-                         divisor=schedule.batch_size,
+                         divisor=None if schedule is None else schedule.batch_size,
                          projection_diameter=None if self.geometry is None else self.geometry.diameter,
                          **optimizer_facts(base))
         spec = HiddenStateCalibration(schedule=schedule, geometry=self.geometry, model=self.model,
                                       assume_convex_model=self.assume_convex_model,
-                                      gaussian_initialization=self.gaussian_initialization, step=step)
-        spec.recorder().check(step)  # contradictions surface now, not inside Opacus' search
+                                      gaussian_initialization=self.gaussian_initialization, step=step,
+                                      neighboring_relation=self.neighboring_relation,
+                                      dataset_size=self.dataset_size if schedule is None else None)
+        # contradictions surface now, not inside Opacus' search (Poisson: at a whole-number divisor)
+        spec.recorder().check(step if schedule is not None else attr.evolve(step, sample_rate=0.5, divisor=1))
         return {_CALIBRATION_KWARG: spec}
+
+    def _check_calibration_call(self, frame) -> None:
+        """Called by :attr:`mechanism` with its caller's frame. When the caller is Opacus'
+        ``make_private_with_epsilon``, about to calibrate with a fresh accountant: refuses a call
+        that would calibrate another claim than this accountant's (no :meth:`calibration_kwargs`
+        on a configured accountant, or ones made for another configuration), and remembers the
+        claim, which a later :meth:`configure` must keep."""
+        engine = frame.f_locals.get("self") if frame.f_code.co_name == "make_private_with_epsilon" else None
+        if not isinstance(engine, PrivacyEngine) or engine.accountant is not self:
+            return
+        kwargs = frame.f_locals.get("kwargs")
+        spec = kwargs.get(_CALIBRATION_KWARG) if isinstance(kwargs, dict) else None
+        claim = self.claim
+        loader = frame.f_locals.get("data_loader")
+        n = len(loader.dataset) if claim.dataset_size is not None and hasattr(loader, "dataset") else None
+        if n is not None and n != claim.dataset_size:  # Opacus divides by int(len(dataset) / len(data_loader))
+            raise v.ParameterError(
+                "dataset_size", f"the accountant is configured with dataset_size={claim.dataset_size}, but the data "
+                f"loader's dataset has {n} records; configure dataset_size=len(dataset)")
+        if spec is None and claim != DEFAULT_CLAIM:
+            raise v.ParameterError(
+                "calibration_kwargs", f"make_private_with_epsilon calibrates with a fresh accountant, which knows "
+                f"only {DEFAULT_CLAIM.describe()}, but this accountant claims {claim.describe()}; pass "
+                "**engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=...) to "
+                "make_private_with_epsilon")
+        if spec is not None:
+            if not isinstance(spec, HiddenStateCalibration):
+                raise v.ParameterError(_CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
+            if spec.claim != claim:
+                raise v.ParameterError(
+                    "calibration_kwargs", f"were made for {spec.claim.describe()}, but the accountant now claims "
+                    f"{claim.describe()}; call calibration_kwargs() after the last configure()")
+        self._pending_claim = claim
 
     # ---------------------------------------------------------------------- recording
     def _record(self, optim: DPOptimizer, sample_rate: float) -> None:
         try:
             if self.sampler is not None:
                 check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
+            if self._features is not None:  # the batch's inputs, before the base optimizer's step
+                largest = self._features.take(int(getattr(optim, "world_size", 1)))
+                if largest is not None:
+                    self._recorder.check_feature_norm(largest, f"the batch of step {len(self)}")
             self._recorder.record(self._read(optim, sample_rate))
         except v.ParameterError as err:  # the core's refusal, with how to fix it in Opacus
             if err.parameter not in _HINTS:
@@ -327,13 +528,20 @@ class OpacusHiddenStateAccountant(IAccountant):
             raise v.ParameterError("history", "calibration expects one (noise, sample_rate, steps) entry")
         z, q, steps = self.history[0]
         s = spec.schedule
-        check_batch_source(s, BatchSourceFacts(schedule=s, description="Opacus' data loader",
-                                               steps_per_epoch=round(1 / q)))
+        step = attr.evolve(spec.step, noise_multiplier=z, sample_rate=q)
+        if s is None:  # Opacus' Poisson loader: an epoch is len(data_loader) = 1/q steps
+            steps_per_epoch = round(1 / q)
+            if spec.dataset_size is not None:  # Opacus' expected_batch_size, computed as make_private does
+                step = attr.evolve(step, divisor=int(spec.dataset_size * q))
+        else:
+            check_batch_source(s, BatchSourceFacts(schedule=s, description="Opacus' data loader",
+                                                   steps_per_epoch=round(1 / q)))
+            steps_per_epoch = s.steps_per_epoch
         epochs = steps * q  # Opacus' int(epochs / sample_rate) can land one step short of whole epochs
         if abs(epochs - round(epochs)) < 1e-6:
-            steps = max(steps, round(epochs) * s.steps_per_epoch)
+            steps = max(steps, round(epochs) * steps_per_epoch)
         recorder = spec.recorder()
-        recorder.record(attr.evolve(spec.step, noise_multiplier=z, sample_rate=q), steps)
+        recorder.record(step, steps)
         return recorder
 
     def training_run(self) -> TrainingRunDpEvent:
@@ -348,7 +556,9 @@ class OpacusHiddenStateAccountant(IAccountant):
         if not recorder.steps:
             return HiddenStateAccountant(neighboring_relation=self.relation()[0]).explain(delta)  # no steps: epsilon 0
         run = recorder.run(warn=spec is None)  # the recorder warns once per reason
-        relation, note = self.relation(run)
+        # Opacus' calibration: the relation of the configuration it calibrates for
+        relation, note = (self.relation(run) if spec is None else
+                          resolve_relation(spec.neighboring_relation, run.sampling))
         key = (run, float(delta), relation)
         if self._cache[0] != key:
             report = HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
@@ -446,6 +656,7 @@ class OpacusHiddenStateAccountant(IAccountant):
                 except v.ParameterError as err:
                     raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
         recorder = run.recorder
+        recorder.check_loss(None, LOSS_UNSEEN)
         if _history(recorder) != _as_history(state_dict["history"]):
             raise refusal(_SUBJECT, "has an Opacus history that is not its ledger's")
 
@@ -477,6 +688,14 @@ class OpacusHiddenStateAccountant(IAccountant):
             raise v.ParameterError("dataset_size", f"the checkpoint was taken with dataset_size={stored.dataset_size}, "
                                                    f"this accountant is configured with {self.dataset_size}")
         if self.geometry != stored.geometry:
+            if None not in (self.geometry, stored.geometry) and stored.geometry.feature_norm_bound is None \
+                    and self.geometry.feature_norm_bound is not None:
+                raise v.ParameterError(
+                    "geometry", "the checkpoint's geometry has no feature_norm_bound (it was declared by its "
+                    "constants), so its steps are not known to respect "
+                    f"feature_norm_bound={self.geometry.feature_norm_bound:g}; train again, or configure the "
+                    "geometry by its constants (LossGeometry(smoothness=..., strong_convexity=..., ...), "
+                    "reported as your claim)")
             raise v.ParameterError("geometry", f"the checkpoint was taken with {stored.geometry}, this accountant "
                                    f"is configured with {self.geometry}")
         for name in ("assume_convex_model", "gaussian_initialization"):

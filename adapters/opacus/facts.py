@@ -26,13 +26,14 @@ from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 from torch import nn
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.recording import BatchSourceFacts, LayerFacts, ModelFacts, StepFacts
+from hidden_state_accountants.recording import BatchSourceFacts, LayerFacts, ModelFacts, RunRecorder, StepFacts
 from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSchedule
 
-from .hooks import PROJECTION_ATTR, FeatureClip
+from .hooks import PROJECTION_ATTR, FeatureClip, FeatureNormMonitor
 from .samplers import HiddenStateBatchSampler, has_secret_generator
 
-__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts"]
+__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts",
+           "trainable_linear", "feature_monitor"]
 
 
 # ---------------------------------------------------------------------------- steps
@@ -246,6 +247,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
     everything else ``"other"``; a layer is trainable when it owns parameters with
     ``requires_grad`` (a frozen layer is a fixed feature map). ``complete=False`` when the
     forward pass could not be read (custom code ``torch.fx`` cannot trace).
+    ``feature_clip_norm`` is the radius of a :class:`FeatureClip` whose output is the whole
+    input of the one trainable ``nn.Linear`` (:func:`_feeding_clip`).
+
+    >>> model_facts(nn.Sequential(FeatureClip(1.0), nn.Linear(4, 2))).feature_clip_norm
+    1.0
     """
     if not isinstance(model, nn.Module):
         raise v.ParameterError("model", f"must be a torch.nn.Module, got {type(model).__name__}")
@@ -254,4 +260,90 @@ def model_facts(model: nn.Module) -> ModelFacts:
     what = f"the {type(model).__name__} model"
     if layers is None:
         return ModelFacts(layers=[], complete=False, description=what)
-    return ModelFacts(layers=layers, complete=True, description=what)
+    target = trainable_linear(model)
+    clip = None if target is None else _feeding_clip(model, target)
+    return ModelFacts(layers=layers, complete=True, description=what,
+                      feature_clip_norm=None if clip is None else clip.max_norm)
+
+
+# ---------------------------------------------------------------------------- features
+def trainable_linear(model: nn.Module) -> Optional[nn.Linear]:
+    """The model's trainable layer when it is the only module owning trainable parameters and a
+    plain ``nn.Linear``, else ``None`` (wrappers unwrapped)."""
+    owners = [m for m in unwrap_model(model).modules()
+              if any(p.requires_grad for p in m.parameters(recurse=False))]
+    if len(owners) == 1 and type(owners[0]) is nn.Linear:
+        return owners[0]
+    return None
+
+
+def _clip_at_output(m: nn.Module) -> Optional[FeatureClip]:
+    """The :class:`FeatureClip` whose output is ``m``'s output: ``m`` itself, or the last layer of a
+    plain ``nn.Sequential`` (recursively)."""
+    if type(m) is FeatureClip:  # a subclass may change forward
+        return m
+    if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward and len(m):
+        return _clip_at_output(m[-1])
+    return None
+
+
+def _feeding_clip(model: nn.Module, target: nn.Module) -> Optional[FeatureClip]:
+    """The :class:`FeatureClip` whose output is the whole input of ``target``, read from the data
+    flow of the model's structure: the previous layer of a plain ``nn.Sequential`` (the
+    container's input when ``target`` is its first layer), or, in custom ``forward`` code, the
+    ``torch.fx`` node ``target`` is called on. ``None`` when no clip feeds it for sure (``target``
+    called twice, on several arguments, on something computed from the clip's output, ...)."""
+
+    def find(m: nn.Module, fed_by: Optional[FeatureClip]):  # (found, clip) for target inside m
+        if m is target:
+            return True, fed_by
+        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
+            for child in m:
+                found, clip = find(child, fed_by)
+                if found:
+                    return True, clip
+                fed_by = _clip_at_output(child)
+            return False, None
+        if not any(sub is target for sub in m.modules()):
+            return False, None
+        try:
+            graph = _Tracer().trace(m)
+        except Exception:  # custom code torch.fx cannot read: nothing is known
+            return True, None
+        name = next(n for n, sub in m.named_modules() if sub is target)
+        calls = [node for node in graph.nodes if node.op == "call_module" and node.target == name]
+        inputs = [node for node in graph.nodes if node.op == "placeholder"]
+        if len(calls) != 1 or len(calls[0].args) != 1 or calls[0].kwargs:
+            return True, None
+        source = calls[0].args[0]
+        if getattr(source, "op", None) == "call_module":
+            return True, _clip_at_output(m.get_submodule(source.target))
+        if inputs == [source]:  # target is applied to m's only input
+            return True, fed_by
+        return True, None
+
+    return find(unwrap_model(model), None)[1]
+
+
+LOSS_UNSEEN = "Opacus does not see it (the training loop computes the loss)"
+
+
+def feature_monitor(model: Optional[nn.Module], recorder: RunRecorder,
+                    previous: Optional[FeatureNormMonitor] = None) -> Optional[FeatureNormMonitor]:
+    """What the accountant needs to back the geometry's feature bound, attached to ``model``:
+    nothing when the model's :class:`FeatureClip` enforces it (or no bound is declared), else a
+    :class:`FeatureNormMonitor` on the trainable ``nn.Linear``, whose largest input norm the
+    accountant hands to ``recorder`` at every optimizer step. ``previous`` is detached. Also tells
+    the recorder that Opacus does not show the loss."""
+    if previous is not None:
+        previous.detach()
+    recorder.check_loss(None, LOSS_UNSEEN)
+    if not recorder.needs_feature_checks:
+        return None
+    layer = None if model is None else trainable_linear(model)
+    if layer is None:
+        recorder.feature_norm_unobservable(
+            "no single trainable nn.Linear of the model was found whose inputs could be checked on every batch"
+            if model is not None else "the model was not given to configure(), so its inputs cannot be checked")
+        return None
+    return FeatureNormMonitor(layer)

@@ -12,6 +12,7 @@ sampler                                    ``sampling``
 :class:`ReshuffleBatchSampler`             ``"reshuffle"``
 :class:`WithoutReplacementBatchSampler`    ``"without_replacement"``
 :class:`FullBatchSampler`                  ``"full"``
+:class:`BallsInBinsBatchSampler`           ``"balls_in_bins"``
 =========================================  ========================
 
 An epoch is ``n // b`` steps (one for ``full``); the partition samplers and
@@ -43,6 +44,7 @@ sampler remembers its :attr:`~HiddenStateBatchSampler.position`) and, under
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional
@@ -52,7 +54,9 @@ import torch
 from torch.utils.data import Sampler
 
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.schedules import (
+    BALLS_IN_BINS,
     CYCLIC,
     DROPPED,
     FULL,
@@ -73,6 +77,7 @@ __all__ = [
     "ReshuffleBatchSampler",
     "WithoutReplacementBatchSampler",
     "FullBatchSampler",
+    "BallsInBinsBatchSampler",
     "sampler_from_state_dict",
     "secret_shuffle",
     "has_secret_generator",
@@ -133,7 +138,7 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
             warnings.warn(
                 f"{type(self).__name__}: dataset_size % batch_size = {self.dataset_size} % {self.batch_size} = "
                 f"{self.dropped_per_epoch} records {which} (as in Ye & Shokri 2022, footnote 3)",
-                UserWarning, stacklevel=3)
+                HiddenStateWarning, stacklevel=3)
 
     def _setup(self, schedule: BatchSchedule, num_replicas: int, rank: int) -> None:
         if num_replicas > schedule.batch_size:
@@ -302,8 +307,40 @@ class FullBatchSampler(HiddenStateBatchSampler):
         super().__init__(dataset_size, dataset_size, None, num_replicas=num_replicas, rank=rank)
 
 
+class BallsInBinsBatchSampler(HiddenStateBatchSampler):
+    """Every epoch, each record independently draws its step uniformly among the epoch's
+    ``n // b`` steps (``sampling="balls_in_bins"``): batches of random size (``n / (n // b)`` on
+    average), every record exactly once per epoch, and no record's step depends on the others', so
+    adding or removing a record changes nothing else. That is what gives it an ADD_OR_REMOVE_ONE
+    number (Opacus' relation; docs/derivations.md, "Balls-in-bins sampling"), which
+    ``DataLoader(shuffle=True)`` does not have.
+
+    Opacus must divide every batch by the fixed ``b``: ``accountant.configure(sampler=sampler,
+    optimizer=optimizer, ...)`` sets the optimizer's ``expected_batch_size`` to ``b`` (per rank).
+    A DataLoader cannot collate an empty batch; the sampler warns when one is not negligible
+    (``t (1 - 1/t)^n > 1e-9`` per epoch, i.e. only for tiny batches).
+
+    >>> s = BallsInBinsBatchSampler(10, 3, seed=5)  # an explicit seed: keep it secret
+    >>> epoch = list(s)
+    >>> len(epoch), sorted(i for b in epoch for i in b) == list(range(10))
+    (3, True)
+    """
+
+    sampling = BALLS_IN_BINS
+
+    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
+                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+        super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank)
+        n, t = self.dataset_size, self.steps_per_epoch
+        if t > 1 and math.log(t) + n * math.log1p(-1.0 / t) > math.log(1e-9):
+            warnings.warn(
+                f"BallsInBinsBatchSampler: with {n} records over {t} steps an epoch has an empty batch with "
+                f"probability up to {min(1.0, t * (1 - 1 / t) ** n):.2g}, which a DataLoader cannot collate; use "
+                "larger batches", HiddenStateWarning, stacklevel=2)
+
+
 _CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSampler, ReshuffleBatchSampler,
-                                    WithoutReplacementBatchSampler, FullBatchSampler)}
+                                    WithoutReplacementBatchSampler, FullBatchSampler, BallsInBinsBatchSampler)}
 
 # Generators seeded by secret_shuffle: the only ones whose draws this package knows to be secret.
 _SECRET_GENERATORS: "weakref.WeakSet" = weakref.WeakSet()

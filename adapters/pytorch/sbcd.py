@@ -69,6 +69,7 @@ import torch
 from torch import nn
 
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.errors import UnsupportedLayerError
 from hidden_state_accountants.schedules import SHUFFLE_PARTITION
 from hidden_state_accountants.sbcd_training import SbcdTrainerBase
 
@@ -77,13 +78,6 @@ __all__ = ["DPSBCD", "UnsupportedLayerError", "parse_model", "MAX_TOEPLITZ_INPUT
 MAX_TOEPLITZ_INPUTS = 16384
 """Largest ``C*H*W`` input of a hidden convolution: eq. (4) solves one dense system of that size
 per step (the Toeplitz form of Appendix C.1)."""
-
-
-class UnsupportedLayerError(v.ParameterError):
-    """The model contains a layer or structure DP-SBCD does not support."""
-
-    def __init__(self, message: str):
-        super().__init__("model", message)
 
 
 @dataclass

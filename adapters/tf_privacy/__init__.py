@@ -20,13 +20,18 @@ Pieces: :class:`HiddenStatePrivacyCallback` (reads the optimizer, the model and 
 trains on, and hands the facts to the core's recording layer, which decides; budget stop);
 :func:`batched_dataset` (the core's batch schedules as ``tf.data``);
 :class:`DecoupledL2DPKerasSGDOptimizer` (L2 outside clipping) and :class:`L2BallProjection`
-(projection, diameter reported to the callback); :func:`model_facts` (the model's structure
-as the core sees it); :func:`compute_hidden_state_privacy_statement` (model-card text).
+(projection, diameter reported to the callback); :class:`FeatureClip` (a layer that enforces the
+geometry's feature bound; without it the callback checks the data before training);
+:func:`model_facts` (the model's structure as the core sees it);
+:func:`compute_hidden_state_privacy_statement` (model-card text);
+:func:`compute_hidden_state_noise` (the noise for a target epsilon, the hidden-state
+``compute_noise``; also :meth:`HiddenStatePrivacyCallback.compute_noise`).
 """
 
-from .callback import STATE_ATTRIBUTE, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
+from .calibration import compute_hidden_state_noise, planned_run, recorded_noise_multiplier
+from .callback import STATE_ATTRIBUTE, CalibratedRun, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
 from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, dataset_schedule, partition_indices
-from .model import model_facts
+from .model import FeatureClip, largest_input_norm, model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
 from .regularization import (
     DecoupledL2DPKerasSGDOptimizer,
@@ -46,6 +51,8 @@ __all__ = [
     "partition_indices",
     "dataset_schedule",
     "model_facts",
+    "FeatureClip",
+    "largest_input_norm",
     "clip_feature_norms",
     "DATASET_SAMPLINGS",
     "DecoupledL2DPKerasSGDOptimizer",
@@ -56,4 +63,8 @@ __all__ = [
     "read_dp_optimizer_settings",
     "DPOptimizerSettings",
     "compute_hidden_state_privacy_statement",
+    "compute_hidden_state_noise",
+    "planned_run",
+    "recorded_noise_multiplier",
+    "CalibratedRun",
 ]

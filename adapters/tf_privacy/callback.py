@@ -10,7 +10,11 @@ for every other framework:
   ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm``, gradient
   accumulation, and the replicas of the model's ``tf.distribute`` strategy (how many, how
   Keras combines them, whether the optimizer splits its step over them);
-* the model's layers as ``ModelFacts``;
+* the model's layers as ``ModelFacts`` (a :class:`~.model.FeatureClip` feeding the trainable
+  layer enforces the geometry's feature bound);
+* with a geometry that has a feature bound and no such clip, the largest input norm of the
+  trainable layer over every record ``fit`` trains on, checked by the core before any step, and
+  the loss (``model.loss``, sample and class weights) compared with the one the geometry assumes;
 * what ``model.fit`` trains on as ``BatchSourceFacts``: a :func:`batched_dataset` of the
   declared schedule, Keras' own per-epoch shuffle of arrays (``fit(x, y, batch_size=b,
   shuffle=True)``: ``reshuffle`` drawn by Keras, secret unless TensorFlow's random seed was
@@ -43,6 +47,7 @@ from hidden_state_accountants import (
     TrainingRunDpEvent,
 )
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.accountant import PrivacyReport
 from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
@@ -53,16 +58,20 @@ from hidden_state_accountants.recording import (
     check_position,
     effective_step,
 )
-from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule, steps_per_epoch
+from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
+from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule, steps_per_epoch
 
+from .calibration import FLOAT32_MARGIN, compute_hidden_state_noise, planned_run
 from .data import (
+    FitData,
     check_dataset_last_batch,
     check_dataset_sampling,
     continue_batch_source,
     fit_batch_source,
+    fit_data,
     share_batch_source_across_workers,
 )
-from .model import model_facts
+from .model import largest_input_norm, model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
 from .statement import RELATION, statement_for_run
@@ -75,7 +84,8 @@ the model by ``tf.train.Checkpoint``, ``model.save_weights`` in the TensorFlow f
 ``ModelCheckpoint(save_weights_only=True)`` and ``BackupAndRestore``)."""
 
 _STATE_FORMAT = "hidden_state_accountants.tf_privacy.HiddenStatePrivacyCallback"
-_STATE_VERSION = 2  # 2: the core's RunState (checkpoint module), with the claim
+_STATE_VERSION = 3  # 2: the core's RunState (checkpoint module), with the claim; 3: the model's feature clip in
+# the claim, the largest feature norm of the steps
 _SUBJECT = "the hidden-state privacy state"
 _HOW_TO_RESUME = (
     "to resume a run, restore the callback's state together with the model and its optimizer: it is saved "
@@ -88,6 +98,18 @@ class PrivacyBudgetExceeded(RuntimeError):
     """Raised before a step that would take the run past ``target_epsilon`` when stopping at
     an epoch boundary is no longer possible (the budget is spent at the start of ``fit``, or
     another callback changed the learning rate mid-run)."""
+
+
+@dataclass(frozen=True)
+class CalibratedRun:
+    """What :meth:`HiddenStatePrivacyCallback.compute_noise` calibrated: ``noise_multiplier`` for
+    at most ``target_epsilon`` after ``epochs`` epochs; ``run`` is that run as the core calibrated
+    it (at ``noise_multiplier / FLOAT32_MARGIN``, which TF-Privacy's float32 copy never undercuts)."""
+
+    target_epsilon: float
+    epochs: int
+    noise_multiplier: float
+    run: TrainingRunDpEvent
 
 
 @dataclass(frozen=True)
@@ -194,10 +216,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._report_steps = -1
         self._epoch_start = 0
         self._announce_stop = False
-        # a checked state (run, history), applied before the next step
-        self._restored: Optional[Tuple[Optional[RunState], List[EpochPrivacy]]] = None
+        # a checked state (run, history, largest feature norm), applied before the next step
+        self._restored: Optional[Tuple[Optional[RunState], List[EpochPrivacy], Optional[float]]] = None
         self._restore_error: Optional[ParameterError] = None
         self._checkpointed = _CheckpointedState(self)
+        self.calibration: Optional[CalibratedRun] = None  # set by compute_noise, checked when fit starts
 
     # ----------------------------------------------------------------- Keras hooks
     def set_model(self, model):
@@ -254,6 +277,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if self.recorder is None:
             self.recorder = RunRecorder(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
                                         assume_convex_model=self.assume_convex_model)
+        self._check_data(model, fit_data(model))
         planned = (self.params or {}).get("epochs") or 0
         plan = self._upcoming(self.steps, self.steps + max(planned, 1) * self.steps_per_epoch)
         last = [(s, 1) for s, _ in self.recorder.ledger[-1:]]  # a change from the run so far is known now, too
@@ -263,6 +287,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.geometry = check_geometry(self.declared_geometry,
                                            weight_decay=effective_step(self._facts).weight_decay,
                                            projection_diameter=diameter)
+        self._check_calibration()
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
             if eps_next > self.target_epsilon:
@@ -315,7 +340,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.model.stop_training = True
             self.stopped_reason = (f"epsilon {report.epsilon:.4g} ({report.neighboring_relation}) exceeds "
                                    f"target_epsilon {self.target_epsilon:g}")
-            warnings.warn(f"HiddenStatePrivacyCallback: {self.stopped_reason}", UserWarning, stacklevel=2)
+            warnings.warn(f"HiddenStatePrivacyCallback: {self.stopped_reason}", HiddenStateWarning, stacklevel=2)
             return
         if epoch + 1 >= ((self.params or {}).get("epochs") or 0):
             return  # fit ends anyway; a later fit checks before its first step
@@ -336,7 +361,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             report = self._report()
             if self.target_epsilon is not None and report.epsilon > self.target_epsilon:
                 warnings.warn(f"HiddenStatePrivacyCallback: final epsilon {report.epsilon:.4g} exceeds "
-                              f"target_epsilon {self.target_epsilon:g}", UserWarning, stacklevel=2)
+                              f"target_epsilon {self.target_epsilon:g}", HiddenStateWarning, stacklevel=2)
 
     # ----------------------------------------------------------------- results
     @property
@@ -362,6 +387,71 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             out.append(f"batches: {self._source_description}")
         return out
 
+    def compute_noise(self, target_epsilon: float, epochs: int, *, learning_rate: float, l2_norm_clip: float,
+                      l2_regularization: Optional[float] = None, secret_batches: bool = True,
+                      rel_tol: float = 1e-3) -> float:
+        """The smallest noise multiplier whose run this callback reports at most ``target_epsilon``
+        after ``epochs`` epochs: :func:`~.calibration.compute_hidden_state_noise` with this
+        callback's schedule, geometry and delta. Build the optimizer with it::
+
+            cb = HiddenStatePrivacyCallback(geometry=geometry, sampling="shuffle_partition",
+                                            dataset_size=n, batch_size=b, delta=1e-5)
+            z = cb.compute_noise(target_epsilon=1.0, epochs=20, learning_rate=0.5, l2_norm_clip=1.0,
+                                 l2_regularization=0.01)
+            opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=z,
+                                                 l2_regularization=0.01, learning_rate=0.5)
+
+        The calibration is remembered: when ``fit`` starts, the run it is about to train is
+        checked to report at most ``target_epsilon`` after ``epochs`` epochs, and refused before
+        any step (``ParameterError`` naming ``compute_noise`` and what differs) if it does not,
+        e.g. for another learning rate or L2 term, or batches that turn out to be public.
+
+        With ``sampling="reshuffle"`` and ``batch_size`` not dividing ``dataset_size``, declare
+        the callback's ``last_batch`` (``"kept_own_size"`` for ``fit(x, y, shuffle=True)``,
+        ``"dropped"`` for a :func:`~.data.batched_dataset`): the calibrated run depends on it.
+        """
+        last_batch = self.last_batch
+        if last_batch is None:
+            if self.sampling == RESHUFFLE and self.dataset_size % self.batch_size:
+                raise ParameterError(
+                    "last_batch", f"the callback leaves it to the data, but the calibrated run depends on it ("
+                    f"{self.dataset_size % self.batch_size} records left over per epoch): declare "
+                    "last_batch='kept_own_size' for fit(x, y, shuffle=True) or 'dropped' for a batched_dataset")
+            last_batch = DROPPED
+        settings = dict(sampling=self.sampling, learning_rate=learning_rate, l2_norm_clip=l2_norm_clip,
+                        geometry=self.declared_geometry, l2_regularization=l2_regularization,
+                        last_batch=last_batch, secret_batches=secret_batches)
+        z = compute_hidden_state_noise(self.dataset_size, self.batch_size, target_epsilon, epochs, self.delta,
+                                       rel_tol=rel_tol, **settings)
+        # the run as calibrated: at the core's noise, which TF-Privacy's float32 copy of z never undercuts
+        run = planned_run(self.dataset_size, self.batch_size, epochs, z / FLOAT32_MARGIN, **settings)
+        self.calibration = CalibratedRun(float(target_epsilon), int(epochs), z, run)
+        return z
+
+    def _check_calibration(self) -> None:
+        """The run ``fit`` is about to train, as planned now, against :meth:`compute_noise`'s."""
+        c = self.calibration
+        steps = None if c is None else c.epochs * self.steps_per_epoch
+        if c is None or steps < self.steps:
+            return
+        probe = self._plan_recorder(steps)
+        eps = self._explain(probe, warn=False).epsilon
+        if eps <= c.target_epsilon:
+            return
+        planned = probe.run(warn=False)
+
+        def differs(name: str) -> bool:  # more noise than calibrated (TF-Privacy's float32 copy) is no difference
+            mine, calibrated = getattr(planned, name), getattr(c.run, name)
+            return mine < calibrated if name == "noise_multiplier" and isinstance(mine, float) else mine != calibrated
+
+        diff = [f"{f.name} {getattr(planned, f.name)!r} (calibrated: {getattr(c.run, f.name)!r})"
+                for f in attr.fields(TrainingRunDpEvent) if differs(f.name)]
+        raise ParameterError(
+            "compute_noise", f"calibrated noise multiplier {c.noise_multiplier:.6g} for epsilon <= "
+            f"{c.target_epsilon:g} after {c.epochs} epochs, but the run fit is about to train reports {eps:.4g} "
+            f"({RELATION}) after them: it differs in {'; '.join(diff) or 'nothing the core reads'}. Calibrate with "
+            "the optimizer's settings and the data fit trains on; no step was taken")
+
     def run_event(self) -> TrainingRunDpEvent:
         """The core event for the steps taken so far (with the reason when no hidden-state
         analysis applies)."""
@@ -381,14 +471,16 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         hold (as ``model.hidden_state_privacy``); keep it as private as the data (it holds the
         schedule's secret seed)."""
         if self._restored is not None:  # restored, not yet applied: that is the state
-            run, history = self._restored
+            run, history, largest = self._restored
         else:
             if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
                 self._sync()
             run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION,
                                                                  subject=_SUBJECT)
             history = self.history
-        return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history])
+            largest = None if self.recorder is None else self.recorder.largest_feature_norm
+        return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history],
+                        largest_feature_norm=largest)
 
     def load_privacy_state(self, state: Dict[str, Any]) -> None:
         """Loads a :meth:`privacy_state` (checked now; applied when ``fit`` starts, before
@@ -401,12 +493,18 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._restore_error = None
         self._restored = self._check_state(state)
 
-    def _check_state(self, state) -> Tuple[Optional[RunState], List[EpochPrivacy]]:
-        """The state's run (checked and replayed by the core) and history, after checking that the
-        run is one of this callback's declaration."""
-        run, extra = open_run(state, fmt=_STATE_FORMAT, version=_STATE_VERSION, subject=_SUBJECT, extra=("history",))
+    def _check_state(self, state) -> Tuple[Optional[RunState], List[EpochPrivacy], Optional[float]]:
+        """The state's run (checked and replayed by the core), history and largest feature norm
+        (:attr:`RunRecorder.largest_feature_norm`), after checking that the run is one of this
+        callback's declaration."""
+        run, extra = open_run(state, fmt=_STATE_FORMAT, version=_STATE_VERSION, subject=_SUBJECT,
+                              extra=("history", "largest_feature_norm"))
+        largest = extra["largest_feature_norm"]
+        if largest is not None and (isinstance(largest, bool) or not isinstance(largest, (int, float))
+                                    or not math.isfinite(largest) or largest < 0):
+            raise refusal(_SUBJECT, f"has largest_feature_norm={largest!r}; must be a number >= 0 or null")
         if run is None:
-            return None, []
+            return None, [], None
         schedule = run.schedule
         declared = (self.sampling, self.dataset_size, self.batch_size)
         held = (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size,
@@ -430,10 +528,10 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             history = [_decode_epoch(h) for h in extra["history"]]
         except (TypeError, ValueError, KeyError) as err:
             raise refusal(_SUBJECT, f"has an invalid history ({err!r})") from None
-        return run, history
+        return run, history, largest
 
-    def _apply_state(self, restored: Tuple[Optional[RunState], List[EpochPrivacy]]) -> None:
-        run, history = restored
+    def _apply_state(self, restored: Tuple[Optional[RunState], List[EpochPrivacy], Optional[float]]) -> None:
+        run, history, largest = restored
         self.recorder = None
         self.history = list(history)
         self.report, self._report_steps, self._lr_marks = None, -1, []
@@ -441,6 +539,22 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self.recorder = RunRecorder(schedule=run.schedule, geometry=self.declared_geometry,
                                         model=model_facts(self.model), assume_convex_model=self.assume_convex_model)
             self.recorder.load_ledger_state(run.recorder.ledger_state())
+            # its steps' inputs must be known to respect the declared bound (checked when they were taken)
+            self.recorder.restore_feature_norm(largest, _SUBJECT)
+
+    def _check_data(self, model, data: FitData) -> None:
+        """What the data decides, before any step: the loss the geometry assumes, and the inputs of
+        the trainable layer on every record ``fit`` trains on (unless a FeatureClip enforces it)."""
+        self.recorder.check_loss(*_loss_facts(model, data))
+        if not self.recorder.needs_feature_checks:
+            return
+        largest, where = largest_input_norm(model, data.features)
+        if largest is None:
+            self.recorder.feature_norm_unobservable(
+                f"{where}; put hidden_state_accountants.tf_privacy.FeatureClip(R) right before the trainable Dense "
+                "layer, or train on arrays or a batched_dataset")
+            return
+        self.recorder.check_feature_norm(largest, where, steps=None)  # fit trains on these records only
 
     def _restore_from_checkpoint(self, text: str) -> None:
         """Called by TensorFlow when a checkpoint is restored (errors are raised at the next
@@ -546,14 +660,18 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         report.notes.extend(recorder.notes())
         return report
 
-    def _planned(self, steps: int) -> PrivacyReport:
-        """The report the run would have after ``steps`` steps, the rest of them as planned now."""
+    def _plan_recorder(self, steps: int) -> RunRecorder:
+        """The run after ``steps`` steps, the rest of them as planned now."""
         probe = RunRecorder(schedule=self.recorder.schedule, geometry=self.declared_geometry,
-                            model=self.recorder.model, assume_convex_model=self.assume_convex_model)
+                            model=self.recorder.model, assume_convex_model=self.assume_convex_model, planned=True)
         # the plan was checked in on_train_begin: loaded, not recorded, so nothing warns twice
         probe.load_ledger_state(self.recorder.ledger_state() + [
             [facts.to_dict(), count] for facts, count in self._upcoming(self.steps, steps)])
-        return self._explain(probe, warn=False)
+        return probe
+
+    def _planned(self, steps: int) -> PrivacyReport:
+        """The report the run would have after ``steps`` steps, the rest of them as planned now."""
+        return self._explain(self._plan_recorder(steps), warn=False)
 
     def _report(self) -> PrivacyReport:
         if self._report_steps != self.steps:
@@ -614,6 +732,45 @@ class _CheckpointedState(tf.train.experimental.PythonState):
         if isinstance(string_value, bytes):
             string_value = string_value.decode("utf-8", errors="replace")
         self._callback._restore_from_checkpoint(string_value)
+
+
+_CROSS_ENTROPIES = (tf.keras.losses.SparseCategoricalCrossentropy, tf.keras.losses.CategoricalCrossentropy,
+                    tf.keras.losses.BinaryCrossentropy)
+
+
+def _loss_facts(model, data: FitData) -> Tuple[str, str]:
+    """``(kind, description)`` of the loss ``fit`` minimises, for the core's ``check_loss``:
+    :data:`~hidden_state_accountants.events.CROSS_ENTROPY_ON_LOGITS` for one Keras cross-entropy
+    on logits, unweighted (for ``CategoricalCrossentropy`` only on labels whose rows sum to at most 1:
+    its Hessian is the softmax Hessian times that sum), else ``"other"``."""
+    losses = [x for x in tf.nest.flatten(getattr(model, "loss", None)) if x is not None]
+    if len(losses) != 1:
+        return "other", f"{len(losses)} losses in model.loss"
+    loss = losses[0]
+    name = type(loss).__name__ if isinstance(loss, tf.keras.losses.Loss) else repr(getattr(loss, "__name__", loss))
+    if type(loss) not in _CROSS_ENTROPIES:
+        return "other", f"the loss {name} in model.loss"
+    config = loss.get_config()
+    shown = f"{name}(from_logits={config.get('from_logits')}) in model.loss"
+    if config.get("from_logits") is not True:
+        return "other", (f"{shown}, which expects probabilities rather than the logits of a Dense layer without "
+                         "activation,")
+    if config.get("axis", -1) != -1:
+        return "other", f"{shown} over axis {config['axis']}"
+    loss_weights = getattr(getattr(model, "compiled_loss", None), "_user_loss_weights", None)
+    if loss_weights is not None and any(float(w) != 1.0 for w in tf.nest.flatten(loss_weights)):
+        return "other", f"{shown} weighted by compile(loss_weights={loss_weights!r})"
+    if data.weights:
+        return "other", f"{shown} weighted by the {data.weights}"
+    if type(loss) is tf.keras.losses.CategoricalCrossentropy:
+        if data.labels is None:
+            return "other", f"{shown} on labels that could not be read (its smoothness grows with their sum)"
+        labels = np.asarray(data.labels)
+        sums = labels.reshape(len(labels), -1).astype(np.float64).sum(axis=1) if len(labels) else np.zeros(1)
+        if not (np.all(sums >= 0) and np.all(sums <= 1)):
+            return "other", (f"{shown} on labels whose rows sum to {sums.min():.6g}..{sums.max():.6g} (the "
+                             "smoothness (R^2 + 1)/2 holds for rows of non-negative sum at most 1, e.g. one-hot)")
+    return CROSS_ENTROPY_ON_LOGITS, f"{shown}, unweighted"
 
 
 def _check_loss(model) -> None:

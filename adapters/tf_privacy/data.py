@@ -28,8 +28,10 @@ import numpy as np
 import tensorflow as tf
 
 from hidden_state_accountants import BatchSchedule, ParameterError
+from hidden_state_accountants import validation as v
 from hidden_state_accountants.recording import BatchSourceFacts
 from hidden_state_accountants.schedules import (
+    BALLS_IN_BINS,
     CYCLIC,
     DROPPED,
     FULL,
@@ -46,15 +48,28 @@ from hidden_state_accountants.schedules import (
 ArrayLike = Union[np.ndarray, tf.Tensor, list]
 
 DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT)
-"""Schedules :func:`batched_dataset` produces. ``poisson`` batches have a random size, which
-Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
+"""Schedules a Keras ``fit`` with TF-Privacy can be accounted for. ``poisson`` batches have a random
+size, which Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
+
+PIPELINE_SAMPLINGS = DATASET_SAMPLINGS + (BALLS_IN_BINS,)
+"""Schedules :func:`batched_dataset` produces: also ``balls_in_bins``, whose batches of random size
+must be divided by the fixed ``b``. TF-Privacy's Keras optimizers divide by the realised size, so
+:class:`HiddenStatePrivacyCallback` refuses it; a custom training loop that divides the noisy sum by
+``b`` can be accounted with the core ``HiddenStateAccountant``."""
+
+_REALISED_SIZE = ("TF-Privacy's Keras optimizers divide each batch by its own size, so random batch sizes "
+                  "change the noise and, under ADD_OR_REMOVE_ONE, every other record's weight in the batch")
 
 
-def check_dataset_sampling(sampling) -> str:
-    if sampling not in DATASET_SAMPLINGS:
-        extra = (" (Poisson batches have a random size that Keras batching does not produce, and TF-Privacy "
-                 "divides by the realised size)" if sampling == POISSON else "")
-        raise ParameterError("sampling", f"must be one of {', '.join(DATASET_SAMPLINGS)}, got {sampling!r}{extra}")
+def check_dataset_sampling(sampling, allowed=DATASET_SAMPLINGS) -> str:
+    if sampling not in allowed:
+        extra = ""
+        if sampling == POISSON:
+            extra = f" (Poisson batches have a random size that Keras batching does not produce, and {_REALISED_SIZE})"
+        elif sampling == BALLS_IN_BINS:
+            extra = (f" ({_REALISED_SIZE}, while the balls_in_bins analyses need the fixed divisor b; "
+                     "batched_dataset(..., 'balls_in_bins') feeds custom loops that divide by b)")
+        raise ParameterError("sampling", f"must be one of {', '.join(allowed)}, got {sampling!r}{extra}")
     return sampling
 
 
@@ -77,16 +92,17 @@ class _Source:
     run's position); a fixed partition restarts at its first batch every epoch.
     """
 
-    def __init__(self, schedule: BatchSchedule):
+    def __init__(self, schedule: BatchSchedule, features=None, labels=None):
         self.schedule = schedule
         self.epochs_started = 0
         self.first_step = 0
+        self.features, self.labels = features, labels  # every batch is gathered from these
 
     @property
     def next_step(self) -> int:
         """The step whose batch the dataset hands out next (fixed partitions restart at
         their first batch; fresh draws, per step or per epoch, go on)."""
-        if self.schedule.sampling not in (WITHOUT_REPLACEMENT, RESHUFFLE):
+        if self.schedule.sampling not in (WITHOUT_REPLACEMENT, RESHUFFLE, BALLS_IN_BINS):
             return 0
         return self.first_step + self.epochs_started * self.schedule.steps_per_epoch
 
@@ -131,8 +147,8 @@ def partition_indices(dataset_size: int, batch_size: int, sampling: str, seed: O
     >>> partition_indices(7, 3, "cyclic").tolist()
     [[0, 1, 2], [3, 4, 5]]
     """
-    check_dataset_sampling(sampling)
-    if sampling in (WITHOUT_REPLACEMENT, RESHUFFLE):
+    check_dataset_sampling(sampling, PIPELINE_SAMPLINGS)
+    if sampling in (WITHOUT_REPLACEMENT, RESHUFFLE, BALLS_IN_BINS):
         raise ParameterError("sampling", f"{sampling!r} has no fixed partition")
     schedule = BatchSchedule(dataset_size, batch_size, sampling, seed)
     return schedule.batch(0)[None, :] if sampling == FULL else schedule.partition()
@@ -146,6 +162,7 @@ def batched_dataset(
     seed: Optional[int] = None,
     *,
     last_batch: str = DROPPED,
+    feature_norm_bound: Optional[float] = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``(features, labels)`` batches of a core batch schedule.
 
@@ -153,10 +170,12 @@ def batched_dataset(
       features: array-like with the records along axis 0 (numpy array or tensor).
       labels: array-like with the same first dimension.
       batch_size: ``b``; every batch has exactly ``b`` records (``full`` needs ``b == n``),
-        except a kept short batch of ``reshuffle``.
-      sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``, ``"reshuffle"`` or
-        ``"without_replacement"``.
-      seed: for ``shuffle_partition``, ``reshuffle`` and ``without_replacement``, ``None``
+        except a kept short batch of ``reshuffle`` and the random sizes of ``balls_in_bins``.
+      sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``, ``"reshuffle"``,
+        ``"without_replacement"`` or ``"balls_in_bins"`` (each record in a uniform step of every
+        epoch, batches of random size; for custom loops that divide by ``b``: TF-Privacy's Keras
+        optimizers divide by the realised size and the callback refuses it).
+      seed: for ``shuffle_partition``, ``reshuffle``, ``without_replacement`` and ``balls_in_bins``, ``None``
         (the default) draws a secret seed; an integer is your explicit choice, reproducible,
         and must be kept as secret as the data (a published seed makes the batches known; the
         privacy statement then says the seed was chosen by the user). Deterministic schedules
@@ -164,6 +183,10 @@ def batched_dataset(
       last_batch: for ``reshuffle``, ``"dropped"`` (the default: the last ``n % b`` records of
         each epoch's permutation are left out) or ``"kept_own_size"`` (they form a short last
         batch, which TF-Privacy divides by its own size).
+      feature_norm_bound: if given, every record's features (all dimensions but the first) must
+        have L2 norm at most this, or :class:`ParameterError` (naming ``feature_norm_bound``, with
+        the largest norm) is raised now. The callback checks the inputs of the trainable layer
+        against the declared geometry's bound in any case, before the first step.
 
     Returns:
       A finite dataset of ``steps_per_epoch`` batches that Keras iterates once per epoch: the
@@ -172,8 +195,9 @@ def batched_dataset(
       ``shuffle_partition`` yield the same ``n // b`` batches in the same order every epoch
       (the ``n % b`` records left over are never used); ``reshuffle`` cuts a fresh secret
       permutation into batches every epoch (permutation ``k`` for the ``k``-th epoch of the
-      run, so a resumed run goes on with new ones); ``without_replacement`` yields fresh
-      draws of ``b`` distinct records every step.
+      run, so a resumed run goes on with new ones), ``balls_in_bins`` fresh steps for every
+      record every epoch; ``without_replacement`` yields fresh draws of ``b`` distinct records
+      every step.
 
     Pass it to ``model.fit`` as it is (no ``batch_size``, ``shuffle``, ``steps_per_epoch``,
     ``repeat()`` or ``map()``): the callback verifies that ``fit`` trains on this object. When
@@ -187,7 +211,7 @@ def batched_dataset(
     >>> [y.numpy().tolist() for _, y in ds]
     [[0, 1, 2], [3, 4, 5]]
     """
-    check_dataset_sampling(sampling)
+    check_dataset_sampling(sampling, PIPELINE_SAMPLINGS)
     check_dataset_last_batch(last_batch)
     x = tf.convert_to_tensor(features)
     y = tf.convert_to_tensor(labels)
@@ -196,7 +220,13 @@ def batched_dataset(
     if y.shape.rank is None or y.shape.rank < 1 or y.shape[0] != x.shape[0]:
         raise ParameterError(
             "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}")
-    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch))
+    if feature_norm_bound is not None:
+        bound = v.nonnegative_float("feature_norm_bound", feature_norm_bound)
+        largest = largest_row_norm(x)
+        if not largest <= bound:  # NaN included
+            raise ParameterError("feature_norm_bound", f"the features have a record of norm {largest:.6g}, above "
+                                                       f"{bound:g} (clip them, e.g. with clip_feature_norms)")
+    source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch), x, y)
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
     size = b if schedule.fixed_batch_size else None  # a kept short batch is shorter
@@ -275,6 +305,14 @@ def dataset_schedule(dataset) -> Optional[BatchSchedule]:
     return None if source is None else source.schedule
 
 
+def largest_row_norm(features: ArrayLike) -> float:
+    """The largest L2 norm of a record of ``features`` (all dimensions but the first), in float64
+    (``nan`` if a record holds NaN; 0 for no record)."""
+    x = np.asarray(features)
+    rows = x.reshape(len(x), -1).astype(np.float64) if x.ndim else x.reshape(1, 1).astype(np.float64)
+    return float(np.sqrt(np.max(np.einsum("ij,ij->i", rows, rows)))) if len(rows) else 0.0
+
+
 def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
     """Rescales each row of ``features`` to L2 norm at most ``max_norm`` (``||x|| <= R``).
 
@@ -293,18 +331,52 @@ def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- what fit consumes
-def _fit_data_handler(model):
-    """The ``data_handler`` local of the running ``model.fit`` call (Keras 2), or ``None``."""
+def _fit_locals(model) -> dict:
+    """The local variables of the running ``model.fit`` call (Keras 2), or ``{}``."""
     frame = sys._getframe(1)
     try:
         while frame is not None:
             local = frame.f_locals
             if frame.f_code.co_name == "fit" and local.get("self") is model and "data_handler" in local:
-                return local["data_handler"]
+                return local
             frame = frame.f_back
-        return None
+        return {}
     finally:
         del frame
+
+
+def _fit_data_handler(model):
+    """The ``data_handler`` local of the running ``model.fit`` call (Keras 2), or ``None``."""
+    return _fit_locals(model).get("data_handler")
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class FitData:
+    """The records the running ``model.fit`` trains on, as far as they can be read.
+
+    ``features`` / ``labels``: the arrays every batch is cut from (``None`` when they cannot be
+    read: data that is not a :func:`batched_dataset` or arrays); ``weights``: a description of the
+    sample or class weights ``fit`` applies to the per-example losses, or ``None``."""
+
+    features: object = attr.ib()
+    labels: object = attr.ib()
+    weights: Optional[str] = attr.ib()
+
+
+def fit_data(model) -> FitData:
+    """What the running ``model.fit`` trains on: the ``features`` and ``labels`` of its
+    :func:`batched_dataset` or of the arrays passed to it (after ``validation_split``), and the
+    weights it applies (``sample_weight``, ``class_weight``)."""
+    local = _fit_locals(model)
+    source = _fit_source(model)
+    if source is not None:
+        features, labels = source.features, source.labels
+    elif isinstance(local.get("x"), (np.ndarray, tf.Tensor)):
+        features, labels = local["x"], local.get("y")
+    else:
+        features, labels = None, None  # a dict of inputs, a dataset or generator this package did not build
+    weights = [f"{name} passed to fit" for name in ("sample_weight", "class_weight") if local.get(name) is not None]
+    return FitData(features=features, labels=labels, weights=", ".join(weights) or None)
 
 
 def _shuffle_seeds(dataset) -> List[Tuple[int, int]]:

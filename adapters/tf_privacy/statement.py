@@ -93,6 +93,8 @@ def compute_hidden_state_privacy_statement(
         if sum(count for _, count in runs) != steps:
             raise ParameterError("learning_rate", f"needs one value per step ({int(steps)} steps)")
     recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=geometry is not None)
+    recorder.feature_norm_unobservable("the statement is computed without the data")
+    recorder.check_loss(None, "the statement is computed without the training code")
     declared = dict(weight_decay=geometry.strong_convexity, projection_diameter=geometry.diameter) if geometry else {}
     spe, short = schedule.steps_per_epoch, schedule.dataset_size % schedule.batch_size
     kept = schedule.last_batch != DROPPED
@@ -176,7 +178,8 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, notes: List[str], in
         domain = (f"projected after every step onto a convex set of diameter {geom.diameter:g}"
                   if geom.diameter is not None else "not projected (unconstrained)")
         paragraphs.append(_fill(
-            f"Declared loss geometry (an assumption, not checked by the accountant): the per-example "
+            f"Declared loss geometry (an assumption; the notes below say which parts of it were enforced or "
+            f"checked): the per-example "
             f"update map clip(grad loss) + l2 * theta is {geom.strong_convexity:g}-strongly convex and "
             f"{geom.smoothness:g}-smooth, with any L2 regularisation applied outside per-example "
             f"clipping; the parameters are {domain}."

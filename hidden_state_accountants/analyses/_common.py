@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from hidden_state_accountants.errors import NO_GEOMETRY
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import visits_per_record
 from hidden_state_accountants.rdp import DEFAULT_ORDERS
@@ -21,12 +22,6 @@ class Context:
     orders: Tuple[float, ...] = DEFAULT_ORDERS
     discretization: float = 1e-3
     neighboring_relation: NeighborRel = REPLACE_ONE
-
-
-NO_GEOMETRY = (
-    "no loss geometry declared: without strong convexity/smoothness or a bounded domain "
-    "no hidden-state claim is made"
-)
 
 
 def hidden_state_preconditions(run: TrainingRunDpEvent) -> Optional[str]:

@@ -24,9 +24,12 @@ import numpy as np
 
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses import poisson_hidden_state as ph
+from hidden_state_accountants.analyses.analysis_info import analysis
+from hidden_state_accountants.analyses.composition import poisson_replace_one_rdp
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, sensitivity_factor
 from hidden_state_accountants.schedules import WITHOUT_REPLACEMENT
 
 CITE = "Altschuler & Talwar (2022)"
@@ -80,9 +83,6 @@ def sampled_step_rdp(z: float, q: float, relation, orders) -> np.ndarray:
     the package's :func:`~hidden_state_accountants.analyses.composition.poisson_replace_one_rdp`
     (joint convexity over the inclusion, and Mironov's weak triangle inequality through the dataset
     holding both records; docs/derivations.md section 9)."""
-    from hidden_state_accountants.analyses.composition import poisson_replace_one_rdp
-    from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE
-
     orders = np.asarray(orders, dtype=float)
     if relation == ADD_OR_REMOVE_ONE:
         return rdp_tools.sampled_gaussian_rdp(q, z, orders)
@@ -99,9 +99,6 @@ def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relat
     :func:`~hidden_state_accountants.analyses.poisson_hidden_state.si_shift_mu`. With ``c = 1``,
     ``r = k``, ``Z = D`` this is the form of eq. (3.3): ``(T - tau) S + a D^2 / (2 eta^2 sigma_1^2 (T - tau))``.
     """
-    from hidden_state_accountants.analyses.poisson_hidden_state import SPLITS as SI_SPLITS, si_shift_mu
-    from hidden_state_accountants.relations import sensitivity_factor
-
     orders = np.asarray(orders, dtype=float)
     rho = sensitivity_factor(relation)
     T = steps
@@ -109,11 +106,11 @@ def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relat
     full = sampled_step_rdp(z, q, relation, orders)
     best = np.full(orders.shape, math.inf)
     best_k = np.full(orders.shape, float(T))
-    for split in SI_SPLITS:
+    for split in ph.SPLITS:
         part = sampled_step_rdp(z * math.sqrt(split), q, relation, orders)
         for mode in ("last", "spread"):
             r = np.ones_like(ks) if mode == "last" else ks.copy()
-            mu = si_shift_mu(k=ks, r=r, split=split, steps=T, log_c=log_c, z=z, Dn=Dn, rho=rho)
+            mu = ph.si_shift_mu(k=ks, r=r, split=split, steps=T, log_c=log_c, z=z, Dn=Dn, rho=rho)
             with np.errstate(invalid="ignore", over="ignore"):
                 vals = ((ks - r)[:, None] * full[None, :] + r[:, None] * part[None, :]
                         + orders[None, :] * mu[:, None] ** 2 / 2)
@@ -138,8 +135,6 @@ def eq_3_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
     Reported only as (epsilon, delta) / PLD through the conditional curve with the cap's failure
     probability added to delta: an RDP curve is exposed only when no cap is needed (section 7)."""
-    from hidden_state_accountants.analyses import poisson_hidden_state as ph
-
     s, reason = ph.poisson_setup(run, ctx)
     if s is None:
         return NotApplicable(reason=reason)

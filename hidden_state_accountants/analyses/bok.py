@@ -22,7 +22,7 @@ import numpy as np
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses import long_composition
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import CYCLIC, FULL, RESHUFFLE, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedules import FULL

@@ -31,7 +31,7 @@ from hidden_state_accountants import fdp
 from hidden_state_accountants import validation as v
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound, RdpBound
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -71,39 +71,44 @@ def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     )
 
 
-def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float, repeats: int = 1) -> Bound:
-    """PLD of the steps in ``counts`` (noise multiplier -> number of steps); ``repeats`` is how
-    often the caller will compose the result, used only to size the grid.
+def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float,
+                       add_remove: bool = False) -> Bound:
+    """PLD of the Poisson-sampled Gaussian steps in ``counts`` (noise multiplier -> number of
+    steps): REPLACE_ONE, the package's per-step profile; ``add_remove``, dp_accounting's own
+    pessimistic add/remove PLD of one step (:func:`add_remove_sampled_gaussian_pld`, the object
+    its ``PLDAccountant`` composes).
 
     Any number of steps: long compositions are built in blocks on a bounded grid
-    (:mod:`.long_composition`), so the bound grows smoothly with the number of steps instead
-    of giving way to a looser one at a size limit. With ``repeats > 1`` the caller composes
-    the returned PLD itself, and a composition too large for a grid is left to the RDP bound.
+    (:mod:`.long_composition`: every block's losses rounded up, in each direction), so the
+    bound grows smoothly with the number of steps instead of giving way to a looser one at a
+    size limit, and costs about the same under both relations. A composition too large for
+    any grid is left to the RDP bound.
     """
     steps = sum(counts.values())
+    rho = 1.0 if add_remove else 2.0  # the per-step GDP parameter's numerator: C or 2C over zC
+    citation = POISSON_AR_PLD_CITATION if add_remove else POISSON_PLD_CITATION
 
     def clt_mu(k):
-        return float(fdp.subsampled_gaussian_clt_mu(2.0 / min(counts), q, k))
+        return float(fdp.subsampled_gaussian_clt_mu(rho / min(counts), q, k))
 
-    if repeats > 1:
-        d_min = fdp.discretization_for(clt_mu(steps * repeats), discretization)
-        if d_min is None:
-            return NotApplicable(name=name, citation=POISSON_PLD_CITATION, hidden_state=False, reason=fdp.TOO_LARGE)
-    else:
-        d_min = lc.grid_for(clt_mu(steps), discretization)
-        if not d_min <= lc.MAX_DISCRETIZATION:
-            return NotApplicable(name=name, citation=POISSON_PLD_CITATION, hidden_state=False, reason=lc.TOO_COARSE)
+    d_min = lc.grid_for(clt_mu(steps), discretization)
+    if not d_min <= lc.MAX_DISCRETIZATION:
+        return NotApplicable(name=name, citation=citation, hidden_state=False, reason=lc.TOO_COARSE)
+
+    def single_step(z: float, grid: float) -> fdp.PLD:
+        if add_remove:
+            return add_remove_sampled_gaussian_pld(q, z, grid)
+        return fdp.pld_from_profile(fdp.poisson_replace_one_profile(z, q), grid)
 
     def build(delta, d):
         total = None
         for z, k in counts.items():
-            single = lambda grid, z=z: fdp.pld_from_profile(fdp.poisson_replace_one_profile(z, q), grid)
-            mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(2.0 / z, q, j))
-            part = lc.compose_steps(single, k, mu_z, d, discretization)
+            mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(rho / z, q, j))
+            part = lc.compose_steps(lambda grid, z=z: single_step(z, grid), k, mu_z, d, discretization)
             total = part if total is None else total.compose(part)
-        return total, f"q = {q:.6g}"
+        return total, f"q = {q:.6g}" + (", ADD_OR_REMOVE_ONE" if add_remove else "")
 
-    return PldBound(name=name, citation=POISSON_PLD_CITATION, hidden_state=False, build=build,
+    return PldBound(name=name, citation=citation, hidden_state=False, build=build,
                     discretization=d_min, monotone_in_steps=True)
 
 
@@ -178,27 +183,6 @@ def add_remove_sampled_gaussian_pld(q: float, noise_multiplier: float, discretiz
         value_discretization_interval=discretization, sampling_prob=float(q))
 
 
-def _poisson_ar_pld_bound(name: str, q: float, counts: Counter, discretization: float, repeats: int = 1) -> Bound:
-    """Poisson-sampled Gaussian steps under ADD_OR_REMOVE_ONE composed as dp_accounting's
-    ``PLDAccountant`` does (``from_gaussian_mechanism(...).self_compose(count)`` per noise level)."""
-    steps = sum(counts.values())
-    mu = float(fdp.subsampled_gaussian_clt_mu(1.0 / min(counts), q, steps * repeats))
-    d_min = fdp.discretization_for(mu, discretization)
-    if d_min is None:
-        return NotApplicable(name=name, citation=POISSON_AR_PLD_CITATION, hidden_state=False, reason=fdp.TOO_LARGE)
-
-    def build(delta, d):
-        total = None
-        for z, k in counts.items():
-            part = add_remove_sampled_gaussian_pld(q, z, d)
-            part = part.self_compose(k)  # also for k = 1, as dp_accounting does (it truncates tails)
-            total = part if total is None else total.compose(part)
-        return total, f"q = {q:.6g}, ADD_OR_REMOVE_ONE"
-
-    return PldBound(name=name, citation=POISSON_AR_PLD_CITATION, hidden_state=False, build=build,
-                    discretization=d_min, monotone_in_steps=True)
-
-
 def _poisson_ar_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
     """``sum_z count_z * eps_SGM(q, z)``: dp_accounting's ``RdpAccountant`` under ADD_OR_REMOVE_ONE."""
     total = np.zeros(len(orders))
@@ -217,9 +201,8 @@ def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed ``T`` times)."""
     q = run.sampling_rate
     if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
-        out = _poisson_ar_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization)
-        out.citation = POISSON_AR_PLD_CITATION
-        return out
+        return _poisson_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization,
+                                  add_remove=True)
     return _poisson_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization)
 
 
@@ -267,18 +250,24 @@ def _wor_sizes(event: dp_event.SampledWithoutReplacementDpEvent):
 
 
 def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int = 1) -> List[Bound]:
-    """Bounds for one standard dp_accounting event under ``ctx.neighboring_relation`` (raises
-    UnsupportedEvent, or ParameterError for an event whose parameters are out of range): the
-    sensitivity is ``2C`` under REPLACE_ONE and ``C`` under ADD_OR_REMOVE_ONE, as dp_accounting
-    accounts them.
+    """Bounds for a standard dp_accounting event composed ``count`` times, under
+    ``ctx.neighboring_relation`` (raises UnsupportedEvent, or ParameterError for an event whose
+    parameters are out of range): the sensitivity is ``2C`` under REPLACE_ONE and ``C`` under
+    ADD_OR_REMOVE_ONE, as dp_accounting accounts them.
 
-    ``count`` (how often the event is composed) only sizes PLD grids."""
+    The ``count``-fold composition is folded in before any PLD is built, so a self-composition
+    costs what one training run of ``count`` steps costs (``count = 10**9`` in well under a
+    second): a Gaussian becomes ``G(sqrt(count) mu)`` (Dong, Roth & Su 2022, Cor. 3.3, exact),
+    RDP curves are multiplied by ``count`` (Mironov 2017, Prop. 1), and sampled Gaussians are
+    composed as PLDs in blocks (:mod:`.long_composition`, every rounding pessimistic)."""
+    count = v.positive_int("count", count)
     add_remove = ctx.neighboring_relation == ADD_OR_REMOVE_ONE
     sensitivity, label = (1.0, "C (ADD_OR_REMOVE_ONE)") if add_remove else (2.0, "2C (REPLACE_ONE)")
+    times = f", composed {count} times" if count > 1 else ""
 
     def gaussian(z: float) -> Bound:
-        return GdpBound(name="gaussian", citation=f"Gaussian mechanism, sensitivity {label}", hidden_state=False,
-                        mu=sensitivity / z)
+        return GdpBound(name="gaussian", citation=f"Gaussian mechanism, sensitivity {label}{times}",
+                        hidden_state=False, mu=sensitivity * math.sqrt(count) / z)
 
     if isinstance(event, dp_event.GaussianDpEvent):
         z = _noise(event)
@@ -289,8 +278,9 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
         eps = sensitivity / b  # L1 sensitivity
         orders = np.asarray(ctx.orders, dtype=float)
-        return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP",
-                         hidden_state=False, orders=ctx.orders, values=np.minimum(eps, orders * eps * eps / 2))]
+        return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP"
+                         + times, hidden_state=False, orders=ctx.orders,
+                         values=count * np.minimum(eps, orders * eps * eps / 2))]
     if isinstance(event, dp_event.PoissonSampledDpEvent):
         z = _gaussian_noise(event.event)
         q = _rate(event)
@@ -300,10 +290,9 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             return [non_private_bound("Poisson-sampled Gaussian with noise_multiplier 0")]
         if q >= 1:
             return [gaussian(z)]
-        counts = Counter({z: 1})
-        pld, rdp = (_poisson_ar_pld_bound, _poisson_ar_rdp_bound) if add_remove else (_poisson_pld_bound,
-                                                                                      _poisson_rdp_bound)
-        return [pld("poisson_gaussian_pld", q, counts, ctx.discretization, repeats=count),
+        counts = Counter({z: count})
+        rdp = _poisson_ar_rdp_bound if add_remove else _poisson_rdp_bound
+        return [_poisson_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, add_remove=add_remove),
                 rdp("poisson_gaussian_rdp", q, counts, ctx.orders)]
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         z = _gaussian_noise(event.event)
@@ -319,16 +308,18 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             return [non_private_bound("sampled Gaussian with noise_multiplier 0")]
         q = k / n
         mu = 2.0 / z
-        rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27",
+        rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27" + times,
                        hidden_state=False, orders=ctx.orders,
-                       values=rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders))
-        d_min = fdp.discretization_for(float(fdp.subsampled_gaussian_clt_mu(mu, q, count)), ctx.discretization)
-        if d_min is None:
+                       values=count * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders))
+        clt_mu = lambda j: float(fdp.subsampled_gaussian_clt_mu(mu, q, j))
+        d_min = lc.grid_for(clt_mu(count), ctx.discretization)
+        if not d_min <= lc.MAX_DISCRETIZATION:
             return [rdp]
+        single = lambda grid: fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), grid)
         pld = PldBound(
-            name="wor_gaussian_pld", citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD",
+            name="wor_gaussian_pld", citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD" + times,
             hidden_state=False, discretization=d_min,
-            build=lambda delta, d: (fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), d), ""),
+            build=lambda delta, d: (lc.compose_steps(single, count, clt_mu, d, ctx.discretization), ""),
         )
         return [pld, rdp]
     raise UnsupportedEvent(f"unsupported event {type(event).__name__}")

@@ -71,13 +71,26 @@ TOO_COARSE = ("not computed as a PLD: the composition's privacy losses span more
               "the RDP bounds cover this run")
 
 
+def _pmfs(pld: PLD):
+    """The PLD's PMFs: one for a symmetric PLD (REPLACE_ONE), remove and add otherwise
+    (ADD_OR_REMOVE_ONE, the directions kept apart as dp_accounting keeps them)."""
+    if pld._symmetric:  # noqa: SLF001
+        return (pld._pmf_remove,)  # noqa: SLF001
+    return pld._pmf_remove, pld._pmf_add  # noqa: SLF001
+
+
+def _rebuilt(pmfs) -> PLD:
+    return PLD(*pmfs) if len(pmfs) == 2 else PLD(pmfs[0])
+
+
 def dense(pld: PLD) -> PLD:
-    """The same PLD with a dense PMF: dp_accounting's sparse self-composition multiplies
-    dictionaries (seconds for a few points), the dense one uses one FFT."""
-    pmf = pld._pmf_remove  # noqa: SLF001 (symmetric PLDs only: one PMF for both directions)
-    if isinstance(pmf, pld_pmf.DensePLDPmf):
+    """The same PLD with dense PMFs: dp_accounting's sparse self-composition multiplies
+    dictionaries (seconds for a few points, a minute for ten million steps), the dense one
+    uses one FFT. Both directions of an asymmetric PLD are converted."""
+    pmfs = _pmfs(pld)
+    if all(isinstance(p, pld_pmf.DensePLDPmf) for p in pmfs):
         return pld
-    return PLD(pmf.to_dense_pmf())
+    return _rebuilt([p.to_dense_pmf() for p in pmfs])
 
 
 def self_compose(pld: PLD, steps: int) -> PLD:
@@ -90,9 +103,11 @@ def self_compose(pld: PLD, steps: int) -> PLD:
     tail rounds up, the right one goes to infinity) keeps the grid at the real width.
     """
     pld = dense(pld)
-    pmf = pld._pmf_remove  # noqa: SLF001
-    lower, upper = pld_common.compute_self_convolve_bounds(pmf._probs, steps, _TAIL)  # noqa: SLF001
-    if upper - lower + 1 <= 4 * MAX_GRID_POINTS:
+    width = 0
+    for pmf in _pmfs(pld):
+        lower, upper = pld_common.compute_self_convolve_bounds(pmf._probs, steps, _TAIL)  # noqa: SLF001
+        width = max(width, upper - lower + 1)
+    if width <= 4 * MAX_GRID_POINTS:
         return pld.self_compose(steps, tail_mass_truncation=_TAIL)
     result, power = None, pld
     while steps:
@@ -106,10 +121,13 @@ def self_compose(pld: PLD, steps: int) -> PLD:
 
 def coarsen(pld: PLD, factor: int, discretization: float) -> PLD:
     """``pld`` (on a grid ``<= discretization / factor``) on the grid ``discretization``, every
-    privacy loss rounded up to the next grid point (pessimistic, see the module docstring)."""
-    pmf = dense(pld)._pmf_remove  # noqa: SLF001
-    if not pld._symmetric:  # noqa: SLF001
-        raise ValueError("coarsen: symmetric (REPLACE_ONE) PLDs only")
+    privacy loss rounded up to the next grid point (pessimistic, see the module docstring), in
+    each direction of an asymmetric PLD separately (each direction's ``delta(eps)`` is the same
+    non-decreasing function of its own losses)."""
+    return _rebuilt([_coarsen_pmf(pmf, factor, discretization) for pmf in _pmfs(dense(pld))])
+
+
+def _coarsen_pmf(pmf, factor: int, discretization: float):
     d_old = pmf._discretization  # noqa: SLF001
     if d_old * factor > discretization:
         raise ValueError("coarsen: the old grid times the factor must not exceed the new grid")
@@ -119,7 +137,7 @@ def coarsen(pld: PLD, factor: int, discretization: float) -> PLD:
     new_idx = idx // factor + 1
     lower = int(new_idx[0])
     probs = np.bincount(new_idx - lower, weights=pmf._probs)  # noqa: SLF001
-    return PLD(pld_pmf.DensePLDPmf(discretization, lower, probs, pmf._infinity_mass, True))  # noqa: SLF001
+    return pld_pmf.DensePLDPmf(discretization, lower, probs, pmf._infinity_mass, True)  # noqa: SLF001
 
 
 def compose_steps(single: Callable[[float], PLD], steps: int, clt_mu: Callable[[int], float],

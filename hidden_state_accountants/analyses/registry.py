@@ -1,139 +1,126 @@
-"""The registry of analyses: each one describes itself (name, citation, schedules, needs).
+"""The registry of analyses: which analyses account which event type, in the order reports list them.
 
-An analysis is a function ``f(run, ctx) -> Bound`` decorated with :func:`analysis`; the
-accountant asks the registry which analyses hold for a schedule instead of hard-coding lists,
-and lists the others with the reason they do not apply, without calling them.
+Each analysis describes itself (:class:`~hidden_state_accountants.analyses.analysis_info.AnalysisInfo`:
+name, citation, schedules, needs, relations) through the ``@analysis`` decorator of the leaf module
+:mod:`~hidden_state_accountants.analyses.analysis_info`; this module lists them explicitly, per
+event type, so the accountant asks the registry which analyses hold for a run instead of
+hard-coding lists, and lists the others with the reason they do not apply, without calling them.
+A training run (:class:`~hidden_state_accountants.TrainingRunDpEvent`) and a DP-SBCD run
+(:class:`~hidden_state_accountants.DpSbcdRunDpEvent`) are registered the same way.
 
 >>> from hidden_state_accountants.analyses import registry
 >>> [a.name for a in registry.analyses_for("full") if not a.hidden_state]
 ['bok_thm4.1']
+>>> [a.name for a in registry.all_analyses(DpSbcdRunDpEvent)]
+['dp_sbcd_composition', 'dp_sbcd_thm4.5']
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-from typing import Callable, Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
-from hidden_state_accountants import validation as v
-from hidden_state_accountants.bounds import NotApplicable
-from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, as_add_remove, schedule_reason
-from hidden_state_accountants.schedules import SAMPLINGS, check_sampling
-
-# How an analysis covers ADD_OR_REMOVE_ONE (docs/derivations.md section 11):
-NOT_COVERED = "no"            # proved for REPLACE_ONE only
-NATIVE = "native"             # reads ctx.neighboring_relation itself
-SENSITIVITY_C = "sensitivity_c"  # a fixed-divisor theorem: run on as_add_remove(run) (sensitivity C, M')
-ADD_REMOVE_MODES = (NOT_COVERED, NATIVE, SENSITIVITY_C)
-
-
-@dataclasses.dataclass(frozen=True)
-class AnalysisInfo:
-    """What an analysis is, without running it."""
-
-    name: str
-    citation: str
-    schedules: Tuple[str, ...]
-    hidden_state: bool
-    needs: str
-    function: Callable = dataclasses.field(repr=False, compare=False, default=None)
-    add_or_remove: str = NOT_COVERED
-
-    @property
-    def relations(self) -> Tuple[str, ...]:
-        """Names of the neighbouring relations this analysis is proved for."""
-        return ("REPLACE_ONE",) if self.add_or_remove == NOT_COVERED else ("REPLACE_ONE", "ADD_OR_REMOVE_ONE")
-
-    def not_applicable_reason(self, sampling: str) -> str:
-        return f"applies to sampling {' / '.join(self.schedules)}, not {sampling}"
-
-    def relation_reason(self, relation, sampling: str):
-        """Why this analysis does not hold under ``relation`` for ``sampling`` (``None`` if it may)."""
-        if relation == REPLACE_ONE:
-            return None
-        reason = schedule_reason(relation, sampling)
-        if reason:
-            return reason
-        if self.add_or_remove == NOT_COVERED:
-            return "proved for REPLACE_ONE only; no ADD_OR_REMOVE_ONE version is derived"
-        return None
+from hidden_state_accountants.analyses import altschuler_talwar as at
+from hidden_state_accountants.analyses import balls_in_bins as bib
+from hidden_state_accountants.analyses import bok, chourasia, composition, sbcd
+from hidden_state_accountants.analyses import poisson_hidden_state as ph
+from hidden_state_accountants.analyses import shifted_interpolation as si
+from hidden_state_accountants.analyses import shuffle_amplification as sa
+from hidden_state_accountants.analyses import ye_shokri as ys
+from hidden_state_accountants.analyses._common import Context
+from hidden_state_accountants.analyses.analysis_info import AnalysisInfo, analysis
+from hidden_state_accountants.analyses.sbcd import DpSbcdRunDpEvent
+from hidden_state_accountants.bounds import Bound, NotApplicable
+from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.schedules import SAMPLINGS
 
 
-_REGISTRY: Dict[str, AnalysisInfo] = {}
+def _infos(*functions) -> Tuple[AnalysisInfo, ...]:
+    return tuple(f.info for f in functions)
 
 
-def analysis(name: str, citation: str, schedules, *, hidden_state: bool = True, needs: str = "",
-             add_or_remove: str = NOT_COVERED):
-    """Registers ``f(run, ctx) -> Bound``; the registry fills in the bound's name, citation
-    and kind (hidden-state or composition), so the analysis only computes.
+TRAINING_RUN_ANALYSES: Tuple[AnalysisInfo, ...] = _infos(
+    # composition baselines: valid even if every iterate is released
+    composition.without_replacement_rdp, composition.poisson_pld, composition.poisson_rdp,
+    bok.thm_4_1, bok.thm_4_4, bok.thm_4_8, bib.composition,
+    # hidden-state (last-iterate) analyses
+    at.eq_3_3, at.eq_3_3_poisson,
+    bok.thm_4_2, bok.thm_4_3, bok.thm_4_5, bok.thm_4_6, bok.thm_4_9, bok.thm_4_10,
+    si.position_average, si.position_average_rdp, si.position_average_constrained,
+    si.reshuffle_average, si.reshuffle_average_rdp, si.reshuffle_worst, si.reshuffle_worst_constrained,
+    si.affine_exact_average,
+    ph.si_poisson, bib.si_balls_in_bins,
+    chourasia.thm_2, chourasia.cor_1,
+    sa.reshuffle_amplified, sa.position_amplified,
+    ys.thm_2_1, ys.thm_3_3, ys.thm_4_2, ys.thm_4_3, ys.thm_4_3_poisson,
+)
+"""Every analysis of a :class:`~hidden_state_accountants.TrainingRunDpEvent`."""
 
-    ``add_or_remove`` says how the analysis covers ADD_OR_REMOVE_ONE: ``"no"`` (REPLACE_ONE only),
-    ``"native"`` (it reads ``ctx.neighboring_relation``), or ``"sensitivity_c"`` (a fixed-divisor
-    theorem whose proof uses the neighbours only through the per-step difference and both runs'
-    geometry: the registry runs it on :func:`~hidden_state_accountants.relations.as_add_remove`
-    of the run, docs/derivations.md section 11)."""
-    schedules = tuple(check_sampling(s) for s in schedules)
-    if add_or_remove not in ADD_REMOVE_MODES:
-        raise ValueError(f"add_or_remove must be one of {ADD_REMOVE_MODES}, got {add_or_remove!r}")
+DP_SBCD_ANALYSES: Tuple[AnalysisInfo, ...] = _infos(sbcd.composition, sbcd.thm_4_5)
+"""Every analysis of a :class:`~hidden_state_accountants.DpSbcdRunDpEvent`."""
 
-    def register(fn):
-        @functools.wraps(fn)
-        def run(event, ctx):
-            cite = citation
-            if add_or_remove == SENSITIVITY_C and ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
-                cite = citation + "; ADD_OR_REMOVE_ONE: sensitivity C, fixed divisor (docs/derivations.md section 11)"
-                try:
-                    event = as_add_remove(event, keep_geometry=hidden_state)
-                except v.ParameterError as err:
-                    bound = NotApplicable(reason=(
-                        "under ADD_OR_REMOVE_ONE the batch holding the added record has one record more than "
-                        f"the divisor, and its smoothness rules out this step size: {err}"))
-                    bound.name, bound.citation, bound.hidden_state = name, cite, hidden_state
-                    return bound
-            bound = fn(event, ctx)
-            if add_or_remove == NATIVE and ctx.neighboring_relation == ADD_OR_REMOVE_ONE and bound.citation:
-                cite = bound.citation  # a native analysis names what it used under this relation
-            bound.name, bound.citation, bound.hidden_state = name, cite, hidden_state
-            return bound
-
-        if name in _REGISTRY:
-            raise ValueError(f"analysis {name!r} is registered twice")
-        info = AnalysisInfo(name, citation, schedules, hidden_state, needs, run, add_or_remove)
-        _REGISTRY[name] = info
-        run.info = info
-        return run
-
-    return register
+ANALYSES: Dict[type, Tuple[AnalysisInfo, ...]] = {
+    TrainingRunDpEvent: TRAINING_RUN_ANALYSES,
+    DpSbcdRunDpEvent: DP_SBCD_ANALYSES,
+}
+"""The analyses of each event type the accountant accounts by its own analyses."""
 
 
-def all_analyses() -> List[AnalysisInfo]:
-    """Composition baselines first, then hidden-state analyses, each in registration order."""
-    _load()
-    infos = list(_REGISTRY.values())
+def event_analyses(event_type: type) -> Optional[Tuple[AnalysisInfo, ...]]:
+    """The analyses registered for ``event_type`` (or a base class of it), ``None`` if none."""
+    for t in event_type.__mro__:
+        if t in ANALYSES:
+            return ANALYSES[t]
+    return None
+
+
+def all_analyses(event_type: type = TrainingRunDpEvent) -> List[AnalysisInfo]:
+    """Composition baselines first, then hidden-state analyses, each in the registry's order."""
+    infos = event_analyses(event_type) or ()
     return [a for a in infos if not a.hidden_state] + [a for a in infos if a.hidden_state]
 
 
-def analyses_for(sampling: str) -> List[AnalysisInfo]:
+def analyses_for(sampling: str, event_type: type = TrainingRunDpEvent) -> List[AnalysisInfo]:
     """The analyses whose theorem covers ``sampling``."""
-    return [a for a in all_analyses() if sampling in a.schedules]
+    return [a for a in all_analyses(event_type) if sampling in a.schedules]
 
 
 def get(name: str) -> AnalysisInfo:
-    _load()
-    return _REGISTRY[name]
+    """The analysis called ``name`` (of any event type); ``KeyError`` if there is none."""
+    for infos in ANALYSES.values():
+        for info in infos:
+            if info.name == name:
+                return info
+    raise KeyError(name)
 
 
-def _load() -> None:
-    # the analysis modules register on import; importing them here keeps the order fixed
-    from hidden_state_accountants.analyses import (  # noqa: F401
-        altschuler_talwar,
-        bok,
-        chourasia,
-        composition,
-        poisson_hidden_state,
-        shifted_interpolation,
-        ye_shokri,
-    )
+def analyze(event, ctx: Context = Context()) -> List[Bound]:
+    """Every analysis of ``event``'s type under ``ctx.neighboring_relation``: the composition
+    baselines of its schedule and all hidden-state analyses, those that do not apply carrying
+    the reason, without running them (another schedule, or a relation the analysis is not
+    proved for)."""
+    bounds = []
+    for info in all_analyses(type(event)):
+        if event.sampling in info.schedules:
+            reason = info.relation_reason(ctx.neighboring_relation, event.sampling)
+            if reason:
+                bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=info.hidden_state,
+                                            reason=reason))
+            else:
+                bounds.append(info.function(event, ctx))
+        elif info.hidden_state:
+            reason = info.not_applicable_reason(event.sampling)
+            bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=True, reason=reason))
+    return bounds
 
 
-__all__ = ["AnalysisInfo", "analysis", "all_analyses", "analyses_for", "get", "SAMPLINGS"]
+def _check_unique() -> None:
+    names = [i.name for infos in ANALYSES.values() for i in infos]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"analyses registered twice: {twice}")
+
+
+_check_unique()
+
+__all__ = ["AnalysisInfo", "analysis", "ANALYSES", "TRAINING_RUN_ANALYSES", "DP_SBCD_ANALYSES", "event_analyses",
+           "all_analyses", "analyses_for", "analyze", "get", "SAMPLINGS"]

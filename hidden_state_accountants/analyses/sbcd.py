@@ -14,11 +14,12 @@ proximal step (eq. 8)::
 
 This module is the framework-free analysis: the event :class:`DpSbcdRunDpEvent`, the bounds
 (Thm 4.5 under its assumptions, and a composition baseline that needs none) and the noise
-schedules ``o(eta, k, j)``. It imports nothing above it: the accountant
-(:class:`hidden_state_accountants.HiddenStateAccountant`) registers :func:`analyze` for the
-event, and the trainers' shared part is :class:`hidden_state_accountants.sbcd_training.SbcdTrainerBase`.
+schedules ``o(eta, k, j)``. It imports nothing above it: the registry
+(:mod:`hidden_state_accountants.analyses.registry`) lists :func:`composition` and :func:`thm_4_5` for
+the event, as it lists a training run's analyses, and the trainers' shared part is
+:class:`hidden_state_accountants.sbcd_training.SbcdTrainerBase`.
 The trainers live in ``hidden_state_accountants.pytorch.sbcd`` (PyTorch, no Opacus needed) and
-``hidden_state_accountants.tf_privacy.sbcd`` (Keras).
+``hidden_state_accountants.keras.sbcd`` (Keras).
 
 >>> ev = DpSbcdRunDpEvent.from_epochs(dataset_size=600, batch_size=200, epochs=5, num_layers=2,
 ...                                   step_size=0.5, rho=1.0, noise=1e-3, regularizer="l2",
@@ -133,7 +134,9 @@ from scipy import special
 from hidden_state_accountants import schedules as sch
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.analyses import _common as cm
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
+from hidden_state_accountants.errors import SbcdAssumptionWarning  # re-exported
 from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION
 
 CITE = "DP-SBCD (arXiv:2407.08233)"
@@ -144,10 +147,6 @@ SBCD_SAMPLINGS: Tuple[str, ...] = (SHUFFLE_PARTITION, CYCLIC)
 
 THM_4_5_NAME = "dp_sbcd_thm4.5"
 COMPOSITION_NAME = "dp_sbcd_composition"
-
-
-class SbcdAssumptionWarning(UserWarning):
-    """The DP-SBCD hidden-state bound rests on assumptions the code cannot check."""
 
 
 ASSUMPTION_TEXT = (
@@ -627,13 +626,22 @@ def epoch_contributions(event: DpSbcdRunDpEvent, position: int, layer: int = 0) 
 
 
 # ------------------------------------------------------------------------------ analyses
+# Registered for DpSbcdRunDpEvent in hidden_state_accountants.analyses.registry.
+@analysis(COMPOSITION_NAME, f"{CITE}, Cor. 4.4 case 2 composed over every step and layer (RDP composition)",
+          SBCD_SAMPLINGS, hidden_state=False, needs="per-example clipping (the optimizers')")
+def composition(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
+    """Composition over all steps and layers (every iterate released); no extra assumption."""
+    vals = composition_rdp(event, ctx.orders)
+    return RdpBound(orders=tuple(ctx.orders), values=vals, monotone_in_steps=True,
+                    note=f"sensitivity by per-example clipping; sampling {event.sampling}")
+
+
+@analysis(THM_4_5_NAME, f"{CITE}, Thm 4.5 / eq. (29)-(30), Lemma A.3, Cor. 4.4 (exponent corrected)",
+          SBCD_SAMPLINGS, needs="paper_assumptions=True: LSI and per-layer conditioning (unverifiable)")
 def thm_4_5(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
     """The paper's hidden-state bound (Thm 4.5 with Lemma A.3 and Cor. 4.4, layers summed)."""
-    name = THM_4_5_NAME
-    cite = f"{CITE}, Thm 4.5 / eq. (29)-(30), Lemma A.3, Cor. 4.4 (exponent corrected)"
     if not event.paper_assumptions:
-        return NotApplicable(name=name, citation=cite, hidden_state=True,
-                             reason="disabled: paper_assumptions=False (LSI and per-layer conditioning not assumed)")
+        return NotApplicable(reason="disabled: paper_assumptions=False (LSI and per-layer conditioning not assumed)")
     warnings.warn(ASSUMPTION_TEXT, SbcdAssumptionWarning, stacklevel=2)
     consts = layer_constants(event)
     vals = thm_4_5_rdp(event, ctx.orders)
@@ -642,25 +650,7 @@ def thm_4_5(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
             "conditioning (unverifiable, see docs/dp_sbcd.md)")
     if lf_lt >= 1.0:
         note += "; L_F*L_T >= 1: the bound does not converge (use L2 regularisation)"
-    return RdpBound(name=name, citation=cite, hidden_state=True, orders=tuple(ctx.orders), values=vals, note=note)
-
-
-def composition(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
-    """Composition over all steps and layers (every iterate released); no extra assumption."""
-    vals = composition_rdp(event, ctx.orders)
-    return RdpBound(
-        name=COMPOSITION_NAME,
-        citation=f"{CITE}, Cor. 4.4 case 2 composed over every step and layer (RDP composition)",
-        hidden_state=False, orders=tuple(ctx.orders), values=vals, monotone_in_steps=True,
-        note=f"sensitivity by per-example clipping; sampling {event.sampling}",
-    )
-
-
-def analyze(event: DpSbcdRunDpEvent, ctx: cm.Context = cm.Context()) -> List[Bound]:
-    """Every DP-SBCD bound for ``event``: the composition baseline and Thm 4.5."""
-    if not isinstance(event, DpSbcdRunDpEvent):
-        raise TypeError(f"event: expected DpSbcdRunDpEvent, got {type(event).__name__}")
-    return [composition(event, ctx), thm_4_5(event, ctx)]
+    return RdpBound(orders=tuple(ctx.orders), values=vals, note=note)
 
 
 __all__ = [
@@ -689,7 +679,6 @@ __all__ = [
     "epoch_contributions",
     "thm_4_5",
     "composition",
-    "analyze",
     "SbcdAssumptionWarning",
     "REGULARIZERS",
     "VARIANTS",

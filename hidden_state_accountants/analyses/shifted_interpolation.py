@@ -44,21 +44,20 @@ from scipy import special
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, MixtureGdpBound, NotApplicable, RdpBound, mixture_components
+from hidden_state_accountants.errors import ParameterError
 from hidden_state_accountants.events import TrainingRunDpEvent
-from hidden_state_accountants.validation import ParameterError
+from hidden_state_accountants.schedule_laws import schedule_law
 from hidden_state_accountants.schedules import (
     CYCLIC,
     DROPPED,
     FULL,
     KEPT_BATCH_SIZE,
     KEPT_OWN_SIZE,
-    POISSON,
     RESHUFFLE,
     SAMPLINGS,
     SHUFFLE_PARTITION,
-    WITHOUT_REPLACEMENT,
 )
 
 BOK = "Bok, Su & Altschuler (2024)"
@@ -221,17 +220,112 @@ def constrained_energy(model: StepModel, older: Optional[Tuple[int, int, int]], 
     return best
 
 
-def _buckets(first: int, last: int) -> List[Tuple[int, int]]:
+def _log_geometric(log_r: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """``log sum_{j<k} r^j`` elementwise (``k >= 1``, ``r = exp(log_r) <= 1``)."""
+    log_r, k = np.broadcast_arrays(np.asarray(log_r, dtype=float), np.asarray(k, dtype=float))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        general = np.log(-np.expm1(k * log_r)) - np.log(-np.expm1(log_r))
+    return np.where(log_r == 0.0, np.log(k), np.where(log_r == -np.inf, 0.0, general))
+
+
+def chain_constrained_energies(model: StepModel, last: Sequence[int], visits: Sequence[int], period: int,
+                               debt: float) -> np.ndarray:
+    """:func:`constrained_energy` for one chain per entry (``older = (last, visits, period)``, no
+    other uses), all entries and starts at once (docs/derivations.md 2.3).
+
+    The same minimum over the same starts (right after each of the latest :data:`MAX_STARTS`
+    uses; a start further back than ``model.cut`` is skipped, which can only raise the
+    minimum) and the start-free energy of the whole chain: after a start the later uses are a
+    chain, whose interior uses are never hull vertices (2.2), so each start is a hull of at
+    most four points, evaluated in closed form on arrays. Needs no kept short batch
+    (``model.short_scale == 1``), as the constrained bounds do."""
+    if model.short_scale != 1.0:
+        raise ValueError("chain_constrained_energies: dropped short batches only")
+    last = np.asarray(last, dtype=np.int64)
+    visits = np.asarray(visits, dtype=np.int64)
+    out = np.array([corner_energy(model, chain(model, int(m), int(v), period)) if v else 0.0
+                    for m, v in zip(last, visits)])
+    starts = int(min(MAX_STARTS, visits.max(initial=0)))
+    if starts == 0:
+        return out
+    lc = model.log_c
+    m = last[:, None].astype(float)
+    i = np.arange(starts, dtype=float)[None, :]
+    v = visits[:, None].astype(float)
+    d_i = m + i * period  # the use after which the interpolation starts
+    ok = (i < np.minimum(v, MAX_STARTS)) & (d_i >= 1) & (d_i - 1 <= model.cut)
+    lcp = period * lc if lc > -math.inf else -math.inf
+
+    def log_pow(k):  # log c^k, with 0 * (-inf) = 0
+        return np.where(k == 0, 0.0, k * lc) if lc == -math.inf else k * lc
+
+    def cap(a, b):  # sum_{a <= d < b} c^{2d}, b > a
+        return np.exp(log_pow(2 * a) + _log_geometric(2 * lc, np.maximum(b - a, 1)))
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        carried = log_pow(d_i) + _log_geometric(lcp, np.maximum(v - i, 1))  # every use from this one back
+        z = np.minimum(carried, (math.log(debt) if debt > 0 else -math.inf) + log_pow(d_i))
+        mid = np.where(i >= 2, log_pow(m + period) + _log_geometric(lcp, np.maximum(i - 1, 1)), -np.inf)
+        dy = np.stack([np.exp(z), np.exp(mid), np.where(i >= 1, np.exp(log_pow(m)), 0.0)])
+        prev = np.where(i >= 2, m + (i - 1) * period, m)  # the oldest later corner
+        w_start = np.where(i >= 1, cap(prev + 1, d_i), cap(np.zeros_like(d_i), d_i))
+        w_mid = np.where(i >= 2, cap(m + 1, prev + 1), 0.0)
+        w_last = np.where(i >= 1, cap(np.zeros_like(d_i), m + 1), 0.0)
+        dx = np.stack([w_start, w_mid, w_last])
+        energy = _hull_energy(dx, dy)
+    energy = np.where(ok, energy, np.inf)
+    return np.minimum(out, np.min(energy, axis=1))
+
+
+def _hull_energy(dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    """:func:`corner_energy`'s hull energy for the points ``(0, 0)`` and the cumulative sums of
+    up to three segments ``(dx_k, dy_k)`` (a segment with ``dx = dy = 0`` is absent), on
+    arrays: Andrew's monotone chain with :func:`fdp.lower_hull`'s test and margin."""
+    present = (dx > 0) | (dy > 0)
+    xs = np.cumsum(dx, axis=0)
+    ys = np.cumsum(dy, axis=0)
+    zero = np.zeros_like(xs[0])
+    px = [zero, xs[0], xs[1], xs[2]]
+    py = [zero, ys[0], ys[1], ys[2]]
+
+    def above(a, b, c):  # fdp.lower_hull: drop b if it lies on or above the segment a -> c
+        up = (py[b] - py[a]) * (px[c] - px[a])
+        chord = (py[c] - py[a]) * (px[b] - px[a])
+        return up >= chord + 1e-12 * (np.abs(up) + np.abs(chord))
+
+    # Andrew's chain over 0, 1, 2, 3 (3 the end): point 1 (2) is interior when a present
+    # segment follows it; an interior point is popped when it lies on or above the next chord
+    cand1, cand2 = present[0] & (present[1] | present[2]), present[1] & present[2]
+    keep1 = cand1 & ~(cand2 & above(0, 1, 2))
+    keep2 = cand2 & ~np.where(keep1, above(1, 2, 3), above(0, 2, 3))
+    keep1 = keep1 & ~(~keep2 & above(0, 1, 3))
+    # energy of the path 0 -> (1) -> (2) -> 3 over the kept vertices, widths summed segment by segment
+    seg_x = [dx[0], dx[1], dx[2]]
+    seg_y = [dy[0], dy[1], dy[2]]
+    energy = np.zeros_like(xs[0])
+    run_x, run_y = seg_x[0], seg_y[0]
+    for k, keep in ((1, keep1), (2, keep2)):
+        close = keep
+        energy = energy + np.where(close & (run_y > 0), run_y * run_y / np.where(run_x > 0, run_x, 1.0), 0.0) \
+            + np.where(close & (run_y > 0) & (run_x <= 0), np.inf, 0.0)
+        run_x = np.where(close, seg_x[k], run_x + seg_x[k])
+        run_y = np.where(close, seg_y[k], run_y + seg_y[k])
+    energy = energy + np.where(run_y > 0, run_y * run_y / np.where(run_x > 0, run_x, 1.0), 0.0) \
+        + np.where((run_y > 0) & (run_x <= 0), np.inf, 0.0)
+    return energy
+
+
+def _buckets(first: int, last: int, exact: int = EXACT_OPTIONS, total: int = MAX_OPTIONS) -> List[Tuple[int, int]]:
     """``(representative, count)`` covering the distances ``first..last``: one by one up to
-    :data:`EXACT_OPTIONS`, then in geometrically growing groups represented by their most
-    recent member (moving a use later never lowers the energy: docs/derivations.md 2.3)."""
+    ``exact``, then in geometrically growing groups represented by their most recent member
+    (moving a use later never lowers the energy: docs/derivations.md 2.3), ``total`` in all."""
     n = last - first + 1
-    if n <= MAX_OPTIONS:
+    if n <= total:
         return [(first + i, 1) for i in range(n)]
-    out = [(first + i, 1) for i in range(EXACT_OPTIONS)]
-    groups = MAX_OPTIONS - EXACT_OPTIONS
-    ratio = (n / EXACT_OPTIONS) ** (1.0 / groups)
-    lo = EXACT_OPTIONS
+    out = [(first + i, 1) for i in range(exact)]
+    groups = total - exact
+    ratio = (n / exact) ** (1.0 / groups)
+    lo = exact
     while lo < n:
         hi = min(n, max(lo + 1, int(math.ceil(lo * ratio))))
         out.append((first + lo, hi - lo))
@@ -289,18 +383,25 @@ def _mixture(pairs: Sequence[Tuple[float, float]], z: float, note: str) -> Mixtu
 
 
 # ======================================================================= shuffle_partition
-def position_energies(run: TrainingRunDpEvent, model: StepModel) -> List[Tuple[float, float]]:
-    """``(probability, energy)`` of the record's batch in a partition drawn once: uniform over
-    the ``n`` slots, the same batch every epoch, the ``n - l b`` slots past the last batch never
-    used. With ``m`` the steps after its last use (``0 .. l-1``), a batch has
-    ``floor(T/l) + [m < T mod l]`` uses ``l`` apart."""
+def partition_options(run: TrainingRunDpEvent, exact: int = EXACT_OPTIONS,
+                      total: int = MAX_OPTIONS) -> List[Tuple[float, int, int]]:
+    """``(probability, m, visits)`` of the record's batch in a partition drawn once: uniform over
+    the ``n`` slots, the same batch every epoch. With ``m`` the steps after its last use
+    (``0 .. l-1``, grouped far back by :func:`_buckets`, each group represented by its most
+    recent member, which has the most visits), a batch has ``floor(T/l) + [m < T mod l]`` uses
+    ``l`` apart. The ``n - l b`` slots past the last batch are not listed (never used)."""
     n, b, T = run.dataset_size, run.batch_size, run.steps
     l = run.steps_per_epoch
     full, rest = divmod(T, l)
-    out = []
-    for m, count in _buckets(0, l - 1):
-        visits = full + (1 if m < rest else 0)  # the most recent member has the most visits
-        out.append((count * b / n, corner_energy(model, chain(model, m, visits, l)) if visits else 0.0))
+    return [(count * b / n, m, full + (1 if m < rest else 0)) for m, count in _buckets(0, l - 1, exact, total)]
+
+
+def position_energies(run: TrainingRunDpEvent, model: StepModel) -> List[Tuple[float, float]]:
+    """``(probability, energy)`` of the record's batch in a partition drawn once
+    (:func:`partition_options`; the never-used slots with energy 0)."""
+    n, b, l = run.dataset_size, run.batch_size, run.steps_per_epoch
+    out = [(p, corner_energy(model, chain(model, m, visits, l)) if visits else 0.0)
+           for p, m, visits in partition_options(run)]
     if n - l * b:
         out.append(((n - l * b) / n, 0.0))
     return out
@@ -356,25 +457,25 @@ def position_average_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 def position_average_constrained(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Shuffle-and-partition with projection onto a convex set of diameter ``D`` (convex,
     M-smooth, ``lr <= 2/M``): per batch position, the best start of the interpolation
-    (:func:`constrained_energy`), averaged in ``delta`` over the uniform position."""
+    (:func:`constrained_energy`, all positions at once: :func:`chain_constrained_energies`),
+    averaged in ``delta`` over the uniform position."""
     reason = _constrained(run) or cm.need_secret_batches(run)
     if reason:
         return NotApplicable(reason=reason)
-    n, b, T, l = run.dataset_size, run.batch_size, run.steps, run.steps_per_epoch
+    n, b, l = run.dataset_size, run.batch_size, run.steps_per_epoch
     model = _model(run, min(0.0, _log_c(run)))
     debt = run.geometry.diameter * b / (2.0 * float(run.learning_rate))  # D in units of s (C = 1)
-    full, rest = divmod(T, l)
-    pairs = []
-    for m, count in _buckets(0, l - 1):
-        visits = full + (1 if m < rest else 0)
-        pairs.append((count * b / n, constrained_energy(model, (m, visits, l), [], debt) if visits else 0.0))
+    options = partition_options(run)
+    energies = chain_constrained_energies(model, [m for _, m, _ in options], [v for _, _, v in options], l, debt)
+    pairs = [(p, float(e)) for (p, _, _), e in zip(options, energies)]
     if n - l * b:
         pairs.append(((n - l * b) / n, 0.0))
     return _mixture(pairs, float(run.noise_multiplier), "projected; the record's batch uniform")
 
 
 # ============================================================================== reshuffle
-def _epoch_options(run: TrainingRunDpEvent, model: StepModel, e: int) -> List[Tuple[float, Optional[int]]]:
+def _epoch_options(run: TrainingRunDpEvent, model: StepModel, e: int, exact: int = EXACT_OPTIONS,
+                   total: int = MAX_OPTIONS) -> List[Tuple[float, Optional[int]]]:
     """``(probability, distance of the use or None)`` for the record in epoch ``e``: its slot
     is uniform on ``n``; batch ``j`` (``b`` slots) is used ``T-1-(e spe + j)`` steps before the
     end, a kept short batch holds the last ``n mod b`` slots, the rest are not used."""
@@ -390,7 +491,7 @@ def _epoch_options(run: TrainingRunDpEvent, model: StepModel, e: int) -> List[Tu
         out.append((r / n, d_latest))
         used += r
     first = d_latest + (1 if short else 0)
-    for d, count in _buckets(first, first + full_batches - 1) if full_batches else []:
+    for d, count in _buckets(first, first + full_batches - 1, exact, total) if full_batches else []:
         out.append((count * b / n, d))
     used += full_batches * b
     if n > used:
@@ -527,14 +628,12 @@ def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``||v_i|| <= C`` (docs/derivations.md 1.3, 4.2), and given the batches the last iterates
     under the two datasets are Gaussians with the same covariance whose means differ by at most
     ``(lr 2C) S``, ``S = sum_t c^{T-1-t} 1{record in B_t} / (divisor of step t)``: exactly
-    ``G(kappa |S|)`` whatever the other records are (:mod:`hidden_state_accountants.exact`).
+    ``G(kappa |S|)`` whatever the other records are (:mod:`hidden_state_accountants.schedule_laws`).
     The batches are independent of the data, so by joint convexity ``delta(eps)`` is at most
     the average over the schedule's law of ``S`` (rounded up on a grid where it is large); with
     public batches the largest ``|S|``. Not a published theorem: elementary. Exact for
     ``full`` and ``cyclic``.
     """
-    from hidden_state_accountants import exact  # ground-truth machinery: the law of S
-
     reason = cm.hidden_state_preconditions(run)
     g = run.geometry
     if reason is None and g.strong_convexity != g.smoothness:
@@ -550,7 +649,7 @@ def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     try:
-        law, kappa = exact.schedule_law(run)
+        law, kappa = schedule_law(run)
     except ParameterError as err:  # the grid needs c >= 0
         return NotApplicable(reason=f"not computed: {err}")
     shifts = kappa * np.abs(law.values)
@@ -563,7 +662,9 @@ def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 
 __all__ = [
-    "StepModel", "corner_energy", "chain", "constrained_energy", "position_energies", "reshuffle_patterns",
+    "StepModel", "corner_energy", "chain", "constrained_energy", "chain_constrained_energies", "partition_options",
+    "position_energies",
+    "reshuffle_patterns",
     "worst_pattern", "position_average", "position_average_rdp", "position_average_constrained",
     "reshuffle_average", "reshuffle_average_rdp", "reshuffle_worst", "reshuffle_worst_constrained",
     "affine_exact_average",

@@ -25,9 +25,11 @@ import numpy as np
 from scipy import optimize, special
 
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses.registry import analysis
+from hidden_state_accountants.analyses import poisson_hidden_state as ph
+from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, NotApplicable, RdpBound
 from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.relations import sensitivity_factor
 from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT
 
 CITE = "Ye & Shokri (2022)"
@@ -50,7 +52,8 @@ def _paper_parameters(run: TrainingRunDpEvent):
 def _unit(run: TrainingRunDpEvent, orders: np.ndarray) -> np.ndarray:
     """``alpha eta S_g^2 / (4 sigma^2 b^2)``: RDP of one step that uses the differing record."""
     eta, sigma2, sg, b, _, _ = _paper_parameters(run)
-    return orders * eta * sg * sg / (4.0 * sigma2 * b * b)
+    with np.errstate(divide="ignore", over="ignore"):  # sigma^2 underflows to 0 at z ~ 1e-160: inf
+        return orders * eta * sg * sg / (4.0 * sigma2 * b * b)
 
 
 def _log_rho(run: TrainingRunDpEvent) -> float:
@@ -107,7 +110,8 @@ def thm_2_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         return NotApplicable(reason=reason)
     eta, sigma2, sg, b, lam, _ = _paper_parameters(run)
     orders = np.asarray(ctx.orders, dtype=float)
-    vals = orders * sg * sg / (lam * sigma2 * b * b) * (-math.expm1(-lam * eta * run.steps / 2.0))
+    with np.errstate(divide="ignore", over="ignore"):  # sigma^2 underflows to 0 at z ~ 1e-160: inf
+        vals = orders * sg * sg / (lam * sigma2 * b * b) * (-math.expm1(-lam * eta * run.steps / 2.0))
     return RdpBound(orders=ctx.orders, values=vals,
                     monotone_in_steps=True)
 
@@ -244,10 +248,22 @@ def thm_4_3_log_s(run: TrainingRunDpEvent, orders: np.ndarray, steps: int) -> np
 
 def recursion_log_s(q: float, log_rho: float, unit: np.ndarray, orders: np.ndarray, steps: int) -> np.ndarray:
     """The recursion of :func:`thm_4_3_log_s` for a rate ``q``, ``log rho`` and per-order ``unit``
-    (the RDP of a step holding the differing record); certified as described there."""
+    (the RDP of a step holding the differing record); certified as described there.
+
+    Where ``log(q) + (alpha - 1) unit_alpha`` overflows (huge orders or vanishing noise) the
+    first step already gives ``x_1 >= log q + (alpha-1) unit = inf``: that order's value is
+    ``inf`` (a valid bound) instead of the ``inf - inf = nan`` the iteration would produce."""
     orders = np.asarray(orders, dtype=float)
+    unit = np.broadcast_to(np.asarray(unit, dtype=float), orders.shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        a_all = math.log(q) + (orders - 1) * unit  # log(q e^{(alpha-1) unit})
+    representable = np.isfinite(a_all)
+    if not np.all(representable):
+        out = np.full(len(orders), math.inf)
+        if np.any(representable):
+            out[representable] = recursion_log_s(q, log_rho, unit[representable], orders[representable], steps)
+        return out
     rho = math.exp(log_rho)
-    a_all = math.log(q) + (orders - 1) * np.asarray(unit, dtype=float)  # log(q e^{(alpha-1) unit})
     b = math.log1p(-q)
     fixed = np.array([_fixed_point_or_inf(ai, b, rho) for ai in a_all])
     finite = np.isfinite(fixed)
@@ -367,9 +383,6 @@ def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     costs ``u_a = 2a/z^2`` (REPLACE_ONE, Cor. 5.3) or ``a/(2 z^2)`` (ADD_OR_REMOVE_ONE). The transfer
     rests on the proof structure the paper's main text describes (Lemma 3.2 per fixed batch
     sequence, Lemma 4.1, Jensen); see section 10 for the caveat."""
-    from hidden_state_accountants.analyses import poisson_hidden_state as ph
-    from hidden_state_accountants.relations import sensitivity_factor
-
     s, reason = ph.poisson_setup(run, ctx)
     if s is None:
         return NotApplicable(reason=reason)
@@ -380,7 +393,8 @@ def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     target = math.log1p(-s.lr * s.m_reg) if s.lr * s.m_reg < 1 else -math.inf
     admissible = lambda lc: lc <= target + 1e-15 * abs(target)
     orders = np.asarray(ctx.orders, dtype=float)
-    unit = orders * sensitivity_factor(ctx.neighboring_relation) ** 2 / (2.0 * s.z * s.z)
+    with np.errstate(divide="ignore", over="ignore"):  # z^2 underflows at z ~ 1e-160: inf
+        unit = orders * sensitivity_factor(ctx.neighboring_relation) ** 2 / (2.0 * s.z * s.z)
 
     def inner(c) -> Bound:
         beta = s.m_reg + ((c.cap + 1) / s.b) * (s.M - s.m_reg)

@@ -1,0 +1,328 @@
+"""Issue 18, the core probes: each test failed on the code before the fix.
+
+NaN never reaches a conversion, orders are validated, high-epsilon compositions answer,
+self-compositions are folded before any PLD is built, calibration says when it stopped
+early, and the epoch budget assumes no monotonicity that a bound does not declare.
+"""
+
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.rdp import rdp_privacy_accountant
+
+import dp_accounting as dpa
+from hidden_state_accountants import (HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent,
+                                      calibrate_noise_multiplier, fdp, max_epochs_within_budget)
+from hidden_state_accountants import accountant as accountant_module
+from hidden_state_accountants import calibration
+from hidden_state_accountants import rdp as rdp_tools
+from hidden_state_accountants.analyses import composition, long_composition, ye_shokri
+from hidden_state_accountants.analyses import registry
+from hidden_state_accountants.analyses._common import Context
+from hidden_state_accountants.analyses.analysis_info import analysis
+from hidden_state_accountants.bounds import Bound, GdpBound, RdpBound
+
+AR = "ADD_OR_REMOVE_ONE"
+GEOMETRY = LossGeometry(strong_convexity=0.1, smoothness=1.1)
+
+
+def wor_run(z=1.0):
+    """Ye & Shokri's Thm 4.3 gives the reported epsilon here (31.15 at delta 1e-5)."""
+    return TrainingRunDpEvent.from_epochs(dataset_size=1000, batch_size=100, epochs=20, noise_multiplier=z,
+                                          clip_norm=1.0, learning_rate=0.5, sampling="without_replacement",
+                                          geometry=GEOMETRY)
+
+
+# ----------------------------------------------------------------------------- NaN and orders
+def test_an_order_of_1e300_is_refused_not_reported_as_epsilon_zero():
+    # was: 0.0 (the recursion overflowed to NaN, dp_accounting's conversion read NaN as 0)
+    with pytest.raises(ParameterError, match="orders"):
+        HiddenStateAccountant(orders=tuple(rdp_tools.DEFAULT_ORDERS) + (1e300,))
+
+
+def test_the_largest_allowed_order_changes_nothing_it_should_not():
+    report = HiddenStateAccountant().compose(wor_run()).explain(1e-5)
+    assert report.analysis == "ye_shokri_thm4.3"
+    wide = HiddenStateAccountant(orders=tuple(rdp_tools.DEFAULT_ORDERS) + (rdp_tools.MAX_ORDER,))
+    eps = wide.compose(wor_run()).get_epsilon(1e-5)
+    assert eps == pytest.approx(report.epsilon, rel=1e-9)  # an order of 1e8 cannot help at epsilon 31
+
+
+def test_the_recursion_overflows_to_infinity_not_nan():
+    orders = np.array([2.0, 1e300])
+    unit = orders * 2.0  # (alpha - 1) * unit overflows at the second order
+    with np.errstate(all="raise"):  # and no floating-point exception on the way
+        out = ye_shokri.recursion_log_s(0.1, 2 * math.log1p(-0.05), unit, orders, 500)
+    assert math.isfinite(out[0]) and out[1] == math.inf
+
+
+def test_a_nan_rdp_value_counts_as_infinity_in_every_conversion():
+    orders = (2.0, 4.0, 8.0)
+    # dp_accounting alone reports epsilon 0 for a NaN curve
+    assert rdp_privacy_accountant.compute_epsilon(list(orders), [math.nan] * 3, 1e-5)[0] == 0
+    assert rdp_tools.rdp_to_epsilon(orders, [math.nan] * 3, 1e-5)[0] == math.inf
+    assert rdp_tools.rdp_to_delta(orders, [math.nan] * 3, 1.0) == 1.0
+    # one NaN order: the other orders still answer, never below what they say alone
+    assert rdp_tools.rdp_to_epsilon(orders, [1.0, math.nan, 3.0], 1e-5)[0] == \
+        rdp_tools.rdp_to_epsilon(orders, [1.0, math.inf, 3.0], 1e-5)[0]
+    bound = RdpBound(orders=orders, values=np.array([math.nan, math.nan, math.nan]))
+    assert bound.epsilon(1e-5) == math.inf and np.all(bound.rdp(orders) == math.inf)
+
+
+@dataclass(frozen=True)
+class _BrokenAnalysisEvent(dpa.DpEvent):
+    """An event whose registered analyses overflow (NaN) where they should say infinity."""
+
+    sampling: str = "full"
+
+
+@analysis("nan_mu", "test", ("full",), hidden_state=False)
+def _nan_mu(event, ctx):
+    return GdpBound(mu=math.nan)
+
+
+@analysis("nan_rdp", "test", ("full",))
+def _nan_rdp(event, ctx):
+    return RdpBound(orders=ctx.orders, values=np.full(len(ctx.orders), math.nan))
+
+
+def test_a_nan_from_an_analysis_never_lowers_the_report(monkeypatch):
+    monkeypatch.setitem(registry.ANALYSES, _BrokenAnalysisEvent, (_nan_mu.info, _nan_rdp.info))
+    acc = HiddenStateAccountant().compose(_BrokenAnalysisEvent())
+    report = acc.explain(1e-5)
+    assert report.epsilon == math.inf and not math.isnan(report.epsilon)
+    assert all(a.epsilon == math.inf for a in report.analyses)
+    assert acc.get_delta(1.0) == 1.0
+    assert np.all(acc.get_rdp() == math.inf)
+    composed = HiddenStateAccountant().compose(_BrokenAnalysisEvent()).compose(dp_event.GaussianDpEvent(1.0))
+    assert composed.get_epsilon(1e-5) == math.inf
+
+
+@pytest.mark.parametrize("orders", [["a"], 5, [2, None], [], "2", [2.0, math.nan], [2.0, math.inf], [1.0, 2.0],
+                                    [2.0, True], [2.0, 0.5]])
+def test_stray_orders_are_a_parameter_error(orders):
+    # was: ValueError / TypeError from float() or iteration
+    with pytest.raises(ParameterError, match="orders"):
+        HiddenStateAccountant(orders=orders)
+
+
+def test_duplicate_orders_are_merged():
+    acc = HiddenStateAccountant(orders=[4, 2, 2.0, 4.0])
+    assert acc._ctx.orders == (2.0, 4.0)  # noqa: SLF001
+
+
+# ------------------------------------------------------------------------- compositions
+def test_two_high_epsilon_gaussians_compose_exactly():
+    # was: VacuousBound (the PLD of G(13.3) puts half its mass beyond the grid)
+    acc = HiddenStateAccountant().compose(dp_event.GaussianDpEvent(0.15)).compose(dp_event.GaussianDpEvent(0.15))
+    mu = math.sqrt(2) * 2.0 / 0.15  # G(mu1) (x) G(mu2) = G(sqrt(mu1^2 + mu2^2)), sensitivity 2C
+    assert acc.get_epsilon(1e-5) == pytest.approx(fdp.gdp_epsilon(mu, 1e-5), rel=1e-12)
+    assert acc.get_delta(50.0) == pytest.approx(fdp.gdp_delta(mu, 50.0), rel=1e-9)
+
+
+def test_a_high_epsilon_gaussian_with_a_pld_event_answers():
+    acc = HiddenStateAccountant(neighboring_relation=AR)
+    acc.compose(dp_event.GaussianDpEvent(0.1)).compose(dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0)))
+    eps = acc.get_epsilon(1e-5)
+    assert math.isfinite(eps) and eps >= fdp.gdp_epsilon(10.0, 1e-5)
+
+
+@pytest.mark.parametrize("relation,sensitivity", [("REPLACE_ONE", 2.0), (AR, 1.0)])
+def test_a_gaussian_self_composed_ten_million_times_is_one_gaussian(relation, sensitivity):
+    # was: MemoryError after a minute (a PLD self-composed 10**7 times)
+    start = time.process_time()
+    acc = HiddenStateAccountant(neighboring_relation=relation)
+    acc.compose(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.0), 10**7))
+    eps = acc.get_epsilon(1e-5)
+    assert time.process_time() - start < 1.0
+    assert eps == pytest.approx(fdp.gdp_epsilon(sensitivity * math.sqrt(10**7), 1e-5), rel=1e-12)
+    if relation == AR:  # never above dp_accounting's RDP answer (the exact GDP conversion is tighter)
+        ref = rdp_privacy_accountant.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        assert eps <= ref.compose(dp_event.GaussianDpEvent(1.0), 10**7).get_epsilon(1e-5)
+
+
+@pytest.mark.parametrize("relation", ["REPLACE_ONE", AR])
+def test_a_billion_step_self_composition_answers_in_under_a_second(relation):
+    gauss = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1000.0), 10**9)
+    poisson = dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(1e-3, dp_event.GaussianDpEvent(10.0)),
+                                           10**9)
+    HiddenStateAccountant(neighboring_relation=relation).compose(
+        dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(1.0))).get_epsilon(1e-5)  # imports, caches
+    for event in (gauss, poisson):
+        start = time.process_time()
+        acc = HiddenStateAccountant(neighboring_relation=relation).compose(event)
+        eps = acc.get_epsilon(1e-5)
+        assert time.process_time() - start < 1.0, event
+        assert math.isfinite(eps)
+    # the folded RDP curve is the count times one step's, as dp_accounting composes it
+    one = HiddenStateAccountant(neighboring_relation=relation).compose(poisson.event).get_rdp()
+    np.testing.assert_allclose(acc.get_rdp(), 10**9 * one, rtol=1e-12)
+
+
+def test_a_folded_poisson_self_composition_stays_above_dp_accounting():
+    # the count is folded into a block PLD; it must stay pessimistic: never below dp_accounting's
+    # own PLD at a 10x finer grid (closer to the truth), and close to it
+    event = dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(1.1))
+    ours = HiddenStateAccountant(neighboring_relation=AR).compose(dp_event.SelfComposedDpEvent(event, 500))
+    ref = pld_privacy_accountant.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                               value_discretization_interval=1e-4).compose(event, 500)
+    for delta in (1e-3, 1e-5, 1e-7):
+        assert ref.get_epsilon(delta) - 1e-3 <= ours.get_epsilon(delta) <= ref.get_epsilon(delta) + 0.02
+
+
+def test_coarsening_an_add_remove_pld_rounds_both_directions_up():
+    # was: ValueError ("symmetric (REPLACE_ONE) PLDs only"): the add/remove composition was one piece
+    pld = composition.add_remove_sampled_gaussian_pld(0.05, 1.0, 1e-3).self_compose(30)
+    coarse = long_composition.coarsen(pld, 20, 0.02)
+    eps = np.linspace(-1.0, 5.0, 61)
+    assert np.all(np.asarray(coarse.get_delta_for_epsilon(eps)) >= np.asarray(pld.get_delta_for_epsilon(eps)) - 1e-15)
+    for direction in ("_pmf_remove", "_pmf_add"):
+        fine, rough = getattr(pld, direction), getattr(coarse, direction)
+        assert np.all(np.asarray(rough.get_delta_for_epsilon(eps)) >= np.asarray(fine.get_delta_for_epsilon(eps)) - 1e-15)
+
+
+def test_poisson_add_remove_composition_takes_seconds_at_ten_million_steps():
+    # was: 50 s (dp_accounting's sparse self-composition of the whole run in one piece)
+    run = TrainingRunDpEvent(dataset_size=60000, batch_size=600, steps=10**7, noise_multiplier=3.0, clip_norm=1.0,
+                             learning_rate=0.5, sampling="poisson")
+    ctx = Context(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    start = time.process_time()
+    bound = composition.poisson_pld(run, ctx)
+    eps = bound.epsilon(1e-5)
+    assert time.process_time() - start < 10.0
+    assert eps == pytest.approx(105.2491, abs=1e-3)  # what the one-piece composition gave
+    assert eps <= composition.poisson_rdp(run, ctx).epsilon(1e-5)
+
+
+# --------------------------------------------------------------------------- calibration
+@pytest.mark.parametrize("run", [None, dp_event.GaussianDpEvent(2.0), "run"])
+def test_calibration_of_a_stray_type_names_the_run(run):
+    # was: AttributeError ('NoneType' object has no attribute 'is_constant')
+    with pytest.raises(ParameterError, match="run"):
+        calibrate_noise_multiplier(run, 1.0, 1e-5)
+    with pytest.raises(ParameterError, match="run"):
+        max_epochs_within_budget(run, 1.0, 1e-5)
+
+
+def table1(epochs=50, **kw):
+    return TrainingRunDpEvent.from_epochs(dataset_size=60000, batch_size=1500, epochs=epochs, noise_multiplier=3.0,
+                                          clip_norm=1.0, learning_rate=0.05, sampling="cyclic",
+                                          geometry=LossGeometry(strong_convexity=0.002, smoothness=1.002), **kw)
+
+
+def caught(fn):
+    """``fn()`` and the warnings it issued."""
+    with warnings.catch_warnings(record=True) as issued:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in issued if type(w.message).__name__ == "CalibrationWarning"]
+
+
+def test_an_early_stopped_calibration_warns_and_says_so():
+    # was: z = 28.2 (epsilon 0.36 against a target of 2) returned silently
+    result, issued = caught(lambda: calibrate_noise_multiplier(table1(), 2.0, 1e-5, max_evaluations=1))
+    assert len(issued) == 1 and "max_evaluations=1" in str(issued[0].message)
+    assert result.epsilon <= 2.0 and not result.converged
+
+
+@pytest.mark.parametrize("sampling", ["cyclic", pytest.param("without_replacement", marks=pytest.mark.slow),
+                                      pytest.param("poisson", marks=pytest.mark.slow)])
+def test_a_converged_calibration_is_the_smallest_noise_to_rel_tol(sampling):
+    run = TrainingRunDpEvent.from_epochs(dataset_size=6000, batch_size=60, epochs=3, noise_multiplier=1.0,
+                                         clip_norm=1.0, learning_rate=0.5, sampling=sampling, geometry=GEOMETRY,
+                                         l2_regularization=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", calibration.CalibrationWarning)
+        result = calibrate_noise_multiplier(run, 2.0, 1e-5, rel_tol=1e-3)
+    assert result.converged
+
+    def eps(z):
+        return HiddenStateAccountant().compose(run.replace(noise_multiplier=z)).get_epsilon(1e-5)
+
+    assert eps(result.noise_multiplier) <= 2.0 < eps(result.noise_multiplier / (1 + 2e-3))
+
+
+# ------------------------------------------------------------------------------ epoch budget
+class _Fixed(Bound):
+    """A bound with a given epsilon (a synthetic analysis for the budget search)."""
+
+    def __init__(self, name, eps, monotone, kind="rdp"):
+        super().__init__(name=name, hidden_state=not monotone, monotone_in_steps=monotone)
+        self._eps, self.kind = eps, kind
+
+    def epsilon(self, delta):
+        return self._eps
+
+    def delta(self, epsilon):
+        return 1.0 if epsilon < self._eps else 0.0
+
+
+def _synthetic(monkeypatch, bounds_of_epochs):
+    """Replaces every analysis of a run by ``bounds_of_epochs(epochs)``."""
+    def analyze(run, ctx=None):
+        return bounds_of_epochs(run.steps / run.steps_per_epoch)
+
+    monkeypatch.setattr(accountant_module, "analyze_training_run", analyze)
+    monkeypatch.setattr(calibration, "analyze_training_run", analyze, raising=False)  # the code before the fix
+
+
+def small_cyclic():
+    return TrainingRunDpEvent(dataset_size=600, batch_size=60, steps=10, noise_multiplier=1.0, clip_norm=1.0,
+                              learning_rate=0.1, sampling="cyclic", geometry=GEOMETRY)
+
+
+def dipping(e):
+    """Grows by 0.01 an epoch from 0.5, with a bump over 1.0 at epochs 20-22."""
+    return 1.05 if 20 <= e <= 22 else 0.5 + 0.01 * e
+
+
+def test_the_budget_does_not_bisect_over_a_bound_that_is_not_monotone(monkeypatch):
+    # was: 50 epochs (bisection between 32 and 64 assumed the dipping bound monotone), though
+    # a run stopped after 20 epochs reports 1.05 > 1
+    _synthetic(monkeypatch, lambda e: [_Fixed("composition", 0.1 * e, True), _Fixed("dipping", dipping(e), False)])
+    budget = max_epochs_within_budget(small_cyclic(), 1.0, 1e-5, max_epochs=1000)
+    assert budget.epochs == 19 and budget.complete and not budget.unlimited
+    assert budget.next_epsilon == 1.05 and budget.epsilon == pytest.approx(0.69)
+    assert all(dipping(e) <= 1.0 for e in range(11, 20))  # every shorter run fits (composition up to 10)
+
+
+def test_the_budget_bisects_the_bounds_that_declare_monotonicity(monkeypatch):
+    _synthetic(monkeypatch, lambda e: [_Fixed("slow", 0.001 * e, True), _Fixed("dipping", dipping(e), False)])
+    budget = max_epochs_within_budget(small_cyclic(), 1.0, 1e-5, max_epochs=5000)
+    assert budget.epochs == 1000 and budget.evaluations < 40  # no epoch-by-epoch scan needed
+
+
+def test_the_budget_says_when_its_epoch_by_epoch_check_stopped(monkeypatch):
+    _synthetic(monkeypatch, lambda e: [_Fixed("composition", 0.5 * e, True), _Fixed("flat", 0.9, False)])
+    budget, issued = caught(lambda: max_epochs_within_budget(small_cyclic(), 1.0, 1e-5, max_epochs=10**4))
+    assert len(issued) == 1 and "not monotone" in str(issued[0].message)
+    assert budget.epochs >= 2 + calibration.MAX_SCAN and not budget.complete
+
+
+def test_the_limit_counts_every_bound_flagged_monotone_f_dp_too(monkeypatch):
+    # was: f-DP bounds skipped, so a converging f-DP analysis never made the budget unlimited
+    _synthetic(monkeypatch, lambda e: [_Fixed("composition", 0.1 * e, True, "gdp"),
+                                       _Fixed("converging_fdp", 2.0 - 1.0 / e, True, "fdp")])
+    budget = max_epochs_within_budget(small_cyclic(), 3.0, 1e-5)
+    assert budget.unlimited and budget.limit_epsilon == pytest.approx(2.0) and budget.analysis == "converging_fdp"
+
+
+def test_the_budget_refuses_like_calibration_under_add_remove():
+    # was: "0 epochs ... from none"
+    run = table1(epochs=1)
+    with pytest.raises(ParameterError, match="neighboring_relation") as noise:
+        calibrate_noise_multiplier(run, 5.0, 1e-5, neighboring_relation=AR)
+    with pytest.raises(ParameterError, match="neighboring_relation") as budget:
+        max_epochs_within_budget(run, 5.0, 1e-5, neighboring_relation=AR)
+    assert str(noise.value) == str(budget.value)
+
+
+def test_the_budget_refuses_more_epochs_than_steps_allow():
+    with pytest.raises(ParameterError, match="max_epochs"):
+        max_epochs_within_budget(table1(epochs=1), 5.0, 1e-5, max_epochs=10**30)

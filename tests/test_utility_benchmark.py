@@ -71,7 +71,8 @@ def test_poisson_plan_is_what_opacus_does(bench, n, b):
     assert steps == len(DPDataLoader.from_data_loader(loader))
 
 
-@pytest.mark.parametrize("key,sampler", [("B", None), ("C", "reshuffle"), ("C", "shuffle_partition")])
+@pytest.mark.parametrize("key,sampler", [("B", None), ("C", "reshuffle"), ("C", "shuffle_partition"),
+                                         ("C", "balls_in_bins"), ("D", "balls_in_bins")])
 def test_the_core_calibrates_for_the_run_the_adapter_records(bench, key, sampler):
     """The z of (B) and (C) is the core's for the event the engine's accountant records after training."""
     data = bench.dataset("breast_cancer")
@@ -86,7 +87,7 @@ def test_the_core_calibrates_for_the_run_the_adapter_records(bench, key, sampler
 
 def test_bad_grids_are_refused_naming_the_flag(bench, capsys):
     for argv, flag in ((["--lrs", "1.95"], "--lrs"), (["--datasets", "mnist"], "--datasets"),
-                       (["--methods", "D"], "--methods"), (["--budgets", "0"], "--budgets"),
+                       (["--methods", "E"], "--methods"), (["--budgets", "0"], "--budgets"),
                        (["--samplers", "poisson"], "--samplers"), (["--batch-sizes", "1000"], "--batch-sizes")):
         with pytest.raises(SystemExit) as err:
             bench.main(["--quick"] + (argv if flag == "--datasets" else ["--datasets", "breast_cancer"] + argv))
@@ -103,16 +104,16 @@ def test_a_tiny_run_end_to_end(bench, tmp_path, capsys):
     printed = capsys.readouterr().out
     rows = res["rows"]
     assert [(r["method"], r["epsilon_budget"]) for r in rows] == [
-        (m, e) for m in ("A", "B", "A'", "C") for e in (1.0, 4.0)] + [("non-private", None)]
+        (m, e) for m in ("A", "B", "A'", "C", "D") for e in (1.0, 4.0)] + [("non-private", None)]
     for r in rows:
         assert len(r["test"]) == 2 and 0.5 < r["mean"] <= 1.0
         if r["epsilon_budget"] is not None:
             assert r["z"] > 0 and r["reported_epsilon"] <= r["epsilon_budget"] * (1 + 1e-6)
             assert f"| {r['label']} | {r['epsilon_budget']:g} | {r['mean']:.3f} ± " in printed
-    assert len(res["search"]) == 4 * 2 * 2  # every method, budget and configuration searched
+    assert len(res["search"]) == 5 * 2 * 2  # every method, budget and configuration searched
     text = out.read_text()
     assert "python benchmarks/utility_at_budget.py --datasets breast_cancer" in text and "opacus 1.6" in text
-    assert text.count("| breast_cancer | (") == 4 and fig.stat().st_size > 10_000 and js.stat().st_size > 0
+    assert text.count("| breast_cancer | (") == 5 and fig.stat().st_size > 10_000 and js.stat().st_size > 0
     # the cache resumes: a second run does no work and prints the same rows
     again = bench.main(["--datasets", "breast_cancer", "--budgets", "1,4", "--batch-sizes", "72", "--epochs", "2",
                         "--lrs", "1", "--l2s", "0,0.05", "--radii", "none", "--samplers", "shuffle_partition",

@@ -260,13 +260,13 @@ FULL_GRIDS = {
     "synthetic": Grid((250, 1000), (5, 20), (0.5, 1.0), (0.0, 0.01, 0.05), (None,),
                       ("shuffle_partition", "reshuffle", "balls_in_bins")),
 }
-# A reduced full mode for a shared 2-core machine (--grid reduced): one lr (1), L2 in {0, 0.05}, (C)
-# choosing between shuffle_partition and balls_in_bins, and on the synthetic task 20 epochs only.
+# A reduced full mode for a shared 2-core machine (--grid reduced): one lr (1), (C) choosing between
+# shuffle_partition and balls_in_bins, and on the synthetic task 20 epochs only.
 _REDUCED_SAMPLERS = ("shuffle_partition", "balls_in_bins")
 REDUCED_GRIDS = {
-    "digits": Grid((50, 150, 400), (10, 30, 100), (1.0,), (0.0, 0.05), (None,), _REDUCED_SAMPLERS),
-    "breast_cancer": Grid((24, 72, 180), (10, 30, 100), (1.0,), (0.0, 0.05), (None,), _REDUCED_SAMPLERS),
-    "synthetic": Grid((250, 1000), (20,), (1.0,), (0.0, 0.05), (None,), _REDUCED_SAMPLERS),
+    "digits": Grid((50, 150, 400), (10, 30, 100), (1.0,), (0.0, 0.01, 0.05), (None,), _REDUCED_SAMPLERS),
+    "breast_cancer": Grid((24, 72, 180), (10, 30, 100), (1.0,), (0.0, 0.01, 0.05), (None,), _REDUCED_SAMPLERS),
+    "synthetic": Grid((250, 1000), (20,), (1.0,), (0.0, 0.01, 0.05), (None,), _REDUCED_SAMPLERS),
 }
 QUICK_GRID = Grid((50, 200), (10, 40), (1.0,), (0.0, 0.05), (None,), ("shuffle_partition",))
 QUICK = dict(datasets=("digits",), budgets=(1.0, 4.0))
@@ -763,6 +763,11 @@ def _best_val(records: List[Dict[str, object]]) -> str:
     return f"{max(r['val'] for r in records):.3f}" if records else "-"
 
 
+def _noise(r: Row) -> str:
+    """The noise of the averaged gradient, in units of C: what the selected configurations trade."""
+    return f"{r.z / r.config.batch_size:.3f}"
+
+
 def _pairs_present(keys) -> List[Tuple[str, str]]:
     return [(a, b) for a, b in PAIRS if a in keys and b in keys]
 
@@ -798,10 +803,10 @@ def noise_table(search: List[Dict[str, object]], budgets: Sequence[float]) -> Li
 
 def comparison_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
     """Per dataset and budget: each hidden-state method against its composition baseline, test accuracy
-    (mean ± std), the difference, the ratio of the winners' z and the analysis that gave the
+    (mean ± std), the difference, the winners' noise ``z/b`` and the analysis that gave the
     hidden-state winner's epsilon."""
-    lines = ["| dataset | eps | pair | base | hidden state | difference | z(base) / z(hidden state) | "
-             "analysis, sampler |", "|---|---:|---|---:|---:|---:|---:|---|"]
+    lines = ["| dataset | eps | pair | base | hidden state | difference | noise z/b: base, hidden state | "
+             "analysis, sampler |", "|---|---:|---|---:|---:|---:|---|---|"]
     pairs = _pairs_present({r.method for r in rows})
     for name in dict.fromkeys(r.dataset for r in rows):
         by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
@@ -811,7 +816,7 @@ def comparison_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
                 if x is None or y is None:
                     continue
                 lines.append(f"| {name} | {eps:g} | ({base}) / ({key}) | {x.mean:.3f} ± {x.std:.3f} | "
-                             f"{y.mean:.3f} ± {y.std:.3f} | {y.mean - x.mean:+.3f} | {x.z / y.z:.2f} | "
+                             f"{y.mean:.3f} ± {y.std:.3f} | {y.mean - x.mean:+.3f} | {_noise(x)}, {_noise(y)} | "
                              f"{y.analysis}, {y.config.sampler or 'poisson'} |")
     return lines
 
@@ -845,7 +850,8 @@ def findings(rows: List[Row], budgets: Sequence[float]) -> List[str]:
                 se = math.sqrt((x.std ** 2 + y.std ** 2) / max(1, min(len(x.test), len(y.test))))
                 verdict = "better" if diff > 2 * se else "worse" if diff < -2 * se else "no clear difference"
                 verdicts.append(verdict)
-                how = (f"hidden state ({y.analysis}), z {x.z:.2f} -> {y.z:.2f}" if _is_hidden_state(y.analysis)
+                how = (f"hidden state ({y.analysis}), noise z/b {_noise(x)} -> {_noise(y)}"
+                       if _is_hidden_state(y.analysis)
                        else f"composition ({y.analysis})")
                 cells.append(f"eps {eps:g}: {diff:+.3f} ({verdict}; {how})")
             if cells:
@@ -899,8 +905,9 @@ def report(rows: List[Row], search: List[Dict[str, object]], args, command: str,
     lines = ["# Accuracy at a fixed budget (issue 20)", "",
              *_doc_paragraphs(), "",
              f"Produced by `{command}` on {datetime.date.today().isoformat()}: {machine()}. The work took "
-             f"{tasks / 3600:.1f} process-hours ({wall / 60:.0f} minutes of wall time in the invocation that wrote "
-             f"this page, {args.jobs} worker process(es); a shared machine, so times are upper ends). Seeds: search "
+             f"{tasks / 3600:.1f} process-hours, summed over every calibration and run whether this invocation "
+             f"computed it or read it from --cache (this invocation: {wall / 60:.0f} minutes of wall time, {args.jobs} "
+             f"worker process(es); a shared machine, so times are upper ends). Seeds: search "
              f"{list(args.select_seed_list)}, test {list(args.test_seed_list)}; delta = {DELTA:g}, C = {CLIP_NORM:g}, "
              f"features clipped to norm R = {FEATURE_NORM:g} (FeatureClip).", "",
              f"![test accuracy against epsilon]({picture})", ""]
@@ -910,7 +917,7 @@ def report(rows: List[Row], search: List[Dict[str, object]], args, command: str,
     lines += comparison_table(rows, args.budgets)
     lines += ["", "Where hidden-state accounting changes the selected model (test mean difference against twice "
               "its standard error over the test seeds; the analysis that gave the hidden-state winner's epsilon "
-              "and the noise multipliers of the two winners):", ""] + findings(rows, args.budgets)
+              "and the two winners' noise z/b on the averaged gradient):", ""] + findings(rows, args.budgets)
     lines += ["", "Over the whole grid: how much less noise the hidden-state calibration needs for the same "
               "configuration (z(A)/z(B), z(A)/z(D): Opacus' PRV; z(A')/z(C): Poisson composition against the "
               "fixed-size sampler with hidden state, both REPLACE_ONE, below 1 where the sampler needs more), and "

@@ -112,3 +112,24 @@ def test_module_entry_point_runs_the_same_cli():
     bad = subprocess.run([sys.executable, "-m", "hidden_state_accountants", "epsilon", *RUN[:-2], "--delta", "-1"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--delta" in bad.stderr
+
+
+def test_demo_leads_with_what_an_opacus_user_sees(capsys, tmp_path):
+    """The demo's first table is the run an Opacus user makes (Poisson, add/remove): its composition
+    column is dp_accounting's Poisson PLD (what Opacus' PRV prints, within discretisation), and the
+    hidden-state column is never above it, equal for short runs, and flat once it converges."""
+    import dp_accounting
+    assert main(["demo", "--json", "--output", str(tmp_path / "demo.png")]) == 0
+    rows = json.loads(capsys.readouterr().out)["opacus_poisson"]
+    assert [r["epochs"] for r in rows] == [1, 2, 3, 5, 10, 20, 50]
+    by_epochs = {r["epochs"]: r for r in rows}
+    pld = dp_accounting.pld.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    pld.compose(dp_accounting.PoissonSampledDpEvent(256 / 60000, dp_accounting.GaussianDpEvent(1.0)),
+                by_epochs[20]["steps"])
+    assert by_epochs[20]["composition_add_or_remove"] == pytest.approx(pld.get_epsilon(1e-5), abs=0.02)
+    for r in rows:
+        assert r["epsilon_add_or_remove"] <= r["composition_add_or_remove"] + 1e-12
+    assert by_epochs[1]["epsilon_add_or_remove"] == pytest.approx(by_epochs[1]["composition_add_or_remove"])
+    assert by_epochs[20]["analysis_add_or_remove"] == "si_poisson"
+    assert by_epochs[20]["epsilon_add_or_remove"] < 0.4 * by_epochs[20]["composition_add_or_remove"]
+    assert by_epochs[50]["epsilon_add_or_remove"] == pytest.approx(by_epochs[20]["epsilon_add_or_remove"], rel=0.02)

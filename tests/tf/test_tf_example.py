@@ -17,7 +17,7 @@ pytestmark = pytest.mark.tf
 
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, TrainingRunDpEvent  # noqa: E402
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "tf_logistic_regression.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "tf_logistic_regression.py"
 
 
 def _load():

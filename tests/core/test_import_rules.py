@@ -7,7 +7,7 @@
 * The analyses sit below the accountant: none reaches it through its imports.
 * The ground truth stands apart from the bounds: nothing in ``analyses/`` imports ``exact``, and
   ``exact`` is not reachable from the accountant or calibration (the code both need lives in
-  ``schedule_laws`` and ``mixture_pair``, tested on their own in tests/test_schedule_laws.py).
+  ``schedule_laws`` and ``mixture_pair``, tested on their own in tests/core/test_schedule_laws.py).
 * Each adapter imports only its own framework (and the core).
 * Every warning the package emits is a ``HiddenStateWarning``, every exception and warning class
   is defined once, and the leaf modules (``errors``, ``analyses.analysis_info``) import nothing
@@ -23,7 +23,7 @@ from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("_hsa_root_conftest", ROOT / "conftest.py")
 _root_conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_root_conftest)

@@ -254,7 +254,7 @@ def test_example_runs():
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, str(root / "examples" / "sbcd_digits_keras.py"), "--quick", "--no-progress"],
                          capture_output=True, text=True, check=True, timeout=900).stdout
     row = [line for line in out.splitlines() if line.startswith("| 479")][0]

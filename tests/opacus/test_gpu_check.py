@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 
 
@@ -28,7 +28,7 @@ def test_the_cuda_tests_carry_the_marker():
     pytest.importorskip("opacus")
     pytest.importorskip("sklearn")
     res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "-m", "cuda",
-                          "tests/test_sbcd_torch.py", "tests/test_opacus_example.py"],
+                          "tests/opacus/test_sbcd_torch.py", "tests/opacus/test_opacus_example.py"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert "test_runs_on_cuda" in res.stdout and "test_example_trains_on_cuda" in res.stdout
 

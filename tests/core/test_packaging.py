@@ -19,7 +19,7 @@ import pytest
 import hidden_state_accountants
 from hidden_state_accountants.cli import main
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CORE = "hidden_state_accountants"
 
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.torch
 
 from hidden_state_accountants import HiddenStateAccountant  # noqa: E402
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "opacus_logistic_regression.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "opacus_logistic_regression.py"
 
 
 @pytest.fixture(scope="module")

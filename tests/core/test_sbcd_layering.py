@@ -1,6 +1,6 @@
 """Where DP-SBCD's pieces live (issue 9): the trainers' shared part is a core module, sampling
 names are the core's constants, and the seed rule is the core's. (That the analyses never import
-the accountant and the core no framework: tests/test_import_rules.py.)"""
+the accountant and the core no framework: tests/core/test_import_rules.py.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ REPO = CORE.parent
 
 
 def test_trainer_base_is_a_core_module():
-    # framework-free as every core module (tests/test_import_rules.py)
+    # framework-free as every core module (tests/core/test_import_rules.py)
     assert not hasattr(sbcd, "SbcdTrainerBase")
     assert sbcd_training.SbcdTrainerBase.__module__ == f"{PKG}.sbcd_training"
 

@@ -26,8 +26,8 @@ order, b = 256, REPLACE_ONE; balls-in-bins, b = 256, both relations. Per row:
 for Poisson, from which epoch a hidden-state bound is strictly below Opacus' PRV and below composition at
 the printed precision).
 
-    python benchmarks/where_users_train.py                       # the table (about a minute)
-    python benchmarks/where_users_train.py --per-epoch 1 2 5 7 10 15 20
+    python benchmarks/where_users_train.py                       # the table (about 10 s)
+    python benchmarks/where_users_train.py --per-epoch 1 2 5 7 10 15 20   # a few minutes
     python benchmarks/where_users_train.py --output FILE.md
 
 Replaces benchmarks/poisson_table.py, shuffled_batches.py and balls_in_bins.py.

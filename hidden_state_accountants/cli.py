@@ -21,6 +21,12 @@ says so in a note. Declare ``--strong-convexity`` to state another value.
 ``analyses`` list (each ``name``, ``epsilon`` or null, ``reason`` or null, ``hidden_state``) and
 ``notes``: for ``noise`` at the calibrated noise multiplier, for ``epochs`` after the epochs that
 fit (after one epoch when none does; of an unbounded run when the budget is never exhausted).
+
+``hsa epsilon`` and ``hsa noise`` also show the best known LOWER bound beside the bound where it can be
+computed in under a second (``lower_bound``, null otherwise, and ``lower_bound_note``: the construction
+and its caveat, or why there is none; in the table a line "best known lower bound: ..."): the epsilon
+some run of the declared class really reaches. It is labelled as a lower bound and never used as the
+guarantee, for calibration or for budgets (:mod:`hidden_state_accountants.lower_bounds`).
 ``hsa epochs`` answers the largest ``E`` such that stopping after any number of epochs up to
 ``E`` stays within the budget; it prints ``unlimited`` with the limit when an analysis valid for
 every length converges below the target, and otherwise what that limit is.
@@ -326,7 +332,9 @@ def cmd_noise(args) -> int:
         print(json.dumps({"noise_multiplier": result.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
                           "analysis": result.analysis, "evaluations": result.evaluations,
                           "converged": result.converged, "neighboring_relation": _relation(args),
-                          "analyses": _analyses(report), "notes": notes}))
+                          "analyses": _analyses(report), "notes": notes,
+                          "lower_bound": _finite(report.lower_bound) if report.lower_bound is not None else None,
+                          "lower_bound_note": report.lower_bound_note}))
     else:
         print(f"noise multiplier {result.noise_multiplier:.4f} gives epsilon {result.epsilon:.4f} "
               f"at delta {delta:g} ({_relation(args)}), from {result.analysis} "

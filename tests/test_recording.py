@@ -8,6 +8,7 @@ import pytest
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants.recording import (
     BatchSourceFacts,
+    Claim,
     CompositionFallbackWarning,
     LayerFacts,
     ModelFacts,
@@ -16,6 +17,7 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     effective_step,
     model_refusal,
+    parse_ledger,
 )
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
@@ -37,7 +39,7 @@ def step(**kw):
 
 
 def recorder(geometry=GEOM, model=LINEAR, sampling=SHUFFLE_PARTITION, **kw):
-    return RunRecorder(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=model, **kw)
+    return RunRecorder(Claim(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=model, **kw))
 
 
 # ------------------------------------------------------------------ model structure
@@ -46,8 +48,8 @@ def test_a_network_with_hidden_layers_cannot_carry_a_geometry():
     assert "3 trainable layers" in reason and "not convex" in reason
     with pytest.raises(ParameterError, match="model: .*not convex"):
         recorder(model=CONV_NET)
-    rec = recorder(model=CONV_NET, assume_convex_model=True)  # the documented opt-in, reported as such
-    rec.feature_norm_unobservable("the adapter cannot see the trainable layer's inputs")
+    rec = recorder(model=CONV_NET, assume_convex_model=True,  # the documented opt-in, reported as such
+                   feature_unobservable="the adapter cannot see the trainable layer's inputs")
     rec.record(step())
     assert any("assume_convex_model=True" in n for n in rec.notes())
 
@@ -153,7 +155,7 @@ def test_a_clean_run_is_the_core_event():
 
 
 def test_a_user_chosen_seed_is_stated():
-    rec = RunRecorder(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION, seed=5), geometry=GEOM, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION, seed=5), geometry=GEOM, model=LINEAR))
     assert any("seed chosen by the user" in n for n in rec.notes())
 
 
@@ -170,8 +172,8 @@ def test_adaptive_clipping_and_wrong_divisor_are_errors():
 # --------------------------------------------------------------------- Poisson
 def test_poisson_steps_keep_their_exact_rate():
     """Opacus' rates 1/k used to be rounded to fractions that doubled some of them."""
-    rec = RunRecorder(schedule=None)
-    rec.record(StepFacts(noise_multiplier=1.5, sample_rate=0.04), 2250)
+    rec = RunRecorder(Claim(schedule=None))
+    rec.record(StepFacts(noise_multiplier=1.5, sampling_probability=0.04), 2250)
     with pytest.warns(CompositionFallbackWarning):
         run = rec.run()
     assert run.sampling == POISSON and run.sampling_rate == 0.04
@@ -183,27 +185,27 @@ def test_poisson_steps_keep_their_exact_rate():
 
 
 def test_a_run_without_a_schedule_states_the_poisson_assumption():
-    rec = RunRecorder(schedule=None)
-    rec.record(StepFacts(noise_multiplier=1.0, sample_rate=0.01), 10)
+    rec = RunRecorder(Claim(schedule=None))
+    rec.record(StepFacts(noise_multiplier=1.0, sampling_probability=0.01), 10)
     assert any("accounted as Poisson sampling" in n for n in rec.notes())
     assert not any("Poisson" in n for n in recorder(geometry=None).notes())
 
 
 def test_a_hidden_state_claim_without_a_schedule_needs_the_dataset_size():
     with pytest.raises(ParameterError, match="dataset_size"):
-        RunRecorder(schedule=None, geometry=GEOM, model=LINEAR)
+        RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR))
 
 
 def poisson_step(**kw):
     args = dict(noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.5, divisor=256, weight_decay=0.01,
-                sample_rate=1 / 234)
+                sampling_probability=1 / 234)
     args.update(kw)
     return StepFacts(**args)
 
 
 def test_a_poisson_run_without_a_package_schedule_gets_the_poisson_hidden_state_analyses():
     """Opacus' default loader: the rate per step, n from the recorder, b the fixed divisor."""
-    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     rec.record(poisson_step(), 2340)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback
@@ -216,18 +218,18 @@ def test_a_poisson_run_without_a_package_schedule_gets_the_poisson_hidden_state_
     assert rows["si_poisson"].epsilon < rows["composition_poisson_pld"].epsilon
 
 
-@pytest.mark.parametrize("bad, param", [(dict(sample_rate=None), "sample_rate"), (dict(divisor=None), "divisor"),
+@pytest.mark.parametrize("bad, param", [(dict(sampling_probability=None), "sampling_probability"), (dict(divisor=None), "divisor"),
                                         (dict(divisor=255.5), "divisor"), (dict(loss_reduction="sum"), "loss_reduction")])
 def test_a_poisson_hidden_state_claim_needs_rate_and_divisor(bad, param):
-    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     with pytest.raises(ParameterError, match=param):
         rec.record(poisson_step(**bad))
 
 
 def test_a_poisson_rate_that_changes_ends_the_claim():
-    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     rec.record(poisson_step(), 10)
-    rec.record(poisson_step(sample_rate=1 / 200), 10)
+    rec.record(poisson_step(sampling_probability=1 / 200), 10)
     with pytest.warns(CompositionFallbackWarning, match="sampling rate changed"):
         run = rec.run()
     assert run.geometry is None and run.sampling_rate == 1 / 200  # composition at the larger rate
@@ -235,10 +237,10 @@ def test_a_poisson_rate_that_changes_ends_the_claim():
 
 def test_a_package_poisson_schedule_with_a_geometry():
     sched = BatchSchedule(1000, 10, POISSON)
-    rec = RunRecorder(schedule=sched, geometry=GEOM, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=sched, geometry=GEOM, model=LINEAR))
     with pytest.raises(ParameterError, match="batch_size"):
         rec.record(poisson_step(divisor=12))
-    rec.record(poisson_step(divisor=10, sample_rate=None), 50)
+    rec.record(poisson_step(divisor=10, sampling_probability=None), 50)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = rec.run()
@@ -251,12 +253,12 @@ def test_ledger_round_trip_and_validation():
     rec.record(step(), 30)
     rec.record(step(learning_rate=0.25), 5)
     other = recorder()
-    other.load_ledger_state(rec.ledger_state())
+    other.record_restored(parse_ledger(rec.ledger_state()))
     assert other.ledger == rec.ledger and other.steps == 35
     for bad in ([[{"noise_multiplier": 1.0}, 1.5]], [[{"nonsense": 1}, 1]], [[{"noise_multiplier": 1.0}, 0]],
-                "x", [[1, 2, 3]]):
+                "x", [[1, 2, 3]], [[{"noise_multiplier": 1.0, "optimizer": "Adam"}, 1]]):
         with pytest.raises(ParameterError, match="ledger"):
-            other.load_ledger_state(bad)
+            parse_ledger(bad)
 
 
 # ------------------------------------------------------------------ data parallelism
@@ -310,7 +312,7 @@ def test_a_plan_with_a_kept_short_batch_is_checked_at_the_schedule_positions():
     refused anywhere else; before positions were known every planned step was checked as the
     next one, refusing every such plan."""
     schedule = BatchSchedule(23, 5, "reshuffle", last_batch="kept_own_size")  # 4 full batches and 3 records
-    rec = RunRecorder(schedule=schedule, geometry=GEOM, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=schedule, geometry=GEOM, model=LINEAR))
     full, short = step(divisor=5), step(divisor=3)
     rec.check_plan([full, short, full, short], counts=[4, 1, 4, 1])  # two epochs
     rec.check_plan([short, full], start=4, counts=[1, 4])  # a resumed run: the last step, then an epoch

@@ -287,8 +287,9 @@ def check_continues(stored: Claim, *, geometry: Optional[LossGeometry], assume_c
                     neighboring_relation=None) -> None:
     """Raises :class:`~hidden_state_accountants.ParameterError` naming the parameter where a resuming
     process's configuration differs from the claim ``stored`` of the run it resumes: the geometry and
-    the flags always; the schedule, the dataset size, the model's structure and the relation where the
-    configuration names them (``None``: the run's). The one comparison of every adapter."""
+    the flags always; the schedule, the dataset size, the model's structure (:meth:`ModelFacts.structure
+    <hidden_state_accountants.recording.ModelFacts.structure>`) and the relation where the configuration
+    names them (``None``: the run's). The one comparison of every adapter."""
     def differs(name: str, mine, theirs) -> None:
         raise v.ParameterError(name, f"the checkpoint was taken with {name}={theirs}, this run is configured with "
                                      f"{name}={mine}")
@@ -311,7 +312,7 @@ def check_continues(stored: Claim, *, geometry: Optional[LossGeometry], assume_c
                        ("gaussian_initialization", gaussian_initialization)):
         if mine != getattr(stored, name):
             differs(name, mine, getattr(stored, name))
-    if None not in (model, stored.model) and model != stored.model:
+    if None not in (model, stored.model) and model.structure() != stored.model.structure():
         raise v.ParameterError("model", f"the checkpoint was taken with {stored.model.description or 'a model'} "
                                         "of another structure than the configured one")
     relation = None if neighboring_relation is None else parse_relation(neighboring_relation)

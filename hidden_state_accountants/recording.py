@@ -286,6 +286,11 @@ class ModelFacts:
     that the clip's output is the whole input of the one trainable layer (so every input it sees has
     norm ``<= max_norm``), else ``None``."""
 
+    def structure(self) -> Tuple[Any, ...]:
+        """What the checks read from the model, without the names (a framework may name the layers of
+        the same model differently each time it builds it)."""
+        return tuple((layer.kind, layer.trainable) for layer in self.layers), self.complete, self.feature_clip_norm
+
 
 @attr.s(frozen=True, slots=True, kw_only=True)
 class BatchSourceFacts:

@@ -651,7 +651,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return self.report
 
     def _describe(self) -> str:
-        s, schedule = self.settings, self.recorder.schedule
+        s, schedule = self.settings, self.recorder.claim.schedule
         lr = f"schedule {type(self._schedule).__name__}" if self._schedule is not None else f"{self._lr_marks[-1][1]:g}"
         geom = self.geometry
         d = "None" if geom is None or geom.diameter is None else f"{geom.diameter:.4g}"

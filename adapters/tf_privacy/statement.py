@@ -113,10 +113,11 @@ def compute_hidden_state_privacy_statement(
 def render_statement(recorder: RunRecorder, delta: float, *, steps: Optional[int] = None,
                      extra_notes: Sequence[str] = (), include_analyses: bool = False) -> str:
     """The statement for the run a recorder holds (``steps`` more than recorded: its last step
-    repeated), with the report's notes and ``extra_notes`` stated as qualifications."""
+    repeated), with what the claim rests on (:meth:`RunRecorder.notes
+    <hidden_state_accountants.recording.RunRecorder.notes>`) and ``extra_notes`` stated as qualifications."""
     run = recorder.run(steps=steps, warn=False)
     report = recorder.report(delta, steps=steps, warn=False)
-    return _render(run, report, report.notes + list(extra_notes), include_analyses)
+    return _render(run, report, recorder.notes() + list(extra_notes), include_analyses)
 
 
 def _fill(text: str) -> str:

@@ -201,8 +201,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.history: List[EpochPrivacy] = []
         self.report: Optional[PrivacyReport] = None
         self.stopped_reason: Optional[str] = None
-        self._facts: Optional[StepFacts] = None  # this fit's step, learning rate aside
-        self._short_facts: Optional[StepFacts] = None  # a kept short batch's step, if the schedule has one
+        self._facts: Dict[int, StepFacts] = {}  # this fit's step for a batch of each size, learning rate aside
         self._source_description: Optional[str] = None  # what fit trains on, when the framework draws it
         self._schedule = None  # a LearningRateSchedule, or None for a variable learning rate
         self._lr_marks: List[Tuple[int, float]] = []  # (first step, value) of a variable rate
@@ -264,12 +263,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if source.schedule is not None and source.schedule.external:
             self._source_description = source.description
         diameter, others = projection_facts(model)
-        self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, replicas=replicas,
-                                 projection_diameter=diameter, other_constraints=others)
-        short = batch_records(schedule, schedule.steps_per_epoch - 1)
-        # the short batch's step as the optimizer takes it (TF-Privacy divides by the records it gets)
-        self._short_facts = step_facts(settings, 1.0, batch_size=short, replicas=replicas, projection_diameter=diameter,
-                                       other_constraints=others) if short != self.batch_size else None
+        # the step as the optimizer takes it, for the full and a kept short batch (TF-Privacy divides by the
+        # records it gets)
+        self._facts = {records: step_facts(settings, 1.0, batch_size=records, replicas=replicas,
+                                           projection_diameter=diameter, other_constraints=others)
+                       for records in {self.batch_size, batch_records(schedule, schedule.steps_per_epoch - 1)}}
         self._read_learning_rate_source(opt)
         claim, checked = self._claim(model, schedule, fit_data(model))
         if run is not None:  # the declared claim (checked to be the run's) on the model being trained
@@ -624,13 +622,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return np.array([at(i) for i in range(start, stop)], dtype=np.float32)
 
     def _upcoming(self, start: int, stop: int) -> Iterable[Tuple[StepFacts, int]]:
-        """``(facts, count)`` runs of the steps ``start .. stop - 1`` of this fit (a kept
-        short batch, the last step of every epoch, with its own divisor)."""
-        spe, short = self.steps_per_epoch, self._short_facts
-        keys = zip(self._lr_range(start, stop),
-                   (short is not None and t % spe == spe - 1 for t in range(start, stop)))
-        return [(attr.evolve(short if is_short else self._facts, learning_rate=lr), len(list(group)))
-                for (lr, is_short), group in itertools.groupby(keys)]
+        """``(facts, count)`` runs of the steps ``start .. stop - 1`` of this fit (a kept short batch
+        with its own divisor where the core's :func:`~hidden_state_accountants.recording.batch_records`
+        puts it)."""
+        schedule = self.recorder.claim.schedule
+        keys = zip(self._lr_range(start, stop), (batch_records(schedule, t) for t in range(start, stop)))
+        return [(attr.evolve(self._facts[records], learning_rate=lr), len(list(group)))
+                for (lr, records), group in itertools.groupby(keys)]
 
     def _sync(self) -> None:
         """Records the steps the optimizer has taken since the last call."""
@@ -710,7 +708,7 @@ _CROSS_ENTROPIES = (tf.keras.losses.SparseCategoricalCrossentropy, tf.keras.loss
 
 
 def _loss_facts(model, data: FitData) -> Tuple[str, str]:
-    """``(kind, description)`` of the loss ``fit`` minimises, for the core's ``check_loss``:
+    """``(kind, description)`` of the loss ``fit`` minimises, the core ``Claim``'s ``loss``:
     :data:`~hidden_state_accountants.events.CROSS_ENTROPY_ON_LOGITS` for one Keras cross-entropy
     on logits, unweighted (for ``CategoricalCrossentropy`` only on labels whose rows sum to at most 1:
     its Hessian is the softmax Hessian times that sum), else ``"other"``."""

@@ -347,3 +347,103 @@ def test_module_doctests():
 
     result = doctest.testmod(recording)
     assert result.failed == 0 and result.attempted > 0
+
+
+# ------------------------------------------------------------- the claim and the hand-over
+def test_the_hand_over_vocabularies_are_closed_and_validated_when_the_facts_are_made():
+    from hidden_state_accountants.recording import Clipping, LayerKind, LossReduction, OptimizerKind, ReplicaReduction
+
+    s = step(optimizer="adam", clipping="per_layer", loss_reduction="sum", replica_reduction="mean")
+    assert (s.optimizer, s.clipping, s.loss_reduction, s.replica_reduction) == (
+        OptimizerKind.ADAM, Clipping.PER_LAYER, LossReduction.SUM, ReplicaReduction.MEAN)
+    assert s.optimizer == "adam" and f"{s.clipping}" == "per_layer"  # members are their values
+    assert s.to_dict()["optimizer"] == "adam" and type(s.to_dict()["optimizer"]) is str  # plain JSON
+    # the adapters disagreed ("Adam" from Opacus, "adam" from Keras): one spelling, anything else refused
+    for field, bad in (("optimizer", "Adam"), ("clipping", "flat "), ("loss_reduction", "avg"),
+                       ("replica_reduction", "max")):
+        with pytest.raises(ParameterError, match=f"^{field}: must be one of"):
+            step(**{field: bad})
+    with pytest.raises(ParameterError, match="^kind: must be one of affine, random, other, got 'dense'"):
+        LayerFacts(name="Dense", kind="dense", trainable=True)
+    assert LayerFacts(name="x", kind=LayerKind.AFFINE, trainable=True) == LayerFacts(name="x", kind="affine",
+                                                                                     trainable=True)
+    assert OptimizerKind.named("Adam") is OptimizerKind.ADAM and OptimizerKind.named("SGD") is OptimizerKind.OTHER
+    assert OptimizerKind.named("Adadelta") is OptimizerKind.OTHER
+
+
+def test_the_relation_rule_is_the_cores_and_each_claim_states_its_hosts_default():
+    opacus = dict(default_relation="ADD_OR_REMOVE_ONE")
+    assert Claim(**opacus).relation() == (Claim(**opacus).default_relation, None)  # Opacus' Poisson loader
+    relation, note = Claim(schedule=BatchSchedule(200, 10, CYCLIC), **opacus).relation()
+    assert relation.name == "REPLACE_ONE" and "not the host's ADD_OR_REMOVE_ONE" in note and "cyclic" in note
+    full = Claim(schedule=BatchSchedule(10, 10, "full"), **opacus)
+    assert full.relation()[0].name == "ADD_OR_REMOVE_ONE"
+    asked = Claim(schedule=BatchSchedule(200, 10, CYCLIC), neighboring_relation="add_or_remove_one", **opacus)
+    assert asked.relation()[0].name == "ADD_OR_REMOVE_ONE" and asked.relation()[1] is None  # as asked
+    assert Claim(schedule=BatchSchedule(10, 10, "full")).relation()[0].name == "REPLACE_ONE"  # the default default
+    with pytest.raises(ParameterError, match="^neighboring_relation: must be REPLACE_ONE or ADD_OR_REMOVE_ONE"):
+        Claim(neighboring_relation="both")
+
+
+def test_a_claim_is_checked_when_it_is_made():
+    with pytest.raises(ParameterError, match="^dataset_size: 100 is not the schedule's 200"):
+        Claim(schedule=BatchSchedule(200, 10, CYCLIC), dataset_size=100)
+    assert Claim(schedule=BatchSchedule(200, 10, CYCLIC), dataset_size=200).dataset_size is None  # not twice
+    with pytest.raises(ParameterError, match="^loss: MeanSquaredError is not the loss the geometry was derived"):
+        Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR, loss=("other", "MeanSquaredError"))
+    # a bound that is enforced needs no reason why it cannot be observed; no geometry claims nothing
+    assert Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR,
+                 feature_unobservable="unseen").feature_unobservable is None
+    assert Claim(feature_unobservable="unseen").feature_unobservable is None
+    with pytest.raises(ParameterError, match="^claim: must be a Claim"):
+        RunRecorder(BatchSchedule(200, 10, CYCLIC))
+
+
+def test_the_report_is_one_call_with_the_notes_and_the_relation():
+    rec = recorder(model=LINEAR)
+    rec.record(step(), 400)
+    report = rec.report(1e-5)
+    want = HiddenStateAccountant().compose(rec.run(warn=False)).explain(1e-5)
+    assert (report.epsilon, report.analysis, report.neighboring_relation) == (want.epsilon, want.analysis,
+                                                                              "REPLACE_ONE")
+    assert report.notes == want.notes + rec.notes()
+    assert rec.report(1e-5) is report  # cached for the same run
+    planned = rec.report(1e-5, plan=[(step(), 400)], warn=False)  # 400 more steps, planned
+    assert planned.epsilon == HiddenStateAccountant().compose(rec.run(steps=800)).get_epsilon(1e-5)
+    assert rec.steps == 400
+    note = RunRecorder(Claim(schedule=BatchSchedule(200, 10, CYCLIC), default_relation="ADD_OR_REMOVE_ONE"))
+    note.record(step(), 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompositionFallbackWarning)
+        assert any("not the host's ADD_OR_REMOVE_ONE" in n for n in note.report(1e-5).notes)
+    assert recorder().report(1e-5).epsilon == 0.0  # no step yet
+
+
+def test_a_poisson_plan_is_checked_under_the_claim_with_its_dataset_size():
+    """Issue 21: ``check_plan`` rebuilt the claim by hand without ``dataset_size``, so a valid Poisson
+    hidden-state claim passed ``check()`` and failed ``check_plan([s, s])``."""
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
+    rec.check(poisson_step())
+    rec.check_plan([poisson_step(), poisson_step()])
+
+
+def test_the_first_steps_checks_run_once_per_kind_of_step(monkeypatch):
+    from hidden_state_accountants import recording
+
+    calls = []
+    real = recording.check_geometry
+    monkeypatch.setattr(recording, "check_geometry", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rec = recorder()
+    rec.check(step())  # configure / fit begin
+    rec.record(step(), 10)  # the same step: not checked again
+    assert len(calls) == 1
+    rec.report(1e-5)  # the accounted geometry, once per report
+    assert len(calls) == 2
+
+
+def test_the_short_batch_is_the_last_step_of_every_epoch():
+    from hidden_state_accountants.recording import batch_records
+
+    kept = BatchSchedule(23, 5, "reshuffle", last_batch="kept_own_size")
+    assert [batch_records(kept, t) for t in range(10)] == [5, 5, 5, 5, 3] * 2
+    assert {batch_records(BatchSchedule(23, 5, "reshuffle"), t) for t in range(10)} == {5}  # dropped

@@ -386,6 +386,20 @@ def test_projection_bounds_the_weights_and_reports_the_diameter(data):
               callback(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=0.5)), data)
 
 
+def test_the_projection_rounds_inside_the_ball():
+    """Issue 21: the Keras projection scaled a float32 tensor onto the ball itself, and rounding left
+    most tensors a few ulps outside it (covered by inflating the reported diameter instead, the
+    opposite of the Opacus hook); both now follow the core's rule (``projection.inside_factor``):
+    inside the declared ball, whose diameter is reported exactly."""
+    rng = np.random.default_rng(0)
+    for radius in (1.7, 0.3):
+        for _ in range(20):
+            w = tf.constant((rng.standard_normal(1000) * 10).astype(np.float32))
+            assert np.linalg.norm(L2BallProjection(radius)(w).numpy().astype(np.float64)) <= radius
+    small = tf.constant([0.1, 0.2], tf.float32)
+    np.testing.assert_array_equal(L2BallProjection(1.0)(small).numpy(), small.numpy())  # inside: unchanged
+
+
 def test_privacy_statement_of_the_callback_matches_the_function(data):
     model = make_model(dp_sgd())
     cb = callback("shuffle_partition")

@@ -4,6 +4,7 @@
                 --clip-norm C --learning-rate LR --sampling {full,cyclic,shuffle_partition,reshuffle,without_replacement,poisson}
                 [--last-batch {dropped,kept_own_size,kept_batch_size}] [--public-batches]
                 [--strong-convexity M_LOW] [--smoothness M_HIGH] [--diameter D] [--l2-regularization M_REG]
+                [--lsi-constant C_LSI] [--gaussian-init]
                 [--neighboring-relation {replace_one,add_or_remove_one}] --delta DELTA [--json]
     hsa noise   ... --target-epsilon EPS (no --noise-multiplier needed)
     hsa epochs  ... --target-epsilon EPS [--max-epochs E] (no --epochs/--steps needed)
@@ -11,6 +12,10 @@
     hsa audit   ... [--construction strongly_convex|constrained] [--repetitions R]: an empirical
                 lower bound on epsilon from simulated runs, next to the reported bound
     hsa demo    the embedded MNIST-scale logistic-regression run: table + plot
+
+``--lsi-constant`` declares a log-Sobolev constant of the iterates' law (Chourasia et al. Thm 2) and
+``--gaussian-init`` the initialisation of Chourasia et al. Cor. 1 (``theta_0 ~ N(0, 2 sigma^2/m I)``);
+both are the user's claim.
 
 ``--l2-regularization R`` with ``--smoothness`` and no ``--strong-convexity`` takes ``R`` as the
 strong convexity: a convex (clipped) per-example loss plus the L2 term applied outside clipping

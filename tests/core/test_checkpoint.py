@@ -18,7 +18,7 @@ from hidden_state_accountants.checkpoint import (
     weights_digest,
     write_atomically,
 )
-from hidden_state_accountants.recording import LayerFacts, ModelFacts, RunRecorder, StepFacts
+from hidden_state_accountants.recording import Claim, LayerFacts, ModelFacts, RunRecorder, StepFacts
 from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION, BatchSchedule
 
 GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
@@ -32,7 +32,7 @@ def step(**kw):
 
 
 def live(steps=30, sampling=SHUFFLE_PARTITION, geometry=GEOM):
-    rec = RunRecorder(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=LINEAR))
     rec.check_feature_norm(0.9, "the data", steps=None)  # rule 1b: the data of every step, before it
     rec.record(step(), steps)
     return rec
@@ -68,14 +68,15 @@ def test_open_state_checks_format_keys_and_steps():
 
 def test_a_run_round_trips_through_json_exactly():
     rec = live()
-    sealed = seal_run(RunState.of(rec, neighboring_relation="REPLACE_ONE", weights_digest="ab" * 32),
-                      fmt="f", version=1, extra_field=[1, 2])
+    sealed = seal_run(RunState.of(rec, weights_digest="ab" * 32), fmt="f", version=1, extra_field=[1, 2])
     run, extra = open_run(json.loads(json.dumps(sealed)), fmt="f", version=1, extra=("extra_field",))
     assert extra == {"extra_field": [1, 2]}
     assert run.recorder.ledger == rec.ledger and run.steps == 30
     assert run.recorder.run(warn=False) == rec.run(warn=False)
-    assert (run.schedule, run.recorder.geometry, run.recorder.model) == (rec.schedule, GEOM, LINEAR)
-    assert run.neighboring_relation.name == "REPLACE_ONE" and run.weights_digest == "ab" * 32
+    assert run.claim == rec.claim and (run.schedule, run.claim.geometry, run.claim.model) == (rec.claim.schedule, GEOM,
+                                                                                               LINEAR)
+    assert run.claim.relation()[0].name == "REPLACE_ONE" and run.weights_digest == "ab" * 32
+    assert run.recorder.largest_feature_norm == 0.9
     assert seal_run(run, fmt="f", version=1, extra_field=[1, 2]) == sealed
     assert open_run(seal_run(None, fmt="f", version=1), fmt="f", version=1) == (None, {})
 
@@ -83,17 +84,17 @@ def test_a_run_round_trips_through_json_exactly():
 def test_a_geometry_with_new_optional_fields_round_trips():
     """The geometry is stored field by field (attr.asdict / LossGeometry(**d)): every field does."""
     geometry = LossGeometry(smoothness=2.0, strong_convexity=0.01, diameter=3.0, lsi_constant=0.5)
-    rec = RunRecorder(schedule=BatchSchedule(200, 10, CYCLIC), geometry=geometry, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=geometry, model=LINEAR))
     rec.record(step(learning_rate=0.5, projection_diameter=3.0), 3)
     run, _ = open_run(seal_run(RunState.of(rec), fmt="f", version=1), fmt="f", version=1)
-    assert run.recorder.geometry == geometry
+    assert run.claim.geometry == geometry
     # the feature bound and the loss of a derived geometry, and the model's feature clip
     geometry = LossGeometry.logistic_regression(feature_norm_bound=0.5, l2_regularization=0.01, diameter=3.0)
     clipped = ModelFacts(layers=LINEAR.layers, complete=True, feature_clip_norm=0.25)
-    rec = RunRecorder(schedule=BatchSchedule(200, 10, CYCLIC), geometry=geometry, model=clipped)
+    rec = RunRecorder(Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=geometry, model=clipped))
     rec.record(step(learning_rate=0.5, projection_diameter=3.0), 3)  # enforced by the clip: nothing to check
     run, _ = open_run(json.loads(json.dumps(seal_run(RunState.of(rec), fmt="f", version=1))), fmt="f", version=1)
-    assert (run.recorder.geometry, run.recorder.model) == (geometry, clipped)
+    assert (run.claim.geometry, run.claim.model) == (geometry, clipped)
 
 
 def _resealed(edit):
@@ -114,6 +115,16 @@ def _resealed(edit):
     (lambda p: p["claim"]["schedule"].update(sampling="sometimes"), "has an invalid schedule"),
     (lambda p: p["claim"].update(dataset_size=True), "has dataset_size=True; must be a positive integer or null"),
     (lambda p: p["claim"].update(neighboring_relation="REPLACE_SPECIAL"), "has a claim that does not hold"),
+    (lambda p: p["claim"].update(default_relation=None), "has a claim that does not hold"),
+    (lambda p: p["claim"].update(loss=["other"]), "has loss=\\['other'\\]; must be \\[kind or null, description\\]"),
+    (lambda p: p["claim"].update(loss=["other", "MeanSquaredError"]), "has a claim that does not hold .*loss"),
+    (lambda p: p["claim"].update(feature_unobservable=3), "has feature_unobservable=3; must be a reason or null"),
+    (lambda p: p["claim"].update(feature_unobservable="unseen"),  # only with assume_convex_model
+     "has a claim that does not hold .*feature_norm_bound: 1 can be neither enforced nor checked: unseen"),
+    (lambda p: p.update(largest_feature_norm=1.5), "has 30 steps whose largest input norm is 1.5"),
+    (lambda p: p.update(largest_feature_norm=None), "has 30 steps whose largest input norm is not known"),
+    (lambda p: p.update(largest_feature_norm="0.5"), "has largest_feature_norm='0.5'; must be a number"),
+    (lambda p: p["ledger"][0][0].update(optimizer="Adam"), "has an invalid ledger .*optimizer: must be one of sgd"),
     (lambda p: p["claim"]["model"]["layers"][0].update(trainable=1), "has an invalid geometry or model"),
     (lambda p: p["claim"].update(geometry={"smoothness": -1}), "has an invalid geometry or model .*smoothness"),
     (lambda p: p["claim"].pop("geometry"), "has a claim with fields"),

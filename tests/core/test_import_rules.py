@@ -1,7 +1,7 @@
 """The package's import rules, read from the source with ``ast`` (issue 21).
 
 * No import circle among the package's modules (core and adapters, each module under its
-  installed name; function-level imports count too).
+  installed name; function-level imports count too), none at all.
 * The core never imports a framework (torch, Opacus, TensorFlow, TF-Privacy, Keras), and imports
   its own modules at module level only: no deferred import hiding a circle.
 * The analyses sit below the accountant: none reaches it through its imports.
@@ -44,11 +44,6 @@ ADAPTER_FRAMEWORKS = {
 ADAPTER_IMPORTS_ADAPTER = {
     # the module's former name: hidden_state_accountants.tf_privacy.sbcd is the Keras trainer
     (f"{PKG}.tf_privacy.sbcd", f"{PKG}.keras"),
-}
-KNOWN_CIRCLES = {
-    # FeatureClip (hooks) is read by facts, which hooks imports back inside a function; FeatureClip
-    # gets its own module in issue 21's second pass, which then empties this set.
-    frozenset({f"{PKG}.opacus.facts", f"{PKG}.opacus.hooks"}),
 }
 
 
@@ -174,11 +169,11 @@ def _function_level(name: str) -> Set[int]:
 def test_the_parser_sees_the_package():
     assert {f"{PKG}.accountant", f"{PKG}.analyses.registry", f"{PKG}.opacus.facts", f"{PKG}.keras.sbcd"} <= set(MODULES)
     assert f"{PKG}.analyses.bok" in GRAPH[f"{PKG}.analyses.registry"]
-    assert f"{PKG}.opacus.hooks" in GRAPH[f"{PKG}.opacus.facts"]  # relative imports resolve
+    assert f"{PKG}.opacus.features" in GRAPH[f"{PKG}.opacus.facts"]  # relative imports resolve
 
 
 def test_no_import_circle():
-    assert _circles(GRAPH) == KNOWN_CIRCLES
+    assert _circles(GRAPH) == set()
 
 
 def test_the_circle_check_finds_a_circle():
@@ -264,7 +259,7 @@ def test_every_class_is_defined_once():
     twice = {c: sorted(where) for c, where in _classes().items() if len(where) > 1}
     # one DP-SBCD trainer and one feature clip (a torch module, a Keras layer) per framework
     assert twice == {"DPSBCD": [f"{PKG}.keras.sbcd", f"{PKG}.pytorch.sbcd"],
-                     "FeatureClip": [f"{PKG}.opacus.hooks", f"{PKG}.tf_privacy.model"]}
+                     "FeatureClip": [f"{PKG}.opacus.features", f"{PKG}.tf_privacy.model"]}
     assert _classes()["UnsupportedLayerError"] == [f"{PKG}.errors"]
 
 
@@ -278,7 +273,7 @@ def test_every_warning_class_is_a_hidden_state_warning():
 
 
 # Opacus' own warning, emitted as Opacus' load_checkpoint emits it (the adapter replaces that method)
-FOREIGN_WARNINGS = {(f"{PKG}.opacus.checkpoint", "optimizer_state_dict has")}
+FOREIGN_WARNINGS = {(f"{PKG}.opacus.engine", "optimizer_state_dict has")}
 
 
 def test_every_warning_the_package_emits_is_a_hidden_state_warning():

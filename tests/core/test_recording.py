@@ -8,6 +8,7 @@ import pytest
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants.recording import (
     BatchSourceFacts,
+    Claim,
     CompositionFallbackWarning,
     LayerFacts,
     ModelFacts,
@@ -16,6 +17,7 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     effective_step,
     model_refusal,
+    parse_ledger,
 )
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
@@ -37,7 +39,7 @@ def step(**kw):
 
 
 def recorder(geometry=GEOM, model=LINEAR, sampling=SHUFFLE_PARTITION, **kw):
-    return RunRecorder(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=model, **kw)
+    return RunRecorder(Claim(schedule=BatchSchedule(200, 10, sampling), geometry=geometry, model=model, **kw))
 
 
 # ------------------------------------------------------------------ model structure
@@ -46,8 +48,8 @@ def test_a_network_with_hidden_layers_cannot_carry_a_geometry():
     assert "3 trainable layers" in reason and "not convex" in reason
     with pytest.raises(ParameterError, match="model: .*not convex"):
         recorder(model=CONV_NET)
-    rec = recorder(model=CONV_NET, assume_convex_model=True)  # the documented opt-in, reported as such
-    rec.feature_norm_unobservable("the adapter cannot see the trainable layer's inputs")
+    rec = recorder(model=CONV_NET, assume_convex_model=True,  # the documented opt-in, reported as such
+                   feature_unobservable="the adapter cannot see the trainable layer's inputs")
     rec.record(step())
     assert any("assume_convex_model=True" in n for n in rec.notes())
 
@@ -153,7 +155,7 @@ def test_a_clean_run_is_the_core_event():
 
 
 def test_a_user_chosen_seed_is_stated():
-    rec = RunRecorder(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION, seed=5), geometry=GEOM, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION, seed=5), geometry=GEOM, model=LINEAR))
     assert any("seed chosen by the user" in n for n in rec.notes())
 
 
@@ -170,8 +172,8 @@ def test_adaptive_clipping_and_wrong_divisor_are_errors():
 # --------------------------------------------------------------------- Poisson
 def test_poisson_steps_keep_their_exact_rate():
     """Opacus' rates 1/k used to be rounded to fractions that doubled some of them."""
-    rec = RunRecorder(schedule=None)
-    rec.record(StepFacts(noise_multiplier=1.5, sample_rate=0.04), 2250)
+    rec = RunRecorder(Claim(schedule=None))
+    rec.record(StepFacts(noise_multiplier=1.5, sampling_probability=0.04), 2250)
     with pytest.warns(CompositionFallbackWarning):
         run = rec.run()
     assert run.sampling == POISSON and run.sampling_rate == 0.04
@@ -183,27 +185,27 @@ def test_poisson_steps_keep_their_exact_rate():
 
 
 def test_a_run_without_a_schedule_states_the_poisson_assumption():
-    rec = RunRecorder(schedule=None)
-    rec.record(StepFacts(noise_multiplier=1.0, sample_rate=0.01), 10)
+    rec = RunRecorder(Claim(schedule=None))
+    rec.record(StepFacts(noise_multiplier=1.0, sampling_probability=0.01), 10)
     assert any("accounted as Poisson sampling" in n for n in rec.notes())
     assert not any("Poisson" in n for n in recorder(geometry=None).notes())
 
 
 def test_a_hidden_state_claim_without_a_schedule_needs_the_dataset_size():
     with pytest.raises(ParameterError, match="dataset_size"):
-        RunRecorder(schedule=None, geometry=GEOM, model=LINEAR)
+        RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR))
 
 
 def poisson_step(**kw):
     args = dict(noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.5, divisor=256, weight_decay=0.01,
-                sample_rate=1 / 234)
+                sampling_probability=1 / 234)
     args.update(kw)
     return StepFacts(**args)
 
 
 def test_a_poisson_run_without_a_package_schedule_gets_the_poisson_hidden_state_analyses():
     """Opacus' default loader: the rate per step, n from the recorder, b the fixed divisor."""
-    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     rec.record(poisson_step(), 2340)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback
@@ -216,18 +218,18 @@ def test_a_poisson_run_without_a_package_schedule_gets_the_poisson_hidden_state_
     assert rows["si_poisson"].epsilon < rows["composition_poisson_pld"].epsilon
 
 
-@pytest.mark.parametrize("bad, param", [(dict(sample_rate=None), "sample_rate"), (dict(divisor=None), "divisor"),
+@pytest.mark.parametrize("bad, param", [(dict(sampling_probability=None), "sampling_probability"), (dict(divisor=None), "divisor"),
                                         (dict(divisor=255.5), "divisor"), (dict(loss_reduction="sum"), "loss_reduction")])
 def test_a_poisson_hidden_state_claim_needs_rate_and_divisor(bad, param):
-    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     with pytest.raises(ParameterError, match=param):
         rec.record(poisson_step(**bad))
 
 
 def test_a_poisson_rate_that_changes_ends_the_claim():
-    rec = RunRecorder(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000)
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     rec.record(poisson_step(), 10)
-    rec.record(poisson_step(sample_rate=1 / 200), 10)
+    rec.record(poisson_step(sampling_probability=1 / 200), 10)
     with pytest.warns(CompositionFallbackWarning, match="sampling rate changed"):
         run = rec.run()
     assert run.geometry is None and run.sampling_rate == 1 / 200  # composition at the larger rate
@@ -235,10 +237,10 @@ def test_a_poisson_rate_that_changes_ends_the_claim():
 
 def test_a_package_poisson_schedule_with_a_geometry():
     sched = BatchSchedule(1000, 10, POISSON)
-    rec = RunRecorder(schedule=sched, geometry=GEOM, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=sched, geometry=GEOM, model=LINEAR))
     with pytest.raises(ParameterError, match="batch_size"):
         rec.record(poisson_step(divisor=12))
-    rec.record(poisson_step(divisor=10, sample_rate=None), 50)
+    rec.record(poisson_step(divisor=10, sampling_probability=None), 50)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = rec.run()
@@ -251,12 +253,12 @@ def test_ledger_round_trip_and_validation():
     rec.record(step(), 30)
     rec.record(step(learning_rate=0.25), 5)
     other = recorder()
-    other.load_ledger_state(rec.ledger_state())
+    other.record_restored(parse_ledger(rec.ledger_state()))
     assert other.ledger == rec.ledger and other.steps == 35
     for bad in ([[{"noise_multiplier": 1.0}, 1.5]], [[{"nonsense": 1}, 1]], [[{"noise_multiplier": 1.0}, 0]],
-                "x", [[1, 2, 3]]):
+                "x", [[1, 2, 3]], [[{"noise_multiplier": 1.0, "optimizer": "Adam"}, 1]]):
         with pytest.raises(ParameterError, match="ledger"):
-            other.load_ledger_state(bad)
+            parse_ledger(bad)
 
 
 # ------------------------------------------------------------------ data parallelism
@@ -310,7 +312,7 @@ def test_a_plan_with_a_kept_short_batch_is_checked_at_the_schedule_positions():
     refused anywhere else; before positions were known every planned step was checked as the
     next one, refusing every such plan."""
     schedule = BatchSchedule(23, 5, "reshuffle", last_batch="kept_own_size")  # 4 full batches and 3 records
-    rec = RunRecorder(schedule=schedule, geometry=GEOM, model=LINEAR)
+    rec = RunRecorder(Claim(schedule=schedule, geometry=GEOM, model=LINEAR))
     full, short = step(divisor=5), step(divisor=3)
     rec.check_plan([full, short, full, short], counts=[4, 1, 4, 1])  # two epochs
     rec.check_plan([short, full], start=4, counts=[1, 4])  # a resumed run: the last step, then an epoch
@@ -345,3 +347,103 @@ def test_module_doctests():
 
     result = doctest.testmod(recording)
     assert result.failed == 0 and result.attempted > 0
+
+
+# ------------------------------------------------------------- the claim and the hand-over
+def test_the_hand_over_vocabularies_are_closed_and_validated_when_the_facts_are_made():
+    from hidden_state_accountants.recording import Clipping, LayerKind, LossReduction, OptimizerKind, ReplicaReduction
+
+    s = step(optimizer="adam", clipping="per_layer", loss_reduction="sum", replica_reduction="mean")
+    assert (s.optimizer, s.clipping, s.loss_reduction, s.replica_reduction) == (
+        OptimizerKind.ADAM, Clipping.PER_LAYER, LossReduction.SUM, ReplicaReduction.MEAN)
+    assert s.optimizer == "adam" and f"{s.clipping}" == "per_layer"  # members are their values
+    assert s.to_dict()["optimizer"] == "adam" and type(s.to_dict()["optimizer"]) is str  # plain JSON
+    # the adapters disagreed ("Adam" from Opacus, "adam" from Keras): one spelling, anything else refused
+    for field, bad in (("optimizer", "Adam"), ("clipping", "flat "), ("loss_reduction", "avg"),
+                       ("replica_reduction", "max")):
+        with pytest.raises(ParameterError, match=f"^{field}: must be one of"):
+            step(**{field: bad})
+    with pytest.raises(ParameterError, match="^kind: must be one of affine, random, other, got 'dense'"):
+        LayerFacts(name="Dense", kind="dense", trainable=True)
+    assert LayerFacts(name="x", kind=LayerKind.AFFINE, trainable=True) == LayerFacts(name="x", kind="affine",
+                                                                                     trainable=True)
+    assert OptimizerKind.named("Adam") is OptimizerKind.ADAM and OptimizerKind.named("SGD") is OptimizerKind.OTHER
+    assert OptimizerKind.named("Adadelta") is OptimizerKind.OTHER
+
+
+def test_the_relation_rule_is_the_cores_and_each_claim_states_its_hosts_default():
+    opacus = dict(default_relation="ADD_OR_REMOVE_ONE")
+    assert Claim(**opacus).relation() == (Claim(**opacus).default_relation, None)  # Opacus' Poisson loader
+    relation, note = Claim(schedule=BatchSchedule(200, 10, CYCLIC), **opacus).relation()
+    assert relation.name == "REPLACE_ONE" and "not the host's ADD_OR_REMOVE_ONE" in note and "cyclic" in note
+    full = Claim(schedule=BatchSchedule(10, 10, "full"), **opacus)
+    assert full.relation()[0].name == "ADD_OR_REMOVE_ONE"
+    asked = Claim(schedule=BatchSchedule(200, 10, CYCLIC), neighboring_relation="add_or_remove_one", **opacus)
+    assert asked.relation()[0].name == "ADD_OR_REMOVE_ONE" and asked.relation()[1] is None  # as asked
+    assert Claim(schedule=BatchSchedule(10, 10, "full")).relation()[0].name == "REPLACE_ONE"  # the default default
+    with pytest.raises(ParameterError, match="^neighboring_relation: must be REPLACE_ONE or ADD_OR_REMOVE_ONE"):
+        Claim(neighboring_relation="both")
+
+
+def test_a_claim_is_checked_when_it_is_made():
+    with pytest.raises(ParameterError, match="^dataset_size: 100 is not the schedule's 200"):
+        Claim(schedule=BatchSchedule(200, 10, CYCLIC), dataset_size=100)
+    assert Claim(schedule=BatchSchedule(200, 10, CYCLIC), dataset_size=200).dataset_size is None  # not twice
+    with pytest.raises(ParameterError, match="^loss: MeanSquaredError is not the loss the geometry was derived"):
+        Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR, loss=("other", "MeanSquaredError"))
+    # a bound that is enforced needs no reason why it cannot be observed; no geometry claims nothing
+    assert Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR,
+                 feature_unobservable="unseen").feature_unobservable is None
+    assert Claim(feature_unobservable="unseen").feature_unobservable is None
+    with pytest.raises(ParameterError, match="^claim: must be a Claim"):
+        RunRecorder(BatchSchedule(200, 10, CYCLIC))
+
+
+def test_the_report_is_one_call_with_the_notes_and_the_relation():
+    rec = recorder(model=LINEAR)
+    rec.record(step(), 400)
+    report = rec.report(1e-5)
+    want = HiddenStateAccountant().compose(rec.run(warn=False)).explain(1e-5)
+    assert (report.epsilon, report.analysis, report.neighboring_relation) == (want.epsilon, want.analysis,
+                                                                              "REPLACE_ONE")
+    assert report.notes == want.notes + rec.notes()
+    assert rec.report(1e-5) is report  # cached for the same run
+    planned = rec.report(1e-5, plan=[(step(), 400)], warn=False)  # 400 more steps, planned
+    assert planned.epsilon == HiddenStateAccountant().compose(rec.run(steps=800)).get_epsilon(1e-5)
+    assert rec.steps == 400
+    note = RunRecorder(Claim(schedule=BatchSchedule(200, 10, CYCLIC), default_relation="ADD_OR_REMOVE_ONE"))
+    note.record(step(), 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompositionFallbackWarning)
+        assert any("not the host's ADD_OR_REMOVE_ONE" in n for n in note.report(1e-5).notes)
+    assert recorder().report(1e-5).epsilon == 0.0  # no step yet
+
+
+def test_a_poisson_plan_is_checked_under_the_claim_with_its_dataset_size():
+    """Issue 21: ``check_plan`` rebuilt the claim by hand without ``dataset_size``, so a valid Poisson
+    hidden-state claim passed ``check()`` and failed ``check_plan([s, s])``."""
+    rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
+    rec.check(poisson_step())
+    rec.check_plan([poisson_step(), poisson_step()])
+
+
+def test_the_first_steps_checks_run_once_per_kind_of_step(monkeypatch):
+    from hidden_state_accountants import recording
+
+    calls = []
+    real = recording.check_geometry
+    monkeypatch.setattr(recording, "check_geometry", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rec = recorder()
+    rec.check(step())  # configure / fit begin
+    rec.record(step(), 10)  # the same step: not checked again
+    assert len(calls) == 1
+    rec.report(1e-5)  # the accounted geometry, once per report
+    assert len(calls) == 2
+
+
+def test_the_short_batch_is_the_last_step_of_every_epoch():
+    from hidden_state_accountants.recording import batch_records
+
+    kept = BatchSchedule(23, 5, "reshuffle", last_batch="kept_own_size")
+    assert [batch_records(kept, t) for t in range(10)] == [5, 5, 5, 5, 3] * 2
+    assert {batch_records(BatchSchedule(23, 5, "reshuffle"), t) for t in range(10)} == {5}  # dropped

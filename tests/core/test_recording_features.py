@@ -10,7 +10,7 @@ import pytest
 from hidden_state_accountants import LossGeometry, ParameterError
 from hidden_state_accountants.checkpoint import RunState, open_run, seal_run
 from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS, cross_entropy_smoothness
-from hidden_state_accountants.recording import LayerFacts, ModelFacts, RunRecorder, StepFacts
+from hidden_state_accountants.recording import Claim, LayerFacts, ModelFacts, RunRecorder, StepFacts, parse_ledger
 from hidden_state_accountants.schedules import SHUFFLE_PARTITION, BatchSchedule
 
 GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
@@ -26,7 +26,7 @@ def step(**kw):
 
 
 def recorder(geometry=GEOM, model=CHECKED, **kw):
-    return RunRecorder(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION), geometry=geometry, model=model, **kw)
+    return RunRecorder(Claim(schedule=BatchSchedule(200, 10, SHUFFLE_PARTITION), geometry=geometry, model=model, **kw))
 
 
 # ------------------------------------------------------------------ the geometry remembers
@@ -73,7 +73,7 @@ def test_a_derived_smoothness_must_include_the_l2_the_update_applies():
 # ------------------------------------------------------------------------- enforced
 def test_a_feature_clip_feeding_the_trainable_layer_enforces_the_bound():
     rec = recorder(model=CLIPPED)
-    assert rec.feature_clip_norm == 1.0 and not rec.needs_feature_checks
+    assert rec.claim.feature_clip_norm == 1.0 and not rec.needs_feature_checks
     rec.record(step(), 40)  # nothing to check per step
     assert "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer" \
         in rec.notes()
@@ -86,7 +86,7 @@ def test_a_feature_clip_wider_than_the_bound_is_refused():
                                              r"inputs of norm up to 2 .* above the declared bound 1"):
         recorder(model=wide)
     narrow = ModelFacts(layers=CLIPPED.layers, complete=True, feature_clip_norm=0.5)
-    assert recorder(model=narrow).feature_clip_norm == 0.5  # a tighter clip enforces it too
+    assert recorder(model=narrow).claim.feature_clip_norm == 0.5  # a tighter clip enforces it too
 
 
 # -------------------------------------------------------------------------- checked
@@ -174,7 +174,7 @@ def test_a_checkpoint_replays_its_ledger_as_restored_steps_and_keeps_the_feature
     rec.record(step(), 30)
     sealed = seal_run(RunState.of(rec), fmt="f", version=1)
     run, _ = open_run(json.loads(json.dumps(sealed)), fmt="f", version=1)
-    assert (run.recorder.geometry, run.recorder.model) == (GEOM, CLIPPED)  # the bound, the loss, the clip
+    assert (run.claim.geometry, run.claim.model) == (GEOM, CLIPPED)  # the bound, the loss, the clip
     checked = recorder()
     checked.check_feature_norm(0.5, "the data", steps=None)
     checked.record(step(), 30)
@@ -188,7 +188,7 @@ def test_a_checkpoint_replays_its_ledger_as_restored_steps_and_keeps_the_feature
 
 def test_a_restored_ledger_must_be_known_to_respect_the_bound():
     loaded = recorder()
-    loaded.load_ledger_state([[step().to_dict(), 5]])
+    loaded.record_restored(parse_ledger([[step().to_dict(), 5]]))
     with pytest.raises(ParameterError, match=r"^checkpoint: the state has 5 steps whose largest input norm is not "
                                              r"known .* does not cover them"):
         loaded.restore_feature_norm(None, "the state")
@@ -203,12 +203,29 @@ def test_a_restored_ledger_must_be_known_to_respect_the_bound():
 def test_unobservable_inputs_are_an_error_unless_the_model_is_assumed():
     with pytest.raises(ParameterError, match=r"^feature_norm_bound: 1 can be neither enforced nor checked: no "
                                              r"inputs in sight"):
-        recorder().feature_norm_unobservable("no inputs in sight")
+        recorder().observe(feature_unobservable="no inputs in sight")
     rec = recorder(assume_convex_model=True)
-    rec.feature_norm_unobservable("no inputs in sight")
+    rec.observe(feature_unobservable="no inputs in sight")
     assert not rec.needs_feature_checks
     rec.record(step())
     assert "feature norm <= 1 is the user's claim: no inputs in sight" in rec.notes()
+
+
+def test_a_run_whose_feature_bound_is_the_users_claim_resumes_from_its_checkpoint():
+    """Issue 18's open item (a), in the core: the reason the inputs cannot be observed was kept on the
+    live recorder only, so the checkpoint of an ``assume_convex_model=True`` run stored no largest
+    feature norm and the resumed run was refused for not knowing it. The claim carries the reason now."""
+    rec = recorder(assume_convex_model=True, feature_unobservable="no inputs in sight")
+    rec.record(step(), 30)
+    sealed = json.loads(json.dumps(seal_run(RunState.of(rec), fmt="f", version=1)))
+    run, _ = open_run(sealed, fmt="f", version=1)
+    assert run.claim.feature_unobservable == "no inputs in sight" and run.recorder.largest_feature_norm is None
+    run.recorder.record(step())  # no check needed: the bound is the user's claim, and the notes say so
+    assert "feature norm <= 1 is the user's claim: no inputs in sight" in run.recorder.notes()
+    # without the reason an unknown norm still does not cover restored steps
+    with pytest.raises(ParameterError, match="whose largest input norm is not known"):
+        RunState(Claim(schedule=run.schedule, geometry=GEOM, model=CHECKED, assume_convex_model=True),
+                 ledger=run.recorder.ledger_state(), steps=31, subject="the state")
 
 
 # -------------------------------------------------------------- the user's claim, and the loss
@@ -231,11 +248,11 @@ def test_the_loss_is_compared_or_noted():
     rec.record(step())
     assert any(n.startswith("the loss is the user's claim: the geometry assumes softmax cross-entropy")
                for n in rec.notes())
-    rec.check_loss(None, "the framework does not show it")
+    rec.observe(loss=(None, "the framework does not show it"))
     assert rec.notes()[-1].endswith("; the framework does not show it")
-    rec.check_loss(CROSS_ENTROPY_ON_LOGITS, "SparseCategoricalCrossentropy(from_logits=True)")
+    rec.observe(loss=(CROSS_ENTROPY_ON_LOGITS, "SparseCategoricalCrossentropy(from_logits=True)"))
     assert rec.notes()[-1] == "loss: SparseCategoricalCrossentropy(from_logits=True), as the geometry assumes"
     with pytest.raises(ParameterError, match=r"^loss: MeanSquaredError is not the loss the geometry was derived from "
                                              r"\(softmax cross-entropy"):
-        rec.check_loss("other", "MeanSquaredError")
-    recorder(geometry=LossGeometry(smoothness=1.01), model=CHECKED).check_loss("other", "anything")  # nothing assumed
+        rec.observe(loss=("other", "MeanSquaredError"))
+    recorder(geometry=LossGeometry(smoothness=1.01), model=CHECKED).observe(loss=("other", "anything"))  # none assumed

@@ -4,7 +4,7 @@ their noisy gradients (Opacus' ``DistributedDPOptimizer``), in ``effective_step`
 import pytest
 
 from hidden_state_accountants import LossGeometry, ParameterError
-from hidden_state_accountants.recording import RunRecorder, StepFacts, effective_step
+from hidden_state_accountants.recording import Claim, RunRecorder, StepFacts, effective_step
 from hidden_state_accountants.schedules import CYCLIC, BatchSchedule
 
 
@@ -28,12 +28,12 @@ def test_l2_after_reduction_keeps_the_l2_term_and_scales_only_the_gradients(repl
 
 def test_the_flag_decides_whether_a_declared_strong_convexity_is_backed():
     geometry = LossGeometry(smoothness=1.05, strong_convexity=0.05)
-    recorder = RunRecorder(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry, assume_convex_model=True)
+    recorder = RunRecorder(Claim(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry, assume_convex_model=True))
     recorder.record(opacus_like(2, divisor=5.0, l2_after_reduction=True), 3)
     assert recorder.steps == 3 and recorder.ledger[0][0].weight_decay == 0.05
     with pytest.raises(ParameterError, match="^geometry: strong_convexity 0.05 exceeds"):
-        RunRecorder(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry,
-                    assume_convex_model=True).record(opacus_like(2, divisor=5.0))
+        RunRecorder(Claim(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry,
+                          assume_convex_model=True)).record(opacus_like(2, divisor=5.0))
 
 
 def test_the_flag_is_validated_and_round_trips():

@@ -20,7 +20,15 @@ from hidden_state_accountants import (
 from hidden_state_accountants.analyses import bok
 from hidden_state_accountants.analyses._common import Context
 from hidden_state_accountants.cli import main
-from hidden_state_accountants.recording import BatchSourceFacts, LayerFacts, ModelFacts, RunRecorder, StepFacts, check_batch_source
+from hidden_state_accountants.recording import (
+    BatchSourceFacts,
+    Claim,
+    LayerFacts,
+    ModelFacts,
+    RunRecorder,
+    StepFacts,
+    check_batch_source,
+)
 from hidden_state_accountants.schedules import (
     CYCLIC,
     DROPPED,
@@ -143,7 +151,7 @@ def step(divisor, **kw):
 def keras_fit_recorder(secret=True, last_batch=KEPT_OWN_SIZE):
     """What an adapter for fit(x, y, batch_size=6, shuffle=True) on 61 records hands over."""
     schedule = BatchSchedule.framework(61, 6, last_batch=last_batch, secret=secret)
-    return RunRecorder(schedule=schedule, geometry=GEOM, model=LINEAR)
+    return RunRecorder(Claim(schedule=schedule, geometry=GEOM, model=LINEAR))
 
 
 def test_a_framework_reshuffle_keeping_its_short_batch_becomes_the_event():

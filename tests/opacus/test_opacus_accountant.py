@@ -292,7 +292,7 @@ def test_wrapped_models_are_unwrapped():
     (dict(), LossGeometry.logistic_regression(1.0, 0.1), r"^geometry: strong_convexity 0.1 exceeds the L2"),
     (dict(), LossGeometry.logistic_regression(1.0, 0.0, diameter=4.0), r"^geometry: diameter 4 is declared"),
     (dict(momentum=0.9), LossGeometry.logistic_regression(1.0, 0.0), r"^momentum: momentum=0.9"),
-    (dict(optimizer="adam", lr=0.01), LossGeometry.logistic_regression(1.0, 0.0), r"^optimizer: Adam"),
+    (dict(optimizer="adam", lr=0.01), LossGeometry.logistic_regression(1.0, 0.0), r"^optimizer: adam applies its own update"),
     (dict(clip=[0.6, 0.8], clipping="per_layer"), LossGeometry.logistic_regression(1.0, 0.0), r"^clipping: per_layer"),
     (dict(loss_reduction="sum"), LossGeometry.logistic_regression(1.0, 0.0), r"^loss_reduction: "),
 ])
@@ -543,8 +543,9 @@ def test_calibration_kwargs_check_the_claim_before_calibrating():
         engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0)
     # unconfigured: the claim a fresh accountant makes anyway (Opacus' Poisson loader, by composition)
     spec = hso.OpacusHiddenStateAccountant().calibration_kwargs(optimizer=base, max_grad_norm=1.0)
-    assert spec["hidden_state_calibration"].claim == hso.CalibrationClaim(
-        relation=hso.OpacusHiddenStateAccountant().relation()[0], schedule=None, geometry=None)
+    claim = spec["hidden_state_calibration"].claim
+    assert claim.planned and claim.accounted() == hso.OpacusHiddenStateAccountant().claim.accounted()
+    assert claim.schedule is None and claim.geometry is None and claim.relation()[0].name == "ADD_OR_REMOVE_ONE"
 
 
 def test_calibration_refuses_a_loader_of_another_schedule():
@@ -597,7 +598,7 @@ def test_checkpoint_resume_reports_exactly_the_uninterrupted_run(tmp_path):
     assert resumed.accountant.training_run() == whole.accountant.training_run()
     assert resumed.get_epsilon(DELTA) == whole.get_epsilon(DELTA)
     assert resumed.accountant.state_dict() == whole.accountant.state_dict()
-    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 5
+    assert resumed.accountant.state_dict()["hidden_state"]["version"] == 6
     for pa, pb in zip(model_a.parameters(), model_b.parameters()):
         assert torch.equal(pa, pb), "same batches and noise: the same model"
 
@@ -628,7 +629,7 @@ def test_load_into_an_unconfigured_accountant_restores_the_configuration():
     train(model, opt, loader, 2)
     fresh = hso.OpacusHiddenStateAccountant()
     fresh.load_state_dict(engine.accountant.state_dict())
-    assert fresh.geometry == engine.accountant.geometry and fresh.model == engine.accountant.model
+    assert fresh.claim.geometry == engine.accountant.claim.geometry and fresh.claim.model == engine.accountant.claim.model
     assert fresh.sampler.describe() == s.describe() and fresh.sampler.position == 12
     assert fresh.training_run() == engine.accountant.training_run()
     assert fresh.get_epsilon(DELTA) == engine.get_epsilon(DELTA)
@@ -647,7 +648,7 @@ def test_load_refuses_a_different_configuration():
     geom = hso.OpacusHiddenStateAccountant().configure(
         sampler=hso.ShufflePartitionBatchSampler(N, 10, seed=9), geometry=LossGeometry.logistic_regression(1.0, 0.0),
         model=linear())
-    with pytest.raises(ParameterError, match="^geometry: the checkpoint was taken with None"):
+    with pytest.raises(ParameterError, match="^geometry: the checkpoint was taken with geometry=None"):
         geom.load_state_dict(state)
     with pytest.raises(ValueError, match="rdp"):
         hso.OpacusHiddenStateAccountant().load_state_dict({"mechanism": "rdp", "history": []})
@@ -699,7 +700,7 @@ def _edit(state, fn, reseal):
 
 
 def _forged_entry(p, _):
-    p["ledger"].append([{**p["ledger"][0][0], "sample_rate": 0.5, "clip_norm": None}, 3])
+    p["ledger"].append([{**p["ledger"][0][0], "sampling_probability": 0.5, "clip_norm": None}, 3])
 
 
 _EDITS = {  # what the issue found loading silently, and what raised a raw TypeError/KeyError

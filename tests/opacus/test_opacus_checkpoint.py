@@ -218,8 +218,9 @@ def test_save_to_a_stream_and_a_string_path_and_reload(tmp_path):
 
 
 def test_engines_with_other_accountants_keep_opacus_methods(tmp_path):
-    hso.checkpoint.install()  # idempotent
-    assert PrivacyEngine.load_checkpoint.__opacus_original__.__module__ == "opacus.privacy_engine"
+    hso.engine.install()  # idempotent
+    for name in ("make_private", "make_private_with_epsilon", "save_checkpoint", "load_checkpoint"):
+        assert getattr(PrivacyEngine, name).__opacus_original__.__module__ == "opacus.privacy_engine", name
     torch.manual_seed(0)
     ds = TensorDataset(torch.randn(N, D), torch.randint(0, K, (N,)))
     model = nn.Linear(D, K)

@@ -158,6 +158,31 @@ def test_with_an_assumed_model_whose_inputs_cannot_be_seen_the_bound_is_the_user
                for n in engine.accountant.explain(DELTA).notes)
 
 
+def test_a_run_whose_bound_is_the_users_claim_resumes_from_its_checkpoint(tmp_path):
+    """Issue 18's open item (a): the reason the inputs cannot be seen was kept on the configured
+    recorder and lost when the checkpoint's run replaced it, so the first step after the resume was
+    refused as not checked. The claim carries the reason now, and the checkpoint with it."""
+    x, y = digits(200)
+
+    def run():
+        model = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 10))  # two trainable layers: no "the" input
+        return setup(model, x / 80.0, y, assume_convex_model=True)
+
+    engine, model, opt, loader = run()
+    train(model, opt, loader)
+    engine.save_checkpoint(path=tmp_path / "ckpt.pt", module=model, optimizer=opt)
+    resumed, model2, opt2, loader2 = run()
+    resumed.load_checkpoint(path=tmp_path / "ckpt.pt", module=model2, optimizer=opt2)
+    train(model2, opt2, loader2)  # refused at its first step before
+    assert len(resumed.accountant) == 4
+    assert any(n.startswith("feature norm <= 1 is the user's claim: no single trainable nn.Linear")
+               for n in resumed.accountant.explain(DELTA).notes)
+    # an unconfigured accountant takes the reason from the checkpoint
+    fresh = hso.OpacusHiddenStateAccountant()
+    fresh.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False)["privacy_accountant_state_dict"])
+    assert fresh.claim.feature_unobservable.startswith("no single trainable nn.Linear")
+
+
 # ----------------------------------------------------------------- reading the structure
 class ClipThenLinear(nn.Module):
     def __init__(self, swap=False):
@@ -222,14 +247,14 @@ def test_a_checkpoint_not_known_to_respect_the_feature_bound_is_refused_with_the
     def fresh():
         _, model2, _, _ = setup(nn.Sequential(nn.Linear(64, 10)), x, y)
         acc = hso.OpacusHiddenStateAccountant()
-        return acc.configure(geometry=engine.accountant.geometry,
+        return acc.configure(geometry=engine.accountant.claim.geometry,
                              sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1), model=model2)
 
     with pytest.raises(ParameterError, match=r"^geometry: the checkpoint's geometry has no feature_norm_bound .*so "
                                              r"its steps are not known to respect feature_norm_bound=1"):
         fresh().load_state_dict(edited(strip_features))
     with pytest.raises(ParameterError, match=r"^checkpoint: .* version 4; this version of the package reads "
-                                             r"'hidden_state_accountants.opacus' version 5"):
+                                             r"'hidden_state_accountants.opacus' version 6"):
         fresh().load_state_dict(edited(lambda p: (strip_features(p), p["claim"]["model"].pop("feature_clip_norm"),
                                                   p.update(version=4))))
     with pytest.raises(ParameterError, match=r"^checkpoint: .* has an invalid geometry or model .*feature_clip_norm"):
@@ -250,11 +275,11 @@ def test_a_checkpoint_keeps_the_feature_clip_that_enforced_the_bound():
     assert unseal_state(state["hidden_state"])["claim"]["model"]["feature_clip_norm"] == 0.5
     again = hso.OpacusHiddenStateAccountant()
     again.load_state_dict(state)  # unconfigured: takes the checkpoint's claim
-    assert again.model.feature_clip_norm == 0.5 and again.geometry == engine.accountant.geometry
+    assert again.claim.model.feature_clip_norm == 0.5 and again.claim.geometry == engine.accountant.claim.geometry
     assert any("enforced by the model's feature clip (max_norm=0.5)" in n for n in again.explain(DELTA).notes)
     _, other, _, _ = setup(nn.Sequential(hso.FeatureClip(0.8), nn.Linear(64, 10)), x, y)  # another radius
     configured = hso.OpacusHiddenStateAccountant().configure(
-        geometry=engine.accountant.geometry, sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1),
+        geometry=engine.accountant.claim.geometry, sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1),
         model=other)
     with pytest.raises(ParameterError, match="^model: the checkpoint was taken with"):
         configured.load_state_dict(state)

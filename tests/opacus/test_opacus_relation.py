@@ -55,7 +55,7 @@ def test_fixed_size_samplers_report_replace_one_with_a_note():
     acc.history = [(2.0, 0.1, 30)]
     report = quiet(lambda: acc.explain(DELTA))
     assert report.neighboring_relation == "REPLACE_ONE" and math.isfinite(report.epsilon)
-    assert any("not Opacus' ADD_OR_REMOVE_ONE" in n and "cyclic" in n for n in report.notes)
+    assert any("not the host's ADD_OR_REMOVE_ONE" in n and "cyclic" in n for n in report.notes)
     explicit = hso.OpacusHiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").configure(
         sampler=hso.CyclicBatchSampler(100, 10))
     explicit.history = [(2.0, 0.1, 30)]

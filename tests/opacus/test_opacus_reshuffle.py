@@ -188,7 +188,7 @@ def test_shuffled_loader_checkpoint_resumes_at_an_epoch_end_only():
     assert fresh.training_run() == engine.accountant.training_run()
     unconfigured = hso.OpacusHiddenStateAccountant()
     unconfigured.load_state_dict(state)
-    assert unconfigured.loader_schedule.same_law(engine.accountant.loader_schedule)
+    assert unconfigured.claim.schedule.same_law(engine.accountant.claim.schedule)
     assert unconfigured.get_epsilon(DELTA) == engine.get_epsilon(DELTA)
     # stopped mid-epoch: the loader would start a fresh permutation with records of this epoch unused
     def shuffled():

@@ -224,19 +224,41 @@ def test_a_restored_state_must_show_its_steps_respected_the_bound(digits):
     with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state lacks largest_feature_norm"):
         callback(len(x)).load_privacy_state(missing)
     with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state is of format .* version 2; "
-                                             r"this version of the package reads .* version 3"):
+                                             r"this version of the package reads .* version 4"):
         callback(len(x)).load_privacy_state(seal_state({**payload, "version": 2}))
     unknown = seal_state({**payload, "largest_feature_norm": None})  # steps not known to respect the bound
-    for restored, ok in ((unknown, False), (state, True)):
-        again = callback(len(x))
-        again.set_model(model)
-        again.load_privacy_state(json.loads(json.dumps(restored)))
-        if ok:
-            model.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=2, initial_epoch=1,
-                      callbacks=[again], verbose=0)
-            assert again.steps == 20
-            continue
-        with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state has 10 steps whose "
-                                                 r"largest input norm is not known"):
-            model.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=2, initial_epoch=1,
-                      callbacks=[again], verbose=0)
+    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state has 10 steps whose "
+                                             r"largest input norm is not known"):
+        callback(len(x)).load_privacy_state(json.loads(json.dumps(unknown)))
+    again = callback(len(x))
+    again.set_model(model)
+    again.load_privacy_state(json.loads(json.dumps(state)))
+    model.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=2, initial_epoch=1, callbacks=[again], verbose=0)
+    assert again.steps == 20
+
+
+def test_a_run_whose_bound_is_the_users_claim_resumes_from_its_state(digits):
+    """Issue 18's open item (a): with ``assume_convex_model=True`` and inputs the callback cannot
+    compute (two trainable layers), the bound is the user's claim; the state stored
+    ``largest_feature_norm: null`` and the resumed fit was refused before the claim was formed. The
+    claim carries the reason now, checkpoints included."""
+    x, y = digits
+    x = clip_feature_norms(x, 1.0)
+
+    def model():
+        return model_of(tf.keras.layers.Dense(8, input_shape=(64,)), tf.keras.layers.Dense(10))
+
+    first = model()
+    cb = callback(len(x), assume_convex_model=True)
+    first.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=1, callbacks=[cb], verbose=0)
+    state = json.loads(json.dumps(cb.privacy_state()))
+    assert unseal_state(state)["claim"]["feature_unobservable"].startswith("the model has no single trainable Dense")
+    again = callback(len(x), assume_convex_model=True)
+    again.load_privacy_state(state)
+    second = model()
+    second.optimizer.iterations.assign(cb.steps)  # the optimizer restored with the state, as a checkpoint does
+    second.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=2, initial_epoch=1, callbacks=[again],
+               verbose=0)
+    assert again.steps == 2 * cb.steps
+    assert any(n.startswith("feature norm <= 1 is the user's claim: the model has no single trainable Dense")
+               for n in again.notes())

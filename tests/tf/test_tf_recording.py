@@ -21,6 +21,7 @@ from hidden_state_accountants import (  # noqa: E402
 )
 from hidden_state_accountants.recording import (  # noqa: E402
     ASSUMED_CONVEX_NOTE,
+    Claim,
     LayerFacts,
     ModelFacts,
     RunRecorder,
@@ -347,9 +348,9 @@ def test_steps_on_other_data_during_an_epoch_are_refused(data):
 def core_error(step_kwargs, sampling="shuffle_partition"):
     """The core's verdict on the first step, as any framework's adapter gets it."""
     facts = dict(noise_multiplier=Z, clip_norm=C, learning_rate=LR, divisor=B, weight_decay=L2)
-    recorder = RunRecorder(schedule=BatchSchedule(N, B, sampling), geometry=GEOMETRY,
-                           model=ModelFacts(layers=[LayerFacts(name="Linear", kind="affine", trainable=True)],
-                                            complete=True))
+    recorder = RunRecorder(Claim(schedule=BatchSchedule(N, B, sampling), geometry=GEOMETRY,
+                                 model=ModelFacts(layers=[LayerFacts(name="Linear", kind="affine", trainable=True)],
+                                                  complete=True)))
     with pytest.raises(ParameterError) as err:
         recorder.check(StepFacts(**dict(facts, **step_kwargs)))
     return err.value

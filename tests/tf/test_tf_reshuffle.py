@@ -100,7 +100,7 @@ def test_batched_dataset_reshuffle_in_fit_continues_the_run(data):
     assert cb.epsilon == pytest.approx(core_epsilon(2 * spe).epsilon, rel=1e-12)
     fresh = batched_dataset(x, y, B, "reshuffle")
     model.fit(fresh, epochs=1, callbacks=[cb], verbose=0)
-    schedule = cb.recorder.schedule
+    schedule = cb.recorder.claim.schedule
     assert dataset_schedule(fresh) == schedule  # the run's secret seed, not the fresh one
     # the dataset is at the run's fourth epoch: no permutation is used twice
     assert _labels(fresh) == [y[schedule.batch(t)].tolist() for t in range(3 * spe, 4 * spe)]
@@ -120,7 +120,7 @@ def test_fit_shuffle_true_is_reshuffle_with_the_short_batch_divided_by_its_own_s
     assert (run.sampling, run.last_batch, run.secret_batches) == ("reshuffle", "kept_own_size", True)
     # the ledger: 10 steps divided by b, then the short one divided by its 1 record, every epoch
     assert [(s.divisor, count) for s, count in cb.recorder.ledger] == [(B, 10), (R, 1)] * 2
-    assert cb.recorder.schedule.external
+    assert cb.recorder.claim.schedule.external
     text = cb.privacy_statement()
     assert "Keras draws a new random permutation of the records every epoch" in " ".join(text.split())
     assert "secret: not seeded" in " ".join(text.split())

@@ -93,7 +93,7 @@ def test_tf_checkpoint_and_save_weights_carry_the_run(tmp_path):
         restore(model2)
         model2.fit(ds2, epochs=1, callbacks=[cb2], verbose=0)
         assert cb2.steps == 2 * SPE
-        assert cb2.recorder.schedule == cb.recorder.schedule and cb2.recorder.schedule.seed_is_secret
+        assert cb2.recorder.claim.schedule == cb.recorder.claim.schedule and cb2.recorder.claim.schedule.seed_is_secret
         assert cb2.epsilon == uninterrupted("shuffle_partition", epochs=2).epsilon
 
 
@@ -183,7 +183,7 @@ def resealed(change):
     (lambda s: {k: x for k, x in s.items() if k != "digest"}, "checkpoint: has no digest"),
     (lambda s: "not json", "checkpoint: the hidden-state privacy state is not JSON"),
     (resealed(lambda p: p.update(format="opacus")), "checkpoint: the hidden-state privacy state is of format "
-                                                    "'opacus' version 3; this version of the package reads"),
+                                                    "'opacus' version 4; this version of the package reads"),
     (resealed(lambda p: p.update(steps=7)), "checkpoint: the hidden-state privacy state says 7 steps were taken but "
                                             "its ledger accounts 6"),
     (resealed(lambda p: p["ledger"][0].__setitem__(1, 2.5)), "checkpoint: .* invalid ledger .*positive integer"),
@@ -194,7 +194,7 @@ def resealed(change):
     (resealed(lambda p: p["claim"]["schedule"].update(batch_size=30)),  # its ledger divides by 20: not its run
      "checkpoint: the hidden-state privacy state has an invalid ledger .*divides the clipped sum by 20"),
     (resealed(lambda p: p["claim"].update(geometry={"smoothness": 1.0})),
-     "checkpoint: the hidden-state privacy state is a run with geometry=LossGeometry"),
+     "geometry: the checkpoint's geometry has no feature_norm_bound"),
     (resealed(lambda p: p.pop("ledger")), "checkpoint: the hidden-state privacy state lacks ledger"),
 ])
 def test_an_edited_or_foreign_state_is_refused_before_any_step(tmp_path, edit, message):
@@ -223,7 +223,7 @@ def test_a_state_of_another_geometry_is_refused():
                                                                                  l2_regularization=0.0),
                                        sampling="cyclic", dataset_size=job.N, batch_size=job.B, delta=job.DELTA,
                                        verbose=0)
-    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state is a run with "
+    with pytest.raises(ParameterError, match=r"^geometry: the checkpoint was taken with "
                                              r"geometry=LossGeometry\(smoothness=1.05, strong_convexity=0.05"):
         other.load_privacy_state(cb.privacy_state())
 
@@ -245,5 +245,5 @@ def test_the_state_is_plain_json_with_the_seed_and_its_secrecy():
     state = cb.privacy_state()
     payload = unseal_state(json.loads(json.dumps(state)))
     assert payload["steps"] == SPE and payload["claim"]["seed_is_secret"] is True
-    assert payload["claim"]["schedule"] == cb.recorder.schedule.describe()
+    assert payload["claim"]["schedule"] == cb.recorder.claim.schedule.describe()
     assert payload["ledger"] == cb.recorder.ledger_state()

@@ -115,7 +115,7 @@ def run(strategy, kind, sampling="cyclic", epochs=2, seed=None):
     except ParameterError as err:
         return {"refused": str(err), "iterations": int(model.optimizer.iterations.numpy())}
     return {"epsilon": callback.epsilon, "steps": callback.steps, "ledger": callback.recorder.ledger_state(),
-            "schedule": callback.recorder.schedule.describe(), "batches": list(TRAINED),
+            "schedule": callback.recorder.claim.schedule.describe(), "batches": list(TRAINED),
             "weights": [float(w.sum()) for w in model.get_weights()]}
 
 

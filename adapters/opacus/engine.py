@@ -1,12 +1,20 @@
-"""``PrivacyEngine.save_checkpoint`` / ``load_checkpoint`` for the hidden-state accountant: all
-or nothing, bound to the weights, atomic.
+"""``PrivacyEngine`` for the hidden-state accountant: calibration of the configured claim, checkpoints
+that are all or nothing, bound to the weights and atomic.
 
-Opacus' own ``load_checkpoint`` loads the module's weights, then the accountant's state, then the
-optimizer's, each as it comes: a refused accountant state or a broken optimizer state leaves the
-parts before it applied. For an engine whose accountant is the hidden-state one,
-:func:`install` (run when :mod:`hidden_state_accountants.opacus` is imported) makes both methods
-call :func:`save_checkpoint` and :func:`load_checkpoint` here, with Opacus' signatures; other
-engines keep Opacus' methods. So ``engine.load_checkpoint(...)`` as in Opacus' documentation:
+For an engine whose accountant is the hidden-state one, :func:`install` (run when
+:mod:`hidden_state_accountants.opacus` is imported) makes four of its methods call the functions
+here, with Opacus' signatures; other engines keep Opacus' methods:
+
+* ``make_private`` tells the accountant the data loader's dataset size (a configured Poisson
+  ``dataset_size`` must be it: :meth:`~.accountant.OpacusHiddenStateAccountant.check_data_loader`).
+* ``make_private_with_epsilon`` calibrates the *configured* claim: Opacus calibrates with a fresh
+  accountant built by name, which knows only Poisson composition under ADD_OR_REMOVE_ONE, so the
+  wrapper hands it the configuration (:meth:`~.accountant.OpacusHiddenStateAccountant.calibration_for`,
+  made from the call's optimizer and ``max_grad_norm``); the user's code stays Opacus'.
+* ``save_checkpoint`` / ``load_checkpoint``: Opacus' own ``load_checkpoint`` loads the module's
+  weights, then the accountant's state, then the optimizer's, each as it comes: a refused
+  accountant state or a broken optimizer state leaves the parts before it applied. Here
+  ``engine.load_checkpoint(...)``, as in Opacus' documentation:
 
 1. reads the file and checks every part before applying any: the accountant state (the core's
    :func:`~hidden_state_accountants.checkpoint.open_run`: digest, format, types, the ledger
@@ -41,9 +49,10 @@ from opacus.optimizers import DPOptimizer
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.checkpoint import refusal, weights_digest, write_atomically
 
-from .accountant import OpacusHiddenStateAccountant
+from .accountant import CALIBRATION_KWARG, OpacusHiddenStateAccountant
 
-__all__ = ["save_checkpoint", "load_checkpoint", "module_weights_digest", "install"]
+__all__ = ["save_checkpoint", "load_checkpoint", "make_private", "make_private_with_epsilon",
+           "module_weights_digest", "install"]
 
 _FILE, _NOTHING_LOADED = "the file", "; nothing was loaded"
 _MODULE, _ACCOUNTANT, _OPTIMIZER = "module_state_dict", "privacy_accountant_state_dict", "optimizer_state_dict"
@@ -110,7 +119,7 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
         if key not in checkpoint:
             raise refusal(_FILE, f"has no {key} (not written by PrivacyEngine.save_checkpoint){_NOTHING_LOADED}")
     module_kwargs = module_load_dict_kwargs or {}
-    apply_accountant, run = accountant._prepare_load(checkpoint[_ACCOUNTANT])
+    apply_accountant, run = accountant.check_state_dict(checkpoint[_ACCOUNTANT])
     if run is None:
         raise refusal(_FILE, f"has an accountant state of Opacus' history only, which cannot be shown to describe "
                              f"the {_MODULE} next to it (load it alone with engine.accountant.load_state_dict if you "
@@ -192,15 +201,40 @@ def _check_optimizer_state(optimizer, state) -> None:
                              f"{err}){_NOTHING_LOADED}") from None
 
 
+def make_private(engine: PrivacyEngine, *args, _original, data_loader, **kwargs):
+    """Opacus' ``make_private``, after the accountant has seen the data loader (its dataset size)."""
+    _hidden_state_accountant(engine).check_data_loader(data_loader)
+    return _original(engine, *args, data_loader=data_loader, **kwargs)
+
+
+def make_private_with_epsilon(engine: PrivacyEngine, *args, _original, data_loader, optimizer, max_grad_norm,
+                              **kwargs):
+    """Opacus' ``make_private_with_epsilon``, calibrating the accountant's configured claim (see the
+    module docstring); explicit ``**engine.accountant.calibration_kwargs(...)`` are checked to be
+    this claim's."""
+    spec = _hidden_state_accountant(engine).calibration_for(
+        data_loader=data_loader, optimizer=optimizer, max_grad_norm=max_grad_norm,
+        spec=kwargs.pop(CALIBRATION_KWARG, None))
+    if spec is not None:
+        kwargs[CALIBRATION_KWARG] = spec
+    return _original(engine, *args, data_loader=data_loader, optimizer=optimizer, max_grad_norm=max_grad_norm,
+                     **kwargs)
+
+
 def install() -> None:
-    """Makes ``PrivacyEngine.save_checkpoint`` / ``load_checkpoint`` call :func:`save_checkpoint` /
-    :func:`load_checkpoint` for engines whose accountant is the hidden-state one (idempotent)."""
-    for name, ours in (("save_checkpoint", save_checkpoint), ("load_checkpoint", load_checkpoint)):
+    """Makes ``PrivacyEngine``'s ``make_private``, ``make_private_with_epsilon``, ``save_checkpoint`` and
+    ``load_checkpoint`` call the functions here for engines whose accountant is the hidden-state one
+    (idempotent)."""
+    ours = {"make_private": make_private, "make_private_with_epsilon": make_private_with_epsilon,
+            "save_checkpoint": save_checkpoint, "load_checkpoint": load_checkpoint}
+    for name, wrapper in ours.items():
         current = getattr(PrivacyEngine, name)
         original = getattr(current, "__opacus_original__", current)
+        if name.startswith("make_private"):
+            wrapper = functools.partial(wrapper, _original=original)
 
         @functools.wraps(original)
-        def method(self, *args, _original=original, _ours=ours, **kwargs):
+        def method(self, *args, _original=original, _ours=wrapper, **kwargs):
             if isinstance(getattr(self, "accountant", None), OpacusHiddenStateAccountant):
                 return _ours(self, *args, **kwargs)
             return _original(self, *args, **kwargs)

@@ -24,7 +24,6 @@ from typing import List, Optional
 
 import torch
 from opacus.optimizers import DPOptimizer
-from torch import nn
 
 from hidden_state_accountants import LossGeometry
 from hidden_state_accountants import validation as v

@@ -1,6 +1,5 @@
 """Noise calibration and epoch budgets."""
 
-import math
 
 import pytest
 

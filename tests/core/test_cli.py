@@ -1,7 +1,6 @@
 """The ``hsa`` command line: the contract of docs/design.md, section 5."""
 
 import json
-import os
 import subprocess
 import sys
 

@@ -97,7 +97,7 @@ def test_poisson_replace_one_not_below_add_remove():
 
 def test_opacus_accountants_agree_on_full_batch_baseline():
     pytest.importorskip("torch")
-    opacus = pytest.importorskip("opacus")
+    pytest.importorskip("opacus")
     from opacus.accountants import RDPAccountant
 
     r = run("full", steps=100, z=2.0)

@@ -12,25 +12,20 @@ pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore:BallsInBinsB
 
 from opacus import PrivacyEngine  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 import hidden_state_accountants.opacus as hso  # noqa: E402
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent  # noqa: E402
 from hidden_state_accountants.schedules import BALLS_IN_BINS  # noqa: E402
+from opacus_common import D, K, random_classification, train_epochs  # noqa: E402
 
 DELTA = 1e-5
-D, K = 5, 3
-
-
-def data(n):
-    g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(n, D, generator=g), torch.randint(0, K, (n,), generator=g))
 
 
 def train(n, b, *, epochs=2, divisor_fixed=True, sampler=None):
     torch.manual_seed(0)
     sampler = sampler or hso.BallsInBinsBatchSampler(n, b)
-    loader = DataLoader(data(n), batch_sampler=sampler)
+    loader = DataLoader(random_classification(n), batch_sampler=sampler)
     model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K))
     engine = PrivacyEngine(accountant="hidden_state")
     model, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
@@ -40,13 +35,7 @@ def train(n, b, *, epochs=2, divisor_fixed=True, sampler=None):
     extra = {"optimizer": opt} if divisor_fixed else {}
     engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), model=model, sampler=sampler,
                                 **extra)
-    sizes = []
-    for _ in range(epochs):
-        for xb, yb in loader:
-            sizes.append(len(xb))
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            opt.zero_grad()
+    sizes = train_epochs(model, opt, loader, epochs)
     return engine, opt, sizes, sampler
 
 

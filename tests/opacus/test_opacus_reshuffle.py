@@ -12,21 +12,16 @@ pytestmark = pytest.mark.torch
 
 from opacus import PrivacyEngine  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 import hidden_state_accountants.opacus as hso  # noqa: E402
 from hidden_state_accountants import HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent  # noqa: E402
 from hidden_state_accountants.recording import CompositionFallbackWarning  # noqa: E402
 from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, RESHUFFLE  # noqa: E402
+from opacus_common import D, K, random_classification, train_epochs  # noqa: E402
 
 DELTA = 1e-5
-D, K = 5, 3
 GEOMETRY = LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0)
-
-
-def data(n):
-    g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(n, D, generator=g), torch.randint(0, K, (n,), generator=g))
 
 
 def run(loader, *, n, epochs=3, lr=0.5, z=2.0, clip=1.5, by="data_loader", sampler=None, radius=3.0):
@@ -40,13 +35,7 @@ def run(loader, *, n, epochs=3, lr=0.5, z=2.0, clip=1.5, by="data_loader", sampl
     hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=0.05)
     where = {"data_loader": loader} if by == "data_loader" else {"sampler": sampler}
     engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), model=model, optimizer=opt, **where)
-    sizes = []
-    for _ in range(epochs):
-        for xb, yb in loader:
-            sizes.append(len(xb))
-            nn.functional.cross_entropy(model(xb), yb).backward()
-            opt.step()
-            opt.zero_grad()
+    sizes = train_epochs(model, opt, loader, epochs)
     return engine, model, opt, sizes
 
 
@@ -91,7 +80,7 @@ def test_reshuffle_sampler_resumes_anywhere_and_keeps_the_short_batch_on_request
 def test_reshuffle_sampler_run_equals_the_core_for_the_same_event():
     n, b = 60, 10
     s = hso.ReshuffleBatchSampler(n, b)
-    engine, *_ = run(DataLoader(data(n), batch_sampler=s), n=n, by="sampler", sampler=s)
+    engine, *_ = run(DataLoader(random_classification(n), batch_sampler=s), n=n, by="sampler", sampler=s)
     expected = expected_event(n, b, 18)
     assert engine.accountant.training_run() == expected
     report = engine.accountant.explain(DELTA)
@@ -104,7 +93,7 @@ def test_reshuffle_sampler_run_equals_the_core_for_the_same_event():
 @pytest.mark.parametrize("secret", [False, True])
 def test_plain_shuffled_data_loader_is_accounted_as_reshuffle(secret):
     n, b = 60, 10
-    loader = DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True)
+    loader = DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)
     if secret:
         hso.secret_shuffle(loader)
     engine, _, _, sizes = run(loader, n=n)
@@ -122,15 +111,15 @@ def test_plain_shuffled_data_loader_is_accounted_as_reshuffle(secret):
 
 def test_public_shuffle_is_never_reported_below_the_secret_one():
     n, b = 60, 10
-    public, *_ = run(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True), n=n)
-    secret, *_ = run(hso.secret_shuffle(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True)), n=n)
+    public, *_ = run(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True), n=n)
+    secret, *_ = run(hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)), n=n)
     assert public.get_epsilon(DELTA) >= secret.get_epsilon(DELTA)
 
 
 @pytest.mark.parametrize("radius", [None, 3.0])
 def test_kept_short_batch_is_divided_by_b_and_accounted_as_kept_batch_size(radius):
     n, b = 64, 10  # 6 full batches and a short one of 4 every epoch
-    loader = hso.secret_shuffle(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=False))
+    loader = hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=False))
     engine, _, opt, sizes = run(loader, n=n, epochs=2, radius=radius)
     assert sizes == ([b] * 6 + [4]) * 2
     assert opt.expected_batch_size == b  # configure set Opacus' divisor to b (its own is int(64 / 7) = 9)
@@ -150,20 +139,20 @@ def test_kept_short_batch_is_divided_by_b_and_accounted_as_kept_batch_size(radiu
 def test_loaders_that_are_not_a_schedule_are_refused_with_the_reason():
     acc = hso.OpacusHiddenStateAccountant()
     with pytest.raises(ParameterError, match="^data_loader: its batches follow no schedule.*SequentialSampler"):
-        acc.configure(data_loader=DataLoader(data(60), batch_size=10))
+        acc.configure(data_loader=DataLoader(random_classification(60), batch_size=10))
     from torch.utils.data import RandomSampler
 
     with pytest.raises(ParameterError, match="^data_loader: .*replacement=True"):
-        acc.configure(data_loader=DataLoader(data(60), batch_size=10,
+        acc.configure(data_loader=DataLoader(random_classification(60), batch_size=10,
                                              sampler=RandomSampler(range(60), replacement=True)))
     with pytest.raises(ParameterError, match="^data_loader: give the sampler or the data loader"):
-        acc.configure(data_loader=DataLoader(data(60), batch_size=10, shuffle=True),
+        acc.configure(data_loader=DataLoader(random_classification(60), batch_size=10, shuffle=True),
                       sampler=hso.CyclicBatchSampler(60, 10))
     with pytest.raises(ParameterError, match="^sampler: .*pass the loader as data_loader"):
-        acc.configure(sampler=DataLoader(data(60), batch_size=10, shuffle=True))
+        acc.configure(sampler=DataLoader(random_classification(60), batch_size=10, shuffle=True))
     # a loader over a sampler of this package is that sampler
     s = hso.CyclicBatchSampler(60, 10)
-    assert acc.configure(data_loader=DataLoader(data(60), batch_sampler=s)).sampler is s
+    assert acc.configure(data_loader=DataLoader(random_classification(60), batch_sampler=s)).sampler is s
 
 
 def test_a_plain_shuffled_loader_on_several_ranks_is_refused(monkeypatch):
@@ -173,16 +162,16 @@ def test_a_plain_shuffled_loader_on_several_ranks_is_refused(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
     with pytest.raises(ParameterError, match="^data: DataLoader.*2 processes each draw their own permutation"):
-        hso.OpacusHiddenStateAccountant().configure(data_loader=DataLoader(data(60), batch_size=10, shuffle=True))
+        hso.OpacusHiddenStateAccountant().configure(data_loader=DataLoader(random_classification(60), batch_size=10, shuffle=True))
 
 
 def test_shuffled_loader_checkpoint_resumes_at_an_epoch_end_only():
     n, b = 60, 10
-    engine, *_ = run(hso.secret_shuffle(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True)), n=n,
+    engine, *_ = run(hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)), n=n,
                      epochs=2)
     state = engine.accountant.state_dict()
     fresh = hso.OpacusHiddenStateAccountant().configure(
-        data_loader=hso.secret_shuffle(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True)),
+        data_loader=hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)),
         geometry=GEOMETRY, model=nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K)))
     fresh.load_state_dict(state)  # a fresh secret generator draws the same law
     assert fresh.training_run() == engine.accountant.training_run()
@@ -192,7 +181,7 @@ def test_shuffled_loader_checkpoint_resumes_at_an_epoch_end_only():
     assert unconfigured.get_epsilon(DELTA) == engine.get_epsilon(DELTA)
     # stopped mid-epoch: the loader would start a fresh permutation with records of this epoch unused
     def shuffled():
-        return hso.secret_shuffle(DataLoader(data(n), batch_size=b, shuffle=True, drop_last=True))
+        return hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True))
 
     partial = hso.OpacusHiddenStateAccountant().configure(data_loader=shuffled())
     partial.history = [(2.0, 1 / 6, 9)]  # 1.5 epochs

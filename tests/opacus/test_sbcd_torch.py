@@ -5,7 +5,6 @@ works without Opacus, and the optimizer's epsilon is the core's."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pytest

@@ -144,7 +144,7 @@ def test_cli_extreme_but_valid(capsys):
 
 
 def test_tf_adapter_entry_points():
-    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow")
     from hidden_state_accountants import tf_privacy as tfp
 
     x, y = np.zeros((100, 3), np.float32), np.zeros(100, np.int64)

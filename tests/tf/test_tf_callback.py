@@ -33,10 +33,7 @@ from hidden_state_accountants.tf_privacy import (  # noqa: E402
     read_dp_optimizer_settings,
 )
 
-N, B, DIM, CLASSES = 120, 20, 5, 3  # 6 steps per epoch
-SPE = N // B
-Z, C, LR, L2, DELTA = 1.5, 1.0, 0.5, 0.05, 1e-5
-GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2)
+from keras_common import B, C, CLASSES, DELTA, DIM, GEOMETRY, L2, LR, N, SPE, Z  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 The core and its subpackages are found under hidden_state_accountants/, and every package under
 adapters/ installs as hidden_state_accountants.<adapter> (an unrelated PyPI project owns the
 top-level name ``adapters``). Both lists are computed, so a new module or adapter cannot be left
-out of the wheel; tests/test_packaging.py checks the built wheel against the source tree.
+out of the wheel; tests/core/test_packaging.py checks the built wheel against the source tree.
 """
 
 from setuptools import find_packages, setup

@@ -22,13 +22,14 @@ DELTA = 1e-5
 
 
 def configurations():
-    for sampling in ("full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement", "poisson"):
+    for sampling in ("full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement", "poisson",
+                     "balls_in_bins"):
         n, b = 60, 6
         for construction in ("strongly_convex", "constrained"):
             for z in (0.5, 2.0):
                 geometry = (LossGeometry(strong_convexity=0.5, smoothness=0.5) if construction == "strongly_convex"
                             else LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=0.3))
-                steps = 10 if sampling in ("without_replacement", "poisson") else 40
+                steps = 10 if sampling in ("without_replacement", "poisson", "balls_in_bins") else 40
                 yield construction, TrainingRunDpEvent(
                     dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps, noise_multiplier=z,
                     clip_norm=1.0, learning_rate=0.5, sampling=sampling, geometry=geometry)

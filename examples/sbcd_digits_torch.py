@@ -23,7 +23,6 @@ the DP-SGD comparison needs Opacus (the ``opacus`` extra).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 import warnings
 

@@ -17,19 +17,21 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
 
 from hidden_state_accountants import fdp
+from hidden_state_accountants import lower_bounds
 from hidden_state_accountants import rdp as rdp_tools
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.analyses import composition, long_composition, registry
 from hidden_state_accountants.analyses._common import Context
 from hidden_state_accountants.bounds import Bound
 from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarning
-from hidden_state_accountants.events import TrainingRunDpEvent
+from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.lower_bounds import LowerBound
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
 from hidden_state_accountants.schedules import SAMPLINGS
 from hidden_state_accountants.selection import RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, bound_epsilon, select_best
@@ -91,9 +93,27 @@ class AnalysisReport:
         }
 
 
+@dataclass(frozen=True)
+class _LowerBoundQuery:
+    """The best known lower bound of one training run, computed when a report first shows it."""
+
+    run: TrainingRunDpEvent
+    delta: float
+    relation: str
+
+    def __call__(self) -> LowerBound:
+        return lower_bounds.best_known_lower_bound(self.run, self.delta, self.relation)
+
+
 @dataclass
 class PrivacyReport:
-    """The best valid epsilon, which analysis gave it, and every analysis considered."""
+    """The best valid epsilon, which analysis gave it, and every analysis considered.
+
+    Beside it, where one can be computed in under a second, the best known LOWER bound
+    (:attr:`lower_bound`, :attr:`lower_bound_note`; :mod:`hidden_state_accountants.lower_bounds`): the
+    epsilon some run of the declared class really reaches, so the truth lies between the two. It is
+    computed only when shown, and never used as the epsilon, in calibration or in budgets.
+    """
 
     epsilon: float
     delta: float
@@ -101,6 +121,35 @@ class PrivacyReport:
     neighboring_relation: str
     analyses: List[AnalysisReport]
     notes: List[str] = field(default_factory=list)
+    # the best known lower bound, or a query giving it when first asked for (never part of the epsilon)
+    lower_bound_source: Union[None, LowerBound, Callable[[], LowerBound]] = field(
+        default=None, repr=False, compare=False)
+
+    @property
+    def best_known_lower_bound(self) -> LowerBound:
+        """The best known lower bound with its note (computed on first use, then kept)."""
+        source = self.lower_bound_source
+        if source is None:
+            source = LowerBound(None, "not computed for this report")
+        elif not isinstance(source, LowerBound):
+            source = source()
+        self.lower_bound_source = source
+        return source
+
+    @property
+    def lower_bound(self) -> Optional[float]:
+        """The best known lower bound on the true epsilon (``None`` where none is available): NOT a
+        privacy guarantee; the guarantee is :attr:`epsilon`."""
+        return self.best_known_lower_bound.epsilon
+
+    @property
+    def lower_bound_note(self) -> str:
+        """The lower bound's construction and caveat, or why there is none."""
+        lower = self.best_known_lower_bound
+        if lower.epsilon is not None and lower.epsilon > self.epsilon * (1 + 1e-6) + 1e-9:
+            return (f"{lower.note}; ABOVE the reported bound {self.epsilon:.6g}: one of the two is wrong, "
+                    "please report this")
+        return lower.note
 
     @property
     def composition_epsilon(self) -> float:
@@ -117,6 +166,8 @@ class PrivacyReport:
             "neighboring_relation": self.neighboring_relation,
             "analyses": [a.to_dict() for a in self.analyses],
             "notes": list(self.notes),
+            "lower_bound": _json_number(self.lower_bound),
+            "lower_bound_note": self.lower_bound_note,
         }
 
     def to_table(self) -> str:
@@ -125,6 +176,7 @@ class PrivacyReport:
         lines = [
             f"epsilon = {_fmt(self.epsilon)} at delta = {self.delta:g} "
             f"({self.neighboring_relation}), from {self.analysis}",
+            self._lower_bound_line(),
             "",
             f"{'analysis':<{w}} {'kind':<{k}} {'epsilon':>10}  notes",
             f"{'-' * w} {'-' * k} {'-' * 10}  {'-' * 40}",
@@ -136,6 +188,12 @@ class PrivacyReport:
             lines.append(f"{a.name:<{w}} {a.kind:<{k}} {_fmt(a.epsilon):>10}{mark} {tag}{text}")
         lines += [""] + [f"note: {n}" for n in self.notes]
         return "\n".join(lines).rstrip()
+
+    def _lower_bound_line(self) -> str:
+        if self.lower_bound is None:
+            return f"best known lower bound: none ({self.lower_bound_note})"
+        return (f"best known lower bound: {_fmt(self.lower_bound)} ({self.lower_bound_note}): the true epsilon of "
+                "the declared class is at least this; the guarantee is the bound above")
 
 
 def _delta_or_one(delta: float) -> float:
@@ -152,6 +210,18 @@ def _json_number(x: Optional[float]):
     if x is None:
         return None
     return x if math.isfinite(x) else None
+
+
+def geometry_note(geometry: LossGeometry) -> str:
+    """What a declared geometry is in the core API: the user's claim, taken as given."""
+    g = geometry
+    inputs = "" if g.feature_norm_bound is None else f", for inputs of norm <= {g.feature_norm_bound:g}"
+    domain = "unconstrained" if g.diameter is None else f"D = {g.diameter:g}"
+    projected = ("" if g.diameter is None else
+                 ", and the parameters are projected onto a convex set of diameter D after every step")
+    return (f"the geometry (m = {g.strong_convexity:g}, M = {g.smoothness:g}, {domain}{inputs}) is declared, not "
+            f"verified: the accountant takes it as given, and every hidden-state bound holds only if each "
+            f"per-example update clip(grad l_i) + m_reg theta is m-strongly convex and M-smooth{projected}")
 
 
 RELATION_NOTES = {
@@ -289,20 +359,35 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         v.probability("target_delta", target_delta, allow_zero=True, allow_one=True)
         notes = [RELATION_NOTES[self.neighboring_relation]]
         if not self._components:
-            return PrivacyReport(0.0, target_delta, "none", self._relation_name, [], notes)
+            return PrivacyReport(0.0, target_delta, "none", self._relation_name, [], notes,
+                                 LowerBound(None, "nothing composed"))
         single = self._single()
         if single is not None:
             report = self._explain_single(single, target_delta, notes)
         else:
             report = self._explain_composed(target_delta, notes)
+        report.lower_bound_source = self._lower_bound_source(single, target_delta)
         for c in self._components:
             if not isinstance(c.event, TrainingRunDpEvent):
                 continue
             if c.event.hidden_state_refusal:
-                report.notes.append(f"hidden-state analyses refused: {c.event.hidden_state_refusal}")
+                note = f"hidden-state analyses refused: {c.event.hidden_state_refusal}"
             elif c.event.geometry is None:
-                report.notes.append(f"{NO_GEOMETRY}: the composition bound is reported")
+                note = f"{NO_GEOMETRY}: the composition bound is reported"
+            else:
+                note = geometry_note(c.event.geometry)
+            if note not in report.notes:
+                report.notes.append(note)
         return report
+
+    def _lower_bound_source(self, single: Optional[_Component], delta: float) -> Union[LowerBound, _LowerBoundQuery]:
+        """The report's best known lower bound: a query for a single training run (run only when shown),
+        else why there is none."""
+        if single is None:
+            return LowerBound(None, "several events are composed: a lower bound is shown for a single training run")
+        if not isinstance(single.event, TrainingRunDpEvent):
+            return LowerBound(None, f"shown for a single training run, not for a {type(single.event).__name__}")
+        return _LowerBoundQuery(normalised(single.event), delta, self._relation_name)
 
     @property
     def context(self) -> Context:

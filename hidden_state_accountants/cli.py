@@ -4,6 +4,7 @@
                 --clip-norm C --learning-rate LR --sampling {full,cyclic,shuffle_partition,reshuffle,without_replacement,poisson}
                 [--last-batch {dropped,kept_own_size,kept_batch_size}] [--public-batches]
                 [--strong-convexity M_LOW] [--smoothness M_HIGH] [--diameter D] [--l2-regularization M_REG]
+                [--lsi-constant C_LSI] [--gaussian-init]
                 [--neighboring-relation {replace_one,add_or_remove_one}] --delta DELTA [--json]
     hsa noise   ... --target-epsilon EPS (no --noise-multiplier needed)
     hsa epochs  ... --target-epsilon EPS [--max-epochs E] (no --epochs/--steps needed)
@@ -11,6 +12,10 @@
     hsa audit   ... [--construction strongly_convex|constrained] [--repetitions R]: an empirical
                 lower bound on epsilon from simulated runs, next to the reported bound
     hsa demo    the embedded MNIST-scale logistic-regression run: table + plot
+
+``--lsi-constant`` declares a log-Sobolev constant of the iterates' law (Chourasia et al. Thm 2) and
+``--gaussian-init`` the initialisation of Chourasia et al. Cor. 1 (``theta_0 ~ N(0, 2 sigma^2/m I)``);
+both are the user's claim.
 
 ``--l2-regularization R`` with ``--smoothness`` and no ``--strong-convexity`` takes ``R`` as the
 strong convexity: a convex (clipped) per-example loss plus the L2 term applied outside clipping
@@ -21,6 +26,12 @@ says so in a note. Declare ``--strong-convexity`` to state another value.
 ``analyses`` list (each ``name``, ``epsilon`` or null, ``reason`` or null, ``hidden_state``) and
 ``notes``: for ``noise`` at the calibrated noise multiplier, for ``epochs`` after the epochs that
 fit (after one epoch when none does; of an unbounded run when the budget is never exhausted).
+
+``hsa epsilon`` and ``hsa noise`` also show the best known LOWER bound beside the bound where it can be
+computed in under a second (``lower_bound``, null otherwise, and ``lower_bound_note``: the construction
+and its caveat, or why there is none; in the table a line "best known lower bound: ..."): the epsilon
+some run of the declared class really reaches. It is labelled as a lower bound and never used as the
+guarantee, for calibration or for budgets (:mod:`hidden_state_accountants.lower_bounds`).
 ``hsa epochs`` answers the largest ``E`` such that stopping after any number of epochs up to
 ``E`` stays within the budget; it prints ``unlimited`` with the limit when an analysis valid for
 every length converges below the target, and otherwise what that limit is.
@@ -58,6 +69,7 @@ from hidden_state_accountants.schedules import (
     DROPPED,
     LAST_BATCHES,
     MAX_STEPS,
+    POISSON,
     SAMPLINGS,
     check_schedule,
     steps_per_epoch,
@@ -101,6 +113,12 @@ DEMO = dict(
     dataset_size=60000, batch_size=1500, noise_multiplier=3.0, clip_norm=1.0,
     learning_rate=0.05, sampling="cyclic", feature_norm_bound=1.0, l2_regularization=0.002,
     delta=1e-5,
+)
+# What an Opacus user runs on MNIST (Opacus' examples/mnist.py pattern with a logistic-regression
+# model): the default Poisson loader, weight decay outside clipping; Opacus reports add/remove.
+DEMO_OPACUS = dict(
+    dataset_size=60000, batch_size=256, noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.5,
+    feature_norm_bound=1.0, l2_regularization=0.01, delta=1e-5, epochs=(1, 2, 3, 5, 10, 20, 50),
 )
 # `hsa epochs` searches up to this many epochs unless --max-epochs says otherwise.
 DEFAULT_MAX_EPOCHS = 100_000
@@ -319,7 +337,9 @@ def cmd_noise(args) -> int:
         print(json.dumps({"noise_multiplier": result.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
                           "analysis": result.analysis, "evaluations": result.evaluations,
                           "converged": result.converged, "neighboring_relation": _relation(args),
-                          "analyses": _analyses(report), "notes": notes}))
+                          "analyses": _analyses(report), "notes": notes,
+                          "lower_bound": _finite(report.lower_bound) if report.lower_bound is not None else None,
+                          "lower_bound_note": report.lower_bound_note}))
     else:
         print(f"noise multiplier {result.noise_multiplier:.4f} gives epsilon {result.epsilon:.4f} "
               f"at delta {delta:g} ({_relation(args)}), from {result.analysis} "
@@ -440,9 +460,47 @@ def cmd_audit(args) -> int:
     return 0 if result.consistent else 1
 
 
+def _demo_opacus_rows() -> List[dict]:
+    """Per epoch: the composition number Opacus prints (add/remove) and the hidden-state bounds."""
+    d = DEMO_OPACUS
+    geometry = LossGeometry.logistic_regression(d["feature_norm_bound"], d["l2_regularization"])
+    rows = []
+    for epochs in d["epochs"]:
+        run = TrainingRunDpEvent.from_epochs(
+            dataset_size=d["dataset_size"], batch_size=d["batch_size"], epochs=epochs,
+            noise_multiplier=d["noise_multiplier"], clip_norm=d["clip_norm"], learning_rate=d["learning_rate"],
+            sampling=POISSON, geometry=geometry, l2_regularization=d["l2_regularization"])
+        add_remove = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run).explain(d["delta"])
+        replace_one = HiddenStateAccountant(neighboring_relation="REPLACE_ONE").compose(run).explain(d["delta"])
+        rows.append({"epochs": epochs, "steps": run.steps, "composition_add_or_remove": add_remove.composition_epsilon,
+                     "epsilon_add_or_remove": add_remove.epsilon, "analysis_add_or_remove": add_remove.analysis,
+                     "epsilon_replace_one": replace_one.epsilon, "analysis_replace_one": replace_one.analysis})
+    return rows
+
+
+def _print_demo_opacus(rows: List[dict]) -> None:
+    d = DEMO_OPACUS
+    print("What an Opacus user sees: MNIST-scale logistic regression with Opacus' default Poisson loader")
+    print(f"  n = {d['dataset_size']}, expected batch {d['batch_size']}, noise multiplier {d['noise_multiplier']}, "
+          f"clip {d['clip_norm']}, lr {d['learning_rate']}, weight decay {d['l2_regularization']} outside "
+          f"clipping, features clipped to norm {d['feature_norm_bound']}, delta = {d['delta']:g}\n")
+    print(f"{'epochs':>6}  {'composition (add/remove)':>24}  {'hidden state (add/remove)':>25}  "
+          f"{'hidden state (replace-one)':>26}")
+    for r in rows:
+        print(f"{r['epochs']:>6}  {r['composition_add_or_remove']:>24.3f}  {r['epsilon_add_or_remove']:>25.3f}  "
+              f"{r['epsilon_replace_one']:>26.3f}")
+    first = next((r["epochs"] for r in rows if r["epsilon_add_or_remove"] < r["composition_add_or_remove"]), None)
+    print("\nThe composition column is what Opacus' PRV accountant prints for this run (equal within its "
+          "discretisation, about 0.01).")
+    if first is not None:
+        print(f"The hidden-state bound (the same relation) is smaller from epoch {first} on and stays at "
+              f"{rows[-1]['epsilon_add_or_remove']:.3f}; before that the two are equal.\n")
+
+
 def cmd_demo(args) -> int:
     d = DEMO
     output = plot_path(args.output, "hsa_demo.png")  # checked before the work
+    opacus_rows = _demo_opacus_rows()
     geometry = LossGeometry.logistic_regression(d["feature_norm_bound"], d["l2_regularization"])
     run = TrainingRunDpEvent(
         dataset_size=d["dataset_size"], batch_size=d["batch_size"], steps=1,
@@ -452,10 +510,12 @@ def cmd_demo(args) -> int:
     curves = epsilon_curves(run, epochs, d["delta"])
     if args.json:
         print(json.dumps({"epochs": curves.epochs, "best": curves.best, "analyses": curves.epsilon,
-                          "delta": curves.delta, "neighboring_relation": "REPLACE_ONE"}))
+                          "delta": curves.delta, "neighboring_relation": "REPLACE_ONE",
+                          "opacus_poisson": opacus_rows}))
         plot_epsilon_curves(curves, output)
         return 0
-    print("Embedded default: MNIST-scale L2-regularised logistic regression trained with DP-SGD")
+    _print_demo_opacus(opacus_rows)
+    print("Bok, Su & Altschuler (ICML 2024), Table 1: MNIST-scale L2-regularised logistic regression trained with DP-SGD")
     print(f"  n = {d['dataset_size']}, batch {d['batch_size']} in a fixed cyclic order, noise multiplier "
           f"{d['noise_multiplier']}, clip {d['clip_norm']}, lr {d['learning_rate']}, features clipped to "
           f"norm {d['feature_norm_bound']}, L2 {d['l2_regularization']}")

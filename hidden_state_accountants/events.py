@@ -188,6 +188,16 @@ class LossGeometry:
         return max(abs(1.0 - lr * self.strong_convexity), abs(1.0 - lr * self.smoothness))
 
 
+def check_learning_rate(learning_rate: float, geometry: LossGeometry) -> None:
+    """Raises naming ``learning_rate`` unless ``learning_rate < 2/smoothness``: every analysis of a
+    declared geometry needs a contractive gradient step (Bok et al. Lemma 2.8). The one check of it,
+    for an event and for a recorded step before training."""
+    if learning_rate >= 2.0 / geometry.smoothness:
+        raise v.ParameterError(
+            "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
+            f"(a gradient step is not contractive otherwise), got {learning_rate:.6g}")
+
+
 Schedule = Union[float, Tuple[float, ...]]
 
 
@@ -297,16 +307,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
                     object.__setattr__(self, name, value[0])
             else:
                 object.__setattr__(self, name, v.positive_float(name, value))
-        geom = self.geometry
         # a claim that cannot hold is an error; a varying rate already rules out the analyses
-        if geom is not None and self.hidden_state_refusal is None and not isinstance(self.learning_rate, tuple):
-            lr_max = self.learning_rate
-            if lr_max >= 2.0 / geom.smoothness:
-                raise v.ParameterError(
-                    "learning_rate",
-                    f"must be < 2/smoothness = {2.0 / geom.smoothness:.6g} for the declared "
-                    f"geometry (a gradient step is not contractive otherwise), got {lr_max:.6g}",
-                )
+        if self.geometry is not None and self.hidden_state_refusal is None and not isinstance(self.learning_rate, tuple):
+            check_learning_rate(self.learning_rate, self.geometry)
 
     @classmethod
     def from_epochs(cls, *, dataset_size: int, batch_size: int, epochs: float, **kwargs) -> "TrainingRunDpEvent":
@@ -355,4 +358,4 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
 
 
-__all__ = ["TrainingRunDpEvent", "LossGeometry", "LOSSES", "CROSS_ENTROPY_ON_LOGITS", "cross_entropy_smoothness"]
+__all__ = ["TrainingRunDpEvent", "LossGeometry", "check_learning_rate", "LOSSES", "CROSS_ENTROPY_ON_LOGITS", "cross_entropy_smoothness"]

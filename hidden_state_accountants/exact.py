@@ -54,7 +54,8 @@ from hidden_state_accountants import validation as v
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.mixture_pair import EPS_PAD, MixturePair
 from hidden_state_accountants.schedule_laws import GRID_POINTS, MAX_ENUM, Law, Linear, schedule_law
-from hidden_state_accountants.schedules import BALLS_IN_BINS, CYCLIC, FULL, POISSON, RESHUFFLE, SHUFFLE_PARTITION
+from hidden_state_accountants.schedules import (BALLS_IN_BINS, CYCLIC, FULL, POISSON, RESHUFFLE, SHUFFLE_PARTITION,
+                                                WITHOUT_REPLACEMENT)
 
 CONSTRUCTIONS = ("worst", "mirror", "half")
 
@@ -125,6 +126,14 @@ class ExactPair:
         return np.min([p.tradeoff(alpha) for p in self._lower], axis=0)
 
 
+def _in_noise_units(run: TrainingRunDpEvent, init_variance: float) -> float:
+    """An initial variance in units of one step's noise variance ``nu^2``, ``nu = lr z C / b``."""
+    if not init_variance:
+        return 0.0
+    return float(init_variance) / (float(run.learning_rate) * float(run.noise_multiplier) * run.clip_norm
+                                   / run.batch_size) ** 2
+
+
 def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_variance: float = 0.0,
                construction: Optional[str] = None, grid_points: int = GRID_POINTS,
                relation: str = "REPLACE_ONE") -> ExactPair:
@@ -153,9 +162,7 @@ def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_
     if not run.is_constant:
         raise v.ParameterError("learning_rate", "the exact pair needs a constant learning rate and noise")
     m = run.geometry.strong_convexity if run.geometry is not None else 0.0
-    model = Linear(run, 1.0 - float(run.learning_rate) * m,
-                   float(init_variance) / (float(run.learning_rate) * float(run.noise_multiplier) * run.clip_norm
-                                           / run.batch_size) ** 2 if init_variance else 0.0)
+    model = Linear(run, 1.0 - float(run.learning_rate) * m, _in_noise_units(run, init_variance))
     lo, hi, enumerated = model.laws(position, grid_points)
     kinds = (construction,) if construction else constructions_for(run.sampling, relation)
     kappa = model.kappa
@@ -331,8 +338,33 @@ def _worst_shift(model: Linear) -> float:
     return model.kappa * float(np.max(np.abs(model.positions())))
 
 
+def _enumerated_atoms(model: Linear, limit: int) -> int:
+    """Atoms of the law :meth:`Linear.exact_law` would enumerate (counted up to just above ``limit``): the
+    product of the independent contributions' sizes; 1 for ``full`` and the partitions, whose law is always
+    enumerated (one atom per batch: their size is the caller's to check)."""
+    if model.run.sampling in (FULL, CYCLIC, SHUFFLE_PARTITION):
+        return 1
+    count = 1
+    for vals, _ in model.contributions():
+        count *= len(vals)
+        if count > limit:
+            break
+    return count
+
+
+def _lower_end(model: Linear, delta: float, relation: str, grid_points: int, max_atoms: int = MAX_ENUM) -> float:
+    """The largest ``epsilon(delta)`` over the worst known pairs of :func:`constructions_for` for the law
+    of ``S``: enumerated up to ``max_atoms`` atoms, else the grid's lower law (``S_lo <= S``: the value is
+    below the exact one, section 1.2). Not yet moved down by the root finder's margin."""
+    law = model.exact_law() if _enumerated_atoms(model, max_atoms) <= max_atoms else None
+    if law is None:
+        law = model.grid_law(grid_points, up=False)
+    return max(pair_for(law, model.kappa, k).epsilon(delta) for k in constructions_for(model.run.sampling, relation))
+
+
 def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str = "REPLACE_ONE",
-                         curvature: Optional[float] = None, grid_points: int = LOWER_BOUND_GRID) -> float:
+                         curvature: Optional[float] = None, grid_points: int = LOWER_BOUND_GRID,
+                         max_atoms: int = MAX_ENUM) -> float:
     """The best known LOWER bound on the epsilon of ``run`` (``cyclic``, ``shuffle_partition``,
     ``reshuffle``): no valid analysis can report less. Not a privacy guarantee.
 
@@ -347,7 +379,8 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
     clipped gradients, which are affine only near the point the run converges to, so it is an
     instance in the limit of long runs whose iterates stay there (docs/derivations.md 5a.6);
     ``curvature=m`` keeps the exact instance only (``curvature`` fixes ``kappa``). With a
-    projection the construction is not an instance and the function refuses.
+    projection the construction is not an instance and the function refuses. A ``reshuffle`` law of
+    more than ``max_atoms`` atoms is put on the grid of ``grid_points`` (its certified lower end).
 
     >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
     >>> run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=40, noise_multiplier=2.0, clip_norm=1.0,
@@ -383,9 +416,8 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
         if not run.secret_batches and run.sampling != CYCLIC:
             return fdp.gdp_epsilon(_worst_shift(model) * (0.5 if relation == "ADD_OR_REMOVE_ONE" else 1.0), delta)
         # interior curvatures rarely win: a coarser grid (its lower end is still certified) keeps this quick
-        law = model.exact_law() or model.grid_law(grid_points if kappa in (lo, hi) else max(256, grid_points // 8), up=False)
-        kappa_model = model.kappa
-        return max(pair_for(law, kappa_model, k).epsilon(delta) for k in constructions_for(run.sampling, relation))
+        return _lower_end(model, delta, relation, grid_points if kappa in (lo, hi) else max(256, grid_points // 8),
+                          max_atoms)
 
     best = max(value(k) for k in kappas)
     return max(0.0, best - 2 * EPS_PAD)
@@ -394,8 +426,70 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
 __all__ += ["shuffled_lower_bound"]
 
 
+def affine_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str = "REPLACE_ONE",
+                       curvature: Optional[float] = None, init_variance: float = 0.0,
+                       grid_points: int = LOWER_BOUND_GRID, max_atoms: int = MAX_ENUM) -> float:
+    """The best known LOWER bound on the epsilon of a ``full``, ``without_replacement`` or ``balls_in_bins``
+    run (the schedules :func:`shuffled_lower_bound` and :func:`poisson_lower_bound` leave): the lower end of
+    ``exact_pair(run, relation=relation).epsilon(delta)`` with the curvature ``curvature`` (default: the
+    declared ``m``), computed from the lower law alone (enumerated up to ``max_atoms`` atoms, else on a grid
+    of ``grid_points``). ``init_variance``: the start is ``N(0, init_variance I)`` (as in :func:`exact_pair`).
+    Not a privacy guarantee.
+
+    The construction (module docstring): constant per-example gradients (data curvature 0) and the L2 term
+    ``curvature`` once per step, contraction ``1 - lr curvature`` whatever the batch; an instance of the
+    declared class when ``m <= curvature <= M`` and the run's L2 strength is ``curvature`` (or undeclared).
+    For ``balls_in_bins``, whose batch sizes vary, a declared L2 strength other than ``curvature`` is refused
+    (the curvature could not come from the data at a constant contraction).
+
+    >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
+    >>> run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=20, noise_multiplier=2.0, clip_norm=1.0,
+    ...     learning_rate=0.5, sampling="balls_in_bins", geometry=LossGeometry(strong_convexity=0.5, smoothness=1.0))
+    >>> affine_lower_bound(run, 1e-5) == exact_pair(run).epsilon(1e-5)
+    True
+    """
+    relation = getattr(relation, "name", relation)
+    if run.sampling not in (FULL, WITHOUT_REPLACEMENT, BALLS_IN_BINS):
+        raise v.ParameterError("sampling", f"covers full, without_replacement and balls_in_bins, not {run.sampling!r} "
+                               "(shuffled_lower_bound, poisson_lower_bound)")
+    constructions_for(run.sampling, relation)  # names the relation a schedule is not covered by
+    delta = v.probability("delta", delta)
+    g = run.geometry
+    if g is None:
+        raise v.ParameterError("geometry", "the lower bound is over the declared class: declare a geometry")
+    if g.diameter is not None:
+        raise v.ParameterError("geometry", "with a projection (diameter) the affine construction is not an instance")
+    if not run.is_constant:
+        raise v.ParameterError("learning_rate", "the lower bound needs a constant learning rate and noise")
+    lr = float(run.learning_rate)
+    kappa = g.strong_convexity if curvature is None else v.nonnegative_float("curvature", curvature)
+    hi = min(g.smoothness, 1.0 / lr)
+    if not g.strong_convexity * (1 - 1e-12) <= kappa <= hi * (1 + 1e-12):
+        raise v.ParameterError("curvature", f"must lie in [m, min(M, 1/lr)] = [{g.strong_convexity:g}, {hi:g}], "
+                               f"got {kappa:g}")
+    m_reg = run.l2_regularization
+    if run.sampling == BALLS_IN_BINS and m_reg is not None and abs(m_reg - kappa) > 1e-12 * max(m_reg, kappa):
+        raise v.ParameterError("curvature", f"must be the declared L2 strength {m_reg:g} for balls_in_bins (batches "
+                               f"of varying size contract by 1 - lr curvature only with data curvature 0), got {kappa:g}")
+    model = Linear(run, 1.0 - lr * kappa, _in_noise_units(run, v.nonnegative_float("init_variance", init_variance)))
+    return max(0.0, _lower_end(model, delta, relation, grid_points, max_atoms) - 2 * EPS_PAD)
+
+
+__all__ += ["affine_lower_bound"]
+
+
 # ------------------------------------- the best known lower bound of a Poisson run, fast (issue 18)
 LOWER_BOUND_DIRECT_TERMS = 20_000_000  # (steps convolved term by term) x (frequencies) allowed: about a second
+
+
+def _direct_terms(top: float, c: float, steps: int) -> int:
+    """How many of the ``steps`` terms :func:`_poisson_log_cf` sums one by one at frequencies up to ``top``
+    (those with ``top c^j > 1e-4``; none at ``c = 1``, which has a closed form, one at ``c = 0``)."""
+    if c == 1.0:
+        return 0
+    if c == 0.0:
+        return 1
+    return steps if top <= 0 else min(steps, max(0, int(math.ceil(math.log(top * 1e4) / -math.log(c)))))
 
 
 def _poisson_log_cf(theta: np.ndarray, q: float, c: float, steps: int) -> np.ndarray:
@@ -410,8 +504,7 @@ def _poisson_log_cf(theta: np.ndarray, q: float, c: float, steps: int) -> np.nda
         return steps * one(theta)
     if c == 0.0:
         return one(theta)
-    top = float(np.max(np.abs(theta))) if theta.size else 0.0
-    direct = steps if top <= 0 else min(steps, max(0, int(math.ceil(math.log(top * 1e4) / -math.log(c)))))
+    direct = _direct_terms(float(np.max(np.abs(theta))) if theta.size else 0.0, c, steps)
     if direct * theta.size > LOWER_BOUND_DIRECT_TERMS:
         raise v.ParameterError("steps", f"too long a run with too weak a contraction (c = {c:.9g}) for the fast "
                                "lower bound; use exact_pair")
@@ -443,14 +536,21 @@ class _FourierLaw:
     frequencies wide enough that the aliased mass is negligible."""
 
     def __init__(self, a: float, q: float, c: float, steps: int, sign: float = 1.0) -> None:
+        self.dw, count = self.frequencies(a, q, c, steps)
+        self.w = (np.arange(count) + 0.5) * self.dw
+        self.phi = np.exp(_poisson_log_cf(sign * a * self.w, q, c, steps) - self.w ** 2 / 2)
+
+    @staticmethod
+    def frequencies(a: float, q: float, c: float, steps: int) -> Tuple[float, int]:
+        """``(dw, count)``: the spacing ``pi / reach`` (``reach`` beyond the mass of ``X``) and the number
+        of the frequencies, up to ``|w| = 12`` (``e^{-w^2/2} < 1e-31`` beyond)."""
         s_max = s_max_of(c, steps)
         mean = a * q * s_max
         sd = math.sqrt(1.0 + a * a * q * (1 - q) * (s_max if c == 1.0 else (1 - c ** (2 * min(steps, 10**9)))
                                                      / max(1 - c * c, 1e-300)))
         reach = min(a * s_max, mean + 25 * sd + 25 * a) + 15.0  # the mass beyond is below 1e-40
-        self.dw = math.pi / reach
-        self.w = (np.arange(int(math.ceil(12.0 / self.dw))) + 0.5) * self.dw  # e^{-w^2/2} < 1e-31 beyond
-        self.phi = np.exp(_poisson_log_cf(sign * a * self.w, q, c, steps) - self.w ** 2 / 2)
+        dw = math.pi / reach
+        return dw, int(math.ceil(12.0 / dw))
 
     def _both(self, t: np.ndarray):
         """Density and survival function at ``t`` (the last grid asked for is remembered)."""
@@ -470,31 +570,8 @@ class _FourierLaw:
         return self._both(t)[1]
 
 
-def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE_ONE") -> float:
-    """The best known lower bound on the epsilon of a Poisson run (shown beside a reported bound, never as
-    the guarantee): the exact epsilon of the affine construction with the worst known pair, computed from
-    the characteristic function of the last iterate (a mixture over the secret inclusions), fast at any
-    length (docs/derivations.md section 17).
-
-    The construction: every per-example gradient constant (``v_i``, ``||v_i|| <= C``, data curvature 0),
-    the run's L2 term ``m_reg`` once per step, so every step contracts by ``c = 1 - lr m_reg``; an instance
-    of the declared class when ``m <= m_reg <= M``. The pairs are those of :func:`exact_pair`
-    (:func:`constructions_for`): ``half`` (the record ``+C`` against absent / ``0``) and, under
-    REPLACE_ONE, ``mirror`` (``+C`` against ``-C``); it equals ``exact_pair(run, relation=...).epsilon``
-    up to the Fourier inversion's accuracy (about 1e-6 relative at ``delta >= 1e-9``).
-
-    >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
-    >>> run = TrainingRunDpEvent(dataset_size=20, batch_size=6, steps=4, noise_multiplier=1.0, clip_norm=1.0,
-    ...     learning_rate=0.5, sampling="poisson", sampling_probability=0.3, l2_regularization=0.2,
-    ...     geometry=LossGeometry(strong_convexity=0.2, smoothness=1.0))
-    >>> round(poisson_lower_bound(run, 1e-5, "ADD_OR_REMOVE_ONE"), 4) == round(
-    ...     exact_pair(run, relation="ADD_OR_REMOVE_ONE").epsilon(1e-5), 4)
-    True
-    """
-    relation = getattr(relation, "name", relation)
-    if relation not in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE"):
-        raise v.ParameterError("relation", f"must be REPLACE_ONE or ADD_OR_REMOVE_ONE, got {relation!r}")
-    v.probability("delta", delta)
+def _poisson_construction(run: TrainingRunDpEvent) -> Tuple[float, float, float, int]:
+    """``(a, q, c, T)`` of :func:`poisson_lower_bound`'s construction, refused where it is not an instance."""
     if run.sampling != POISSON:
         raise v.ParameterError("sampling", f"the fast lower bound is for sampling='poisson', not {run.sampling!r}")
     if not run.is_constant:
@@ -518,9 +595,64 @@ def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE
     c2 = c * c
     variance = float(T) if c2 == 1.0 else (1.0 if c2 == 0.0 else -math.expm1(T * math.log(c2)) / (1 - c2))
     a = (1.0 / z) / math.sqrt(variance)  # one use's shift of the last iterate, in units of its noise
+    return a, q, c, T
+
+
+def _poisson_reach(a: float, q: float, c: float, steps: int) -> float:
+    """Half-width of :func:`poisson_lower_bound`'s threshold grid (beyond the mass of ``X``)."""
+    return 12.0 + a * q * s_max_of(c, steps) + 12.0 * a * math.sqrt(q * s_max_of(c, steps))
+
+
+def poisson_lower_bound_work(run: TrainingRunDpEvent) -> float:
+    """The size of :func:`poisson_lower_bound`'s computation, known before it starts: frequencies x (terms
+    of the characteristic function summed one by one + 4 x the threshold grid's points, the Fourier sums
+    it evaluates). Refuses what :func:`poisson_lower_bound` refuses."""
+    a, q, c, T = _poisson_construction(run)
+    dw, count = _FourierLaw.frequencies(a, q, c, T)
+    points = 2 * _poisson_reach(a, q, c, T) / 0.02 + 1
+    return float(count) * (_direct_terms(a * count * dw, c, T) + 4 * points)
+
+
+def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE_ONE") -> float:
+    """:func:`poisson_lower_bound_resolved`'s value: the best known lower bound of a Poisson run."""
+    return poisson_lower_bound_resolved(run, delta, relation)[0]
+
+
+def poisson_lower_bound_resolved(run: TrainingRunDpEvent, delta: float,
+                                 relation="REPLACE_ONE") -> Tuple[float, bool]:
+    """The best known lower bound on the epsilon of a Poisson run (shown beside a reported bound, never as
+    the guarantee): the exact epsilon of the affine construction with the worst known pair, computed from
+    the characteristic function of the last iterate (a mixture over the secret inclusions), fast at any
+    length (docs/derivations.md section 17).
+
+    The construction: every per-example gradient constant (``v_i``, ``||v_i|| <= C``, data curvature 0),
+    the run's L2 term ``m_reg`` once per step, so every step contracts by ``c = 1 - lr m_reg``; an instance
+    of the declared class when ``m <= m_reg <= M``. The pairs are those of :func:`exact_pair`
+    (:func:`constructions_for`): ``half`` (the record ``+C`` against absent / ``0``) and, under
+    REPLACE_ONE, ``mirror`` (``+C`` against ``-C``); it equals ``exact_pair(run, relation=...).epsilon``
+    up to the Fourier inversion's accuracy (about 1e-6 relative at ``delta >= 1e-9``).
+
+    Returns ``(value, resolved)``: ``resolved`` is False when some Neyman-Pearson threshold lies where
+    the densities are below ``1e-12`` (large epsilons); the value is then smaller than the construction's
+    (still a lower bound), possibly 0.
+
+    >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
+    >>> run = TrainingRunDpEvent(dataset_size=20, batch_size=6, steps=4, noise_multiplier=1.0, clip_norm=1.0,
+    ...     learning_rate=0.5, sampling="poisson", sampling_probability=0.3, l2_regularization=0.2,
+    ...     geometry=LossGeometry(strong_convexity=0.2, smoothness=1.0))
+    >>> value, resolved = poisson_lower_bound_resolved(run, 1e-5, "ADD_OR_REMOVE_ONE")
+    >>> round(value, 4) == round(exact_pair(run, relation="ADD_OR_REMOVE_ONE").epsilon(1e-5), 4), resolved
+    (True, True)
+    """
+    relation = getattr(relation, "name", relation)
+    if relation not in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE"):
+        raise v.ParameterError("relation", f"must be REPLACE_ONE or ADD_OR_REMOVE_ONE, got {relation!r}")
+    v.probability("delta", delta)
+    a, q, c, T = _poisson_construction(run)
     law = _FourierLaw(a, q, c, T)
-    reach = 12.0 + a * q * s_max_of(c, T) + 12.0 * a * math.sqrt(q * s_max_of(c, T))
+    reach = _poisson_reach(a, q, c, T)
     grid = np.arange(-reach, reach + 0.01, 0.02)
+    unresolved = []
 
     def log_p(t):
         return np.log(np.maximum(law.density(t), 1e-300))
@@ -532,17 +664,20 @@ def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE
         resolved point with a positive gap: a smaller value, still a lower bound."""
         ok = np.flatnonzero(np.minimum(*densities) > 1e-12)
         if not ok.size:
+            unresolved.append(True)
             return 0.0
         lo, hi = int(ok[0]), int(ok[-1]) + 1
         r, g = log_ratio(grid[lo:hi]), gap(grid[lo:hi])
         start = np.flatnonzero(r >= 0)
         if not start.size:
+            unresolved.append(True)
             return 0.0
         i0 = int(start[0])
         if g[i0] <= 0:
             return 0.0
         below = np.flatnonzero(g[i0:] <= 0)
         if not below.size:
+            unresolved.append(True)
             return max(0.0, float(r[-1]))
         j = lo + i0 + int(below[0])
         t = optimize.brentq(lambda x: float(gap(np.array([x]))[0]), grid[j - 1], grid[j], xtol=1e-13)
@@ -562,7 +697,7 @@ def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE
         lr_mirror = lambda t: log_p(t) - log_p(-t)
         gap = lambda t: law.sf(t) - ex(lr_mirror(t)) * (1.0 - law.sf(-t)) - delta
         best = max(best, threshold_epsilon(lr_mirror, gap, (p_grid, p_flip)))
-    return best + EPS_PAD if best > 0 else 0.0
+    return (best + EPS_PAD if best > 0 else 0.0), not unresolved
 
 
-__all__ += ["poisson_lower_bound"]
+__all__ += ["poisson_lower_bound", "poisson_lower_bound_resolved", "poisson_lower_bound_work"]

@@ -4,7 +4,7 @@
 The ground truth (:mod:`hidden_state_accountants.exact`) builds its worst known pairs from it and
 the balls-in-bins bound (:class:`~hidden_state_accountants.analyses.balls_in_bins.GaussianMixturePairBound`)
 evaluates its mixture with it; it lives here, on its own and tested against numerical integration
-(``tests/test_schedule_laws.py``), so that neither imports the other.
+(``tests/core/test_schedule_laws.py``), so that neither imports the other.
 
 ``delta(eps)`` follows the Neyman-Pearson sets of the privacy loss (a half-line for a monotone
 loss, the complement of an interval for a convex one), with ``log_ndtr`` tails in log space;

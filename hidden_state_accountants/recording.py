@@ -1,18 +1,25 @@
-"""The recording layer: what a training framework did, turned into a training-run event.
+"""The recording layer: what a training framework did, turned into a privacy report.
 
-Adapters (Opacus, Keras) only *read* their framework and hand the facts over; every
-decision about whether those facts back a hidden-state claim is made here, the same way for
-every framework:
+Adapters (Opacus, Keras) only *read* their framework and hand the facts over; every decision about
+whether those facts back a hidden-state claim is made here, the same way for every framework. This
+docstring is the adapter policy; the adapters' guides (docs/opacus.md, docs/tf_privacy.md) and
+docs/design.md link here.
 
-* :class:`StepFacts`: what one optimiser step did (noise, clip norm, learning rate, the
-  number the clipped sum is divided by, L2 outside clipping, projection, optimiser kind,
-  momentum, clipping mode, ...).
-* :class:`ModelFacts`: the model's structure, layer by layer.
+* :class:`StepFacts`: what one optimiser step did (noise, clip norm, learning rate, the number the
+  clipped sum is divided by, L2 outside clipping, projection, update rule, clipping mode, ...), in
+  the hand-over vocabularies (:class:`OptimizerKind`, :class:`Clipping`, :class:`LossReduction`,
+  :class:`ReplicaReduction`), validated when the facts are made.
+* :class:`ModelFacts`: the model's structure, layer by layer (:class:`LayerKind`).
 * :class:`BatchSourceFacts`: where the batches come from (a schedule of this package, or a
   description of something else).
-* :class:`RunRecorder` keeps a run-length-encoded ledger of steps and turns it into a
-  :class:`~hidden_state_accountants.TrainingRunDpEvent` plus the reasons a hidden-state
-  analysis does not apply.
+* :class:`Claim`: what the run is accounted under, frozen and checked when made: the batch
+  schedule, the declared geometry, the model's structure, the user's flags, the dataset size, the
+  neighbouring relation (the one rule: :func:`~hidden_state_accountants.relations.resolve_relation`,
+  each adapter stating its host's default) and what the adapter observed about the data (a feature
+  bound it cannot observe, the loss). Checkpoints store it (:mod:`hidden_state_accountants.checkpoint`).
+* :class:`RunRecorder` ``(claim)`` keeps a run-length-encoded ledger of steps;
+  :meth:`RunRecorder.report` is the report for them (every analysis, the reasons a hidden-state
+  analysis does not apply, the notes) in one call.
 
 The policy, one for every framework:
 
@@ -23,8 +30,7 @@ The policy, one for every framework:
    batches that do not come from the declared schedule raise
    :class:`~hidden_state_accountants.ParameterError` naming the parameter, at configuration or
    before the first step is accounted. So does a loss other than the one the geometry was derived
-   from (:meth:`RunRecorder.check_loss`), and a model whose feature clip is wider than the declared
-   feature bound.
+   from, and a model whose feature clip is wider than the declared feature bound.
 1b. **What the data decides is enforced or checked before each step.** A geometry with a
    ``feature_norm_bound`` holds only if every input of the trainable layer has that norm at most:
    *enforced* when the model's structure shows the package's feature clip (radius ``<=`` the bound)
@@ -32,8 +38,8 @@ The policy, one for every framework:
    reports the largest input norm of the data of each step before the step is taken
    (:meth:`RunRecorder.check_feature_norm`), and a step recorded without such a check, or data above
    the bound, is an error naming ``feature_norm_bound`` (with the observed norm). What no adapter can
-   observe (a geometry given by its constants, a loss the framework does not show) is the user's claim,
-   and :meth:`RunRecorder.notes` says so in every report.
+   observe (a geometry given by its constants, a loss the framework does not show, inputs it cannot
+   see under ``assume_convex_model``) is the user's claim, and every report's notes say so.
 2. **Departures during training end the hidden-state claim.** If the learning rate, noise,
    clip norm, L2 strength or projection changes mid-run, or the update stops being plain
    DP-SGD, the run is accounted by composition (valid for any post-processing of the noisy
@@ -43,19 +49,26 @@ The policy, one for every framework:
 4. **Not even composition holds** (adaptive clipping, whose clip norm follows the data; a
    divisor that does not match the schedule's batches; gradient accumulation over a
    schedule's batches): an error at the step where it is seen.
+
+Projections and feature clips round in the safe direction by one rule
+(:mod:`hidden_state_accountants.projection`); a kept short batch is the last step of every epoch
+(:func:`batch_records`).
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import attr
 
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport
 from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarning, HiddenStateWarning  # re-exported
-from hidden_state_accountants.events import LOSSES, LossGeometry, TrainingRunDpEvent
+from hidden_state_accountants.events import LOSSES, LossGeometry, TrainingRunDpEvent, check_learning_rate
+from hidden_state_accountants.relations import REPLACE_ONE, NeighborRel, parse_relation, resolve_relation
 from hidden_state_accountants.schedules import (
     DROPPED,
     EPOCH_ORDERS,
@@ -73,11 +86,78 @@ ASSUMED_CONVEX_NOTE = (
 )
 
 
+# ------------------------------------------------------------------------- vocabularies
+class Vocabulary(str, enum.Enum):
+    """A closed vocabulary of the hand-over: each member is (and compares equal to) its value, the
+    string the ledger stores; anything else is refused when the facts are made."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def parse(cls, name: str, value: Any) -> "Vocabulary":
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise v.ParameterError(name, f"must be one of {', '.join(m.value for m in cls)}, got {value!r}") from None
+
+
+class OptimizerKind(Vocabulary):
+    """The update rule applied to the noisy gradient (only ``sgd`` is the analysed one)."""
+
+    SGD = "sgd"
+    ADAM = "adam"
+    ADAMW = "adamw"
+    ADAGRAD = "adagrad"
+    RMSPROP = "rmsprop"
+    OTHER = "other"
+
+    @classmethod
+    def named(cls, class_name: str) -> "OptimizerKind":
+        """The kind of a framework's optimizer class, by its name (``"Adam"`` -> ``adam``);
+        ``other`` for names outside the vocabulary. Adapters decide ``sgd`` by class, not by name."""
+        lowered = class_name.lower()
+        return next((m for m in cls if m.value == lowered and m is not cls.SGD), cls.OTHER)
+
+
+class Clipping(Vocabulary):
+    FLAT = "flat"
+    PER_LAYER = "per_layer"
+    ADAPTIVE = "adaptive"
+
+
+class LossReduction(Vocabulary):
+    MEAN = "mean"
+    SUM = "sum"
+
+
+class ReplicaReduction(Vocabulary):
+    """How a data-parallel framework combines its replicas' updates."""
+
+    SUM = "sum"
+    MEAN = "mean"
+
+
+class LayerKind(Vocabulary):
+    """``affine``: a dense linear map with bias and no activation; ``random``: draws randomness in
+    training (dropout); ``other``: everything else."""
+
+    AFFINE = "affine"
+    RANDOM = "random"
+    OTHER = "other"
+
+
+def _in(vocabulary, name: str):
+    return lambda value: vocabulary.parse(name, value)
+
+
 # ------------------------------------------------------------------------------ facts
 Number = Union[float, Tuple[float, ...]]
-
-REPLICA_REDUCTIONS = ("sum", "mean")
-"""How a data-parallel framework combines its replicas' updates (:attr:`StepFacts.replica_reduction`)."""
 
 
 def _number_or_groups(value):
@@ -86,6 +166,13 @@ def _number_or_groups(value):
         values = tuple(float(x) for x in value)
         return values[0] if len(set(values)) == 1 else values
     return None if value is None else float(value)
+
+
+def _plain(value):
+    """A fact's value in plain JSON types."""
+    if isinstance(value, tuple):
+        return list(value)
+    return value.value if isinstance(value, Vocabulary) else value
 
 
 @attr.s(frozen=True, slots=True, kw_only=True)
@@ -100,21 +187,22 @@ class StepFacts:
       weight_decay: L2 strength applied after clipping and noise, or one per parameter group.
       projection_diameter: diameter of the convex set the parameters were projected onto
         after the step, ``None`` for no projection.
-      optimizer: the update applied to the noisy gradient (``"sgd"`` for a plain step).
+      optimizer: the update applied to the noisy gradient (:class:`OptimizerKind`; ``sgd`` for
+        a plain step).
       momentum, nesterov: SGD momentum settings.
-      clipping: ``"flat"``, ``"per_layer"`` or ``"adaptive"``.
-      loss_reduction: ``"mean"`` or ``"sum"``.
+      clipping: :class:`Clipping`: ``flat``, ``per_layer`` or ``adaptive``.
+      loss_reduction: :class:`LossReduction`: ``mean`` or ``sum``.
       accumulation: batches (or optimiser calls) whose gradients one update applies.
       postprocessing: anything applied to the noisy gradient before the step (e.g. Keras'
         ``clipnorm``), described, or ``None``.
-      sample_rate: the probability a record is in the step's batch, for Poisson steps whose
-        rate the framework reports (Opacus), else ``None``.
+      sampling_probability: the probability a record is in the step's batch, for Poisson steps whose
+        rate the framework reports (Opacus' ``sample_rate``), else ``None``.
       replicas: data-parallel replicas that each compute the update on their part of the
         batch (``tf.distribute``, ``torch.distributed``); 1 for one device. With several,
         ``divisor`` is the number each replica divides its clipped sum and noise by, and
         :func:`effective_step` is the one-device step the replicas add up to.
-      replica_reduction: how the framework combines the replicas' updates: ``"sum"`` or
-        ``"mean"``.
+      replica_reduction: :class:`ReplicaReduction`: how the framework combines the replicas'
+        updates, ``sum`` or ``mean``.
       replica_share: each replica adds ``1/replica_share`` of the noise variance
         ``(noise_multiplier * clip_norm)^2`` and of the L2 term ``weight_decay * theta``
         (1: each adds them in full, as an optimizer that knows nothing of replicas does).
@@ -130,16 +218,18 @@ class StepFacts:
     divisor: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
     weight_decay: Number = attr.ib(default=0.0, converter=_number_or_groups)
     projection_diameter: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
-    optimizer: str = attr.ib(default="sgd")
+    optimizer: OptimizerKind = attr.ib(default=OptimizerKind.SGD, converter=_in(OptimizerKind, "optimizer"))
     momentum: float = attr.ib(default=0.0, converter=float)
     nesterov: bool = attr.ib(default=False, converter=bool)
-    clipping: str = attr.ib(default="flat")
-    loss_reduction: str = attr.ib(default="mean")
+    clipping: Clipping = attr.ib(default=Clipping.FLAT, converter=_in(Clipping, "clipping"))
+    loss_reduction: LossReduction = attr.ib(default=LossReduction.MEAN,
+                                            converter=_in(LossReduction, "loss_reduction"))
     accumulation: int = attr.ib(default=1, converter=int)
     postprocessing: Optional[str] = attr.ib(default=None)
-    sample_rate: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
+    sampling_probability: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
     replicas: int = attr.ib(default=1)
-    replica_reduction: str = attr.ib(default="sum")
+    replica_reduction: ReplicaReduction = attr.ib(default=ReplicaReduction.SUM,
+                                                  converter=_in(ReplicaReduction, "replica_reduction"))
     replica_share: int = attr.ib(default=1)
     l2_after_reduction: bool = attr.ib(default=False)
 
@@ -154,14 +244,8 @@ class StepFacts:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise v.ParameterError(attribute.name, f"must be an integer >= 1, got {value!r}")
 
-    @replica_reduction.validator
-    def _check_reduction(self, _, value):
-        if value not in REPLICA_REDUCTIONS:
-            raise v.ParameterError("replica_reduction",
-                                   f"must be one of {', '.join(REPLICA_REDUCTIONS)}, got {value!r}")
-
     def to_dict(self) -> Dict[str, Any]:
-        return {k: (list(x) if isinstance(x, tuple) else x) for k, x in attr.asdict(self).items()}
+        return {k: _plain(x) for k, x in attr.asdict(self, recurse=False).items()}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "StepFacts":
@@ -178,17 +262,15 @@ class StepFacts:
 
 @attr.s(frozen=True, slots=True, kw_only=True)
 class LayerFacts:
-    """One layer of a model, in the order the forward pass applies it.
-
-    ``kind`` is ``"affine"`` for a dense linear map with bias and no activation (Linear,
-    Dense(activation=None)), ``"random"`` for layers that draw randomness in training
-    (dropout), ``"other"`` for everything else. ``trainable`` says whether it owns parameters
-    that the optimiser updates.
-    """
+    """One layer of a model, in the order the forward pass applies it: its :class:`LayerKind`, and
+    whether it owns parameters that the optimiser updates (``trainable``)."""
 
     name: str = attr.ib()
-    kind: str = attr.ib(validator=attr.validators.in_(("affine", "random", "other")))
+    kind: LayerKind = attr.ib(converter=_in(LayerKind, "kind"))
     trainable: bool = attr.ib(converter=bool)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "kind": self.kind.value, "trainable": self.trainable}
 
 
 @attr.s(frozen=True, slots=True, kw_only=True)
@@ -203,6 +285,11 @@ class ModelFacts:
     """``max_norm`` of the package's feature clip when the adapter read from the model's structure
     that the clip's output is the whole input of the one trainable layer (so every input it sees has
     norm ``<= max_norm``), else ``None``."""
+
+    def structure(self) -> Tuple[Any, ...]:
+        """What the checks read from the model, without the names (a framework may name the layers of
+        the same model differently each time it builds it)."""
+        return tuple((layer.kind, layer.trainable) for layer in self.layers), self.complete, self.feature_clip_norm
 
 
 @attr.s(frozen=True, slots=True, kw_only=True)
@@ -224,8 +311,6 @@ class BatchSourceFacts:
     """How many processes each draw the framework's permutation on their own and feed their
     part of it (several ranks each running ``DataLoader(shuffle=True)``, Keras
     ``fit(shuffle=True)`` on several workers); 1 for one process or a shared draw."""
-
-
 def effective_step(step: StepFacts) -> StepFacts:
     """The one-device step that ``step.replicas`` data-parallel replicas add up to.
 
@@ -259,12 +344,12 @@ def effective_step(step: StepFacts) -> StepFacts:
     replicas = step.replicas
     if replicas == 1 and step.replica_share == 1:
         return attr.evolve(step, l2_after_reduction=False) if step.l2_after_reduction else step
-    k = 1.0 if step.replica_reduction == "sum" else 1.0 / replicas
+    k = 1.0 if step.replica_reduction is ReplicaReduction.SUM else 1.0 / replicas
     ratio = replicas / step.replica_share  # exactly 1.0 when the replicas share the step evenly
     wd = step.weight_decay
     if not step.l2_after_reduction:
         wd = tuple(k * x * ratio for x in wd) if isinstance(wd, tuple) else k * wd * ratio
-    return attr.evolve(step, replicas=1, replica_reduction="sum", replica_share=1, l2_after_reduction=False,
+    return attr.evolve(step, replicas=1, replica_reduction=ReplicaReduction.SUM, replica_share=1, l2_after_reduction=False,
                        noise_multiplier=step.noise_multiplier * math.sqrt(ratio),
                        divisor=None if step.divisor is None else step.divisor / k, weight_decay=wd)
 
@@ -272,7 +357,7 @@ def effective_step(step: StepFacts) -> StepFacts:
 # ---------------------------------------------------------------------------- decisions
 def unaccountable(step: StepFacts) -> Optional[Tuple[str, str]]:
     """``(parameter, reason)`` when not even composition covers the step, else ``None``."""
-    if step.clipping == "adaptive":
+    if step.clipping is Clipping.ADAPTIVE:
         return "clipping", "adaptive clipping changes the clip norm with the data; use flat clipping"
     if not (math.isfinite(step.noise_multiplier) and step.noise_multiplier >= 0):
         return "noise_multiplier", f"must be a finite number >= 0, got {step.noise_multiplier!r}"
@@ -283,15 +368,16 @@ def update_departure(step: StepFacts) -> Optional[Tuple[str, str]]:
     """``(parameter, reason)`` why the step is not the analysed DP-SGD update
     ``theta - lr [(1/b) sum clip_C(grad l_i) + m_reg theta + (z C/b) xi]``, else ``None``.
     Composition still covers such a step (any use of the noisy gradient is post-processing)."""
-    if step.optimizer != "sgd":
-        return "optimizer", f"{step.optimizer} applies its own update to the noisy gradient; the analyses assume plain SGD steps"
+    if step.optimizer is not OptimizerKind.SGD:
+        what = "an optimizer other than SGD" if step.optimizer is OptimizerKind.OTHER else step.optimizer.value
+        return "optimizer", f"{what} applies its own update to the noisy gradient; the analyses assume plain SGD steps"
     if step.momentum != 0.0 or step.nesterov:
         return "momentum", (f"momentum={step.momentum:g}, nesterov={step.nesterov}: a momentum step is not a "
                             "contraction of one gradient step; the analyses assume plain SGD")
-    if step.clipping != "flat":
+    if step.clipping is not Clipping.FLAT:
         return "clipping", f"{step.clipping} clipping: the analyses assume flat clipping of the whole per-example gradient"
-    if step.loss_reduction != "mean":
-        return "loss_reduction", f"loss_reduction={step.loss_reduction!r}: the analyses assume 'mean'"
+    if step.loss_reduction is not LossReduction.MEAN:
+        return "loss_reduction", f"loss_reduction='{step.loss_reduction}': the analyses assume 'mean'"
     if step.postprocessing:
         return "optimizer", f"{step.postprocessing} post-processes the noisy gradient; the analyses assume it is applied as is"
     if isinstance(step.learning_rate, tuple):
@@ -325,7 +411,7 @@ def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False
             "in the trainable parameters)")
     if not model.complete:
         return f"the forward pass of {what} could not be read (custom code), so its convexity is unknown" + hint
-    random = [layer.name for layer in model.layers if layer.kind == "random"]
+    random = [layer.name for layer in model.layers if layer.kind is LayerKind.RANDOM]
     if random:
         return f"{what} draws randomness in training ({', '.join(random)}): the update is not the analysed one" + hint
     trainable = [i for i, layer in enumerate(model.layers) if layer.trainable]
@@ -335,7 +421,7 @@ def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False
                 "not convex in its parameters" + hint if trainable else f"{what} has no trainable layer")
     i = trainable[0]
     layer = model.layers[i]
-    if layer.kind != "affine":
+    if layer.kind is not LayerKind.AFFINE:
         return f"its trainable layer {layer.name} is not an affine map without activation" + hint
     after = [x.name for x in model.layers[i + 1:]]
     if after:
@@ -391,9 +477,9 @@ def _poisson_needs(step: StepFacts) -> List[Tuple[str, str]]:
     (docs/derivations.md sections 6-7) need the exact rate, a fixed whole-number divisor of the clipped sum
     (Opacus' expected batch size) and mean reduction."""
     out = []
-    if step.sample_rate is None:
-        out.append(("sample_rate", "the step does not report its sampling rate"))
-    if step.loss_reduction != "mean" or step.divisor is None:
+    if step.sampling_probability is None:
+        out.append(("sampling_probability", "the step does not report its sampling rate"))
+    if step.loss_reduction is not LossReduction.MEAN or step.divisor is None:
         out.append(("divisor", "the number the clipped sum is divided by is unknown"))
     elif abs(step.divisor - round(step.divisor)) > 1e-9 * step.divisor or round(step.divisor) < 1:
         out.append(("divisor", f"the clipped sum is divided by {step.divisor:g}, not a whole number of records"))
@@ -446,78 +532,249 @@ def check_position(batches_handed_out: int, steps: int, what: str) -> None:
             "batches did not come from it")
 
 
+def batch_records(schedule: BatchSchedule, step: int) -> int:
+    """The records in the batch of 0-based ``step``: ``b``, except the short batch of ``n % b``
+    records that a kept last batch (``last_batch`` not ``dropped``) adds as the last step of every
+    epoch. (It is divided by its own size under ``kept_own_size``, by ``b`` under
+    ``kept_batch_size``.) The one statement of where the short batch falls.
+
+    >>> s = BatchSchedule(23, 5, "reshuffle", last_batch="kept_own_size")  # 4 full batches and 3 records
+    >>> [batch_records(s, t) for t in range(6)]
+    [5, 5, 5, 5, 3, 5]
+    """
+    b, spe = schedule.batch_size, schedule.steps_per_epoch
+    if schedule.last_batch != DROPPED and step % spe == spe - 1:
+        return schedule.dataset_size % b  # not 0: a kept last batch means b does not divide n
+    return b
+
+
+def _short_batches(schedule: BatchSchedule, first: int, count: int) -> int:
+    """How many of the steps ``first .. first + count - 1`` take the kept short batch
+    (:func:`batch_records`), without visiting them."""
+    if schedule.last_batch == DROPPED or not schedule.dataset_size % schedule.batch_size:
+        return 0
+    spe = schedule.steps_per_epoch
+    k0 = first + (spe - 1 - first) % spe  # the first short step at or after `first`
+    return 0 if k0 >= first + count else (first + count - 1 - k0) // spe + 1
+
+
+# ------------------------------------------------------------------------------ the claim
+LossObservation = Tuple[Optional[str], str]
+
+
+def _optional_relation(value):
+    return None if value is None else parse_relation(value)
+
+
+@attr.s(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """What a run is accounted under, besides its steps: checked when it is made, the same for every
+    adapter (rule 1 of the module docstring), and stored with the run's checkpoints.
+
+    Attributes:
+      schedule: the batch schedule (``None``: the framework's own Poisson sampler, whose rate each
+        step reports as ``sampling_probability``).
+      geometry: the declared :class:`~hidden_state_accountants.LossGeometry`, ``None`` for no
+        hidden-state claim.
+      model: the model's structure (needed with a geometry unless ``assume_convex_model``).
+      assume_convex_model: accept the geometry for any model, on the user's word.
+      gaussian_initialization: the user declares Chourasia et al.'s initialisation.
+      dataset_size: ``n`` of a Poisson run without a schedule (needed there with a geometry); with
+        a schedule it must be the schedule's (and is not stored twice).
+      neighboring_relation: the relation the user asked for, or ``None`` for the rule of
+        :func:`~hidden_state_accountants.relations.resolve_relation` with ``default_relation``.
+      default_relation: the host library's convention (Opacus: ADD_OR_REMOVE_ONE; the TF-Privacy
+        adapter: REPLACE_ONE).
+      feature_unobservable: why the adapter can neither see a feature clip nor the trainable
+        layer's inputs; the feature bound is then the user's claim (only with
+        ``assume_convex_model``, else an error naming ``feature_norm_bound``).
+      loss: ``(kind, description)`` of the training loss as the adapter observed it: ``kind`` a key
+        of :data:`~hidden_state_accountants.events.LOSSES` (``"other"`` for none) or ``None`` when
+        the framework does not show it; ``None``: not observed at all.
+      planned: a run planned in advance (calibration, planning): no data to check.
+
+    >>> from hidden_state_accountants import LossGeometry
+    >>> Claim(schedule=BatchSchedule(100, 10, "cyclic"), geometry=LossGeometry(smoothness=1.0, strong_convexity=0.1))
+    Traceback (most recent call last):
+    ...
+    hidden_state_accountants.errors.ParameterError: model: the model structure is unknown: pass the model so it can be checked, or assume_convex_model=True if you have verified convexity yourself
+    """
+
+    schedule: Optional[BatchSchedule] = attr.ib(default=None)
+    geometry: Optional[LossGeometry] = attr.ib(default=None)
+    model: Optional[ModelFacts] = attr.ib(default=None)
+    assume_convex_model: bool = attr.ib(default=False)
+    gaussian_initialization: bool = attr.ib(default=False)
+    dataset_size: Optional[int] = attr.ib(default=None)
+    neighboring_relation: Optional[NeighborRel] = attr.ib(default=None, converter=_optional_relation)
+    default_relation: NeighborRel = attr.ib(default=REPLACE_ONE, converter=parse_relation)
+    feature_unobservable: Optional[str] = attr.ib(default=None)
+    loss: Optional[LossObservation] = attr.ib(default=None)
+    planned: bool = attr.ib(default=False)
+
+    def __attrs_post_init__(self) -> None:
+        schedule, geometry, model = self.schedule, self.geometry, self.model
+        if schedule is not None and not isinstance(schedule, BatchSchedule):
+            raise v.ParameterError("schedule", f"must be a BatchSchedule or None, got {type(schedule).__name__}")
+        if geometry is not None and not isinstance(geometry, LossGeometry):
+            raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {geometry!r}")
+        if model is not None and not isinstance(model, ModelFacts):
+            raise v.ParameterError("model", f"must be ModelFacts or None, got {type(model).__name__}")
+        for name in ("assume_convex_model", "gaussian_initialization", "planned"):
+            if not isinstance(getattr(self, name), bool):
+                raise v.ParameterError(name, f"must be True or False, got {getattr(self, name)!r}")
+        if self.dataset_size is not None:
+            n = v.positive_int("dataset_size", self.dataset_size)
+            if schedule is not None and n != schedule.dataset_size:
+                raise v.ParameterError("dataset_size", f"{n} is not the schedule's {schedule.dataset_size}")
+            object.__setattr__(self, "dataset_size", None if schedule is not None else n)
+        if geometry is not None and schedule is None and self.dataset_size is None:
+            raise v.ParameterError(
+                "dataset_size", "a hidden-state claim for steps without a package schedule (Poisson sampling at "
+                "the rate the framework reports) needs the dataset size")
+        if geometry is None:  # nothing about the data is claimed
+            object.__setattr__(self, "feature_unobservable", None)
+            return
+        reason = model_refusal(model, self.assume_convex_model)
+        if reason:
+            raise v.ParameterError("model", reason)
+        clip, bound = (None if model is None else model.feature_clip_norm), geometry.feature_norm_bound
+        if clip is not None and bound is not None and clip > bound:
+            raise v.ParameterError(
+                "feature_norm_bound", f"the model's feature clip (max_norm={clip:g}) lets inputs of norm up to "
+                f"{clip:g} reach the trainable layer, above the declared bound {bound:g}; clip to {bound:g} or "
+                f"declare {clip:g}")
+        why = self.feature_unobservable
+        if why is not None:
+            if not isinstance(why, str) or not why:
+                raise v.ParameterError("feature_unobservable", f"must be a reason or None, got {why!r}")
+            if bound is None or clip is not None:  # nothing to observe: the bound is not claimed, or enforced
+                object.__setattr__(self, "feature_unobservable", None)
+            elif not self.assume_convex_model:
+                raise v.ParameterError("feature_norm_bound", f"{bound:g} can be neither enforced nor checked: {why}")
+        if self.loss is not None:
+            kind, description = self.loss
+            assumed = geometry.loss
+            if assumed is not None and kind is not None and kind != assumed:
+                raise v.ParameterError(
+                    "loss", f"{description} is not the loss the geometry was derived from ({LOSSES[assumed]}): "
+                    "its smoothness is not the declared one (declare a LossGeometry for this loss, or geometry=None "
+                    "for composition)")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def sampling(self) -> str:
+        """The schedule's sampling, ``poisson`` for the framework's own sampler."""
+        return POISSON if self.schedule is None else self.schedule.sampling
+
+    def relation(self) -> Tuple[NeighborRel, Optional[str]]:
+        """The relation every number is reported under, and the note saying why it is not the host's
+        default when it is not (:func:`~hidden_state_accountants.relations.resolve_relation`)."""
+        return resolve_relation(self.neighboring_relation, self.default_relation, self.sampling)
+
+    @property
+    def needs_feature_checks(self) -> bool:
+        """Whether the adapter must report the largest input norm of the trainable layer for the data
+        of every step before the step is taken: a feature bound is declared, no feature clip in the
+        model enforces it, the adapter can see the inputs, and this is not a planned run."""
+        return (self.geometry is not None and self.geometry.feature_norm_bound is not None
+                and self.feature_clip_norm is None and not self.planned and self.feature_unobservable is None)
+
+    @property
+    def feature_clip_norm(self) -> Optional[float]:
+        """The radius of the model's feature clip that enforces the declared feature bound, or ``None``."""
+        if self.geometry is None or self.geometry.feature_norm_bound is None or self.model is None:
+            return None
+        return self.model.feature_clip_norm  # never above the bound: refused at construction
+
+    def observed(self, **observations) -> "Claim":
+        """This claim with what the adapter observed about the data (``loss``,
+        ``feature_unobservable``), checked again."""
+        unknown = set(observations) - {"loss", "feature_unobservable"}
+        if unknown:
+            raise v.ParameterError("observations", f"unknown {sorted(unknown)}")
+        return attr.evolve(self, **observations)
+
+    def accounted(self) -> Tuple[Any, ...]:
+        """What the numbers depend on besides the steps (what a noise multiplier is calibrated for),
+        for comparing two claims: the schedule, the geometry, the resolved relation, and the flags and
+        the Poisson dataset size where a geometry reads them; not the model's structure or the
+        observations, which only decide whether the claim holds."""
+        with_geometry = self.geometry is not None
+        return (self.schedule, self.geometry, self.relation()[0], self.assume_convex_model and with_geometry,
+                self.gaussian_initialization and with_geometry, self.dataset_size if with_geometry else None)
+
+    def describe(self) -> str:
+        """The claim in words, for messages."""
+        if self.schedule is None:
+            batches = "the framework's Poisson sampling"
+            if self.dataset_size is not None:
+                batches += f" of n={self.dataset_size} records"
+        else:
+            batches = f"the {self.schedule!r}"
+        what = "composition only" if self.geometry is None else f"the declared {self.geometry}"
+        flags = [f for f in ("assume_convex_model", "gaussian_initialization") if getattr(self, f)]
+        return f"{batches}, {what}{''.join(f', {f}' for f in flags)}, under {self.relation()[0].name}"
+
+    def recorder(self, steps: Iterable[Tuple["StepFacts", int]] = ()) -> "RunRecorder":
+        """A recorder of a run under this claim, with ``(step, count)`` entries recorded through
+        every check (e.g. a planned run). Every recorder of the package is made here."""
+        recorder = RunRecorder(self)
+        for step, count in steps:
+            recorder.record(step, count)
+        return recorder
+
+
 # ------------------------------------------------------------------------------ recorder
 def _group_value(x: Number) -> float:
     return x[0] if isinstance(x, tuple) else x
 
 
+_REMEDY = " (a loss geometry is declared; use geometry=None to account this training by composition)"
+
+
+def parse_ledger(state: Sequence[Sequence[Any]]) -> List[Tuple[StepFacts, int]]:
+    """:meth:`RunRecorder.ledger_state` back as ``(step, count)`` entries (types and counts checked;
+    the checks of the claim are the recorder's)."""
+    if not isinstance(state, (list, tuple)):
+        raise v.ParameterError("ledger", f"must be a list, got {type(state).__name__}")
+    ledger = []
+    for entry in state:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise v.ParameterError("ledger", f"every entry must be [step, count], got {entry!r}")
+        count = entry[1]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise v.ParameterError("ledger", f"a count must be a positive integer, got {count!r}")
+        ledger.append((effective_step(StepFacts.from_dict(entry[0])), count))
+    return ledger
+
+
 class RunRecorder:
-    """A ledger of optimiser steps and the claim they are accounted under.
+    """A ledger of optimiser steps and the :class:`Claim` they are accounted under.
 
-    Args:
-      schedule: the batch schedule (``None``: the framework's own Poisson sampler, whose rate
-        each step reports as ``sample_rate``; composition only).
-      geometry: the declared :class:`LossGeometry`, ``None`` for no hidden-state claim.
-      model: the model's structure (needed with a geometry unless ``assume_convex_model``).
-      assume_convex_model: accept the geometry for any model, on the user's word.
-      gaussian_initialization: the user declares Chourasia et al.'s initialisation.
-      dataset_size: ``n`` of a Poisson run without a schedule, if known.
-
-    ``record(step)`` appends a step (the first one is checked against the claim: rule 1 of
-    the module docstring); ``run()`` is the event for the steps so far.
+    ``record(step)`` appends a step (the first one, and each new kind of step, checked against the
+    claim: rule 1 of the module docstring); :meth:`report` is the report for the steps so far;
+    :meth:`run` the event it accounts.
     """
 
-    def __init__(
-        self,
-        *,
-        schedule: Optional[BatchSchedule],
-        geometry: Optional[LossGeometry] = None,
-        model: Optional[ModelFacts] = None,
-        assume_convex_model: bool = False,
-        gaussian_initialization: bool = False,
-        dataset_size: Optional[int] = None,
-        planned: bool = False,
-    ) -> None:
-        if schedule is not None and not isinstance(schedule, BatchSchedule):
-            raise v.ParameterError("schedule", f"must be a BatchSchedule or None, got {type(schedule).__name__}")
-        if geometry is not None and not isinstance(geometry, LossGeometry):
-            raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {geometry!r}")
-        if geometry is not None and schedule is None and dataset_size is None:
-            raise v.ParameterError(
-                "dataset_size", "a hidden-state claim for steps without a package schedule (Poisson sampling at "
-                "the rate the framework reports) needs the dataset size")
-        for name, flag in (("assume_convex_model", assume_convex_model), ("gaussian_initialization", gaussian_initialization),
-                           ("planned", planned)):
-            if not isinstance(flag, bool):
-                raise v.ParameterError(name, f"must be True or False, got {flag!r}")
-        self.schedule = schedule
-        self.geometry = geometry
-        self.model = model
-        self.assume_convex_model = assume_convex_model
-        self.gaussian_initialization = gaussian_initialization
-        self.dataset_size = None if dataset_size is None else v.positive_int("dataset_size", dataset_size)
-        self.planned = planned
-        self._ledger: List[List[Any]] = []  # [StepFacts, count]
+    def __init__(self, claim: Claim) -> None:
+        if not isinstance(claim, Claim):
+            raise v.ParameterError("claim", f"must be a Claim, got {type(claim).__name__}")
+        self.claim = claim
+        self._ledger: List[List[Any]] = []  # [StepFacts (one device), count]
         self._steps = 0
         self._warned: set = set()
-        # what the data decides (feature norms) and the loss: see the module docstring, rule 1b
+        self._checked: Optional[StepFacts] = None  # the last step that passed the first-step checks
+        self.accounted_geometry: Optional[LossGeometry] = None
+        """The declared geometry as the checks of that step account it (the projection's diameter
+        filled in where none was declared), ``None`` before or without one."""
+        self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
+        # what the data decides (feature norms): see the module docstring, rule 1b
         self._feature_largest: Optional[float] = None  # the largest input norm checked in this process
         self._feature_cover = 0.0  # steps the last check covers (inf: every step until the next check)
-        self._feature_claim: Optional[str] = None  # why the bound cannot be observed (assume_convex_model)
         self._feature_restored: Optional[float] = None  # the largest norm of a restored ledger's steps
         self._restored_steps = 0
         self._replaying = False
-        self._loss: Optional[Tuple[Optional[str], str]] = None  # (kind or None, description) as observed
-        if geometry is not None:
-            reason = model_refusal(model, assume_convex_model)
-            if reason:
-                raise v.ParameterError("model", reason)
-            clip, bound = (None if model is None else model.feature_clip_norm), geometry.feature_norm_bound
-            if clip is not None and bound is not None and clip > bound:
-                raise v.ParameterError(
-                    "feature_norm_bound", f"the model's feature clip (max_norm={clip:g}) lets inputs of norm up to "
-                    f"{clip:g} reach the trainable layer, above the declared bound {bound:g}; clip to {bound:g} or "
-                    f"declare {clip:g}")
 
     # ------------------------------------------------------------------ ledger
     @property
@@ -528,97 +785,91 @@ class RunRecorder:
     def ledger(self) -> List[Tuple[StepFacts, int]]:
         return [(s, c) for s, c in self._ledger]
 
-    def _check_accountable(self, step: StepFacts, first: Optional[int] = None, count: int = 1) -> None:
-        """Rule 4: raises when not even composition covers ``step`` with this schedule."""
-        raw, step = step, effective_step(step)
+    def _check_accountable(self, raw: StepFacts, step: StepFacts, first: int, count: int) -> None:
+        """Rule 4: raises when not even composition covers ``step`` (``raw``'s one-device step)
+        at steps ``first .. first + count - 1`` of this schedule."""
         problem = unaccountable(step)
         if problem:
             raise v.ParameterError(*problem)
-        s = self.schedule
+        s = self.claim.schedule
         if s is not None:
             if step.accumulation != 1:
                 raise v.ParameterError(
                     "accumulation", f"{step.accumulation} batches per update (gradient accumulation) are not the "
                     f"{s.sampling} schedule; take one optimiser step per batch")
-            self._check_divisor(raw, self._steps if first is None else first, count)
+            self._check_divisor(raw, step, first, count)
+
+    def _check_claim(self, step: StepFacts) -> None:
+        """Rule 1 for a one-device step that is to back the claim (once per kind of step)."""
+        geometry = self.claim.geometry
+        if geometry is None or step == self._checked:
+            return
+        departure = update_departure(step)
+        if departure:
+            raise v.ParameterError(departure[0], departure[1] + _REMEDY)
+        for param, problem in self._hidden_state_needs(step):
+            raise v.ParameterError(param, problem + _REMEDY)
+        wd = _group_value(step.weight_decay)
+        accounted = check_geometry(geometry, weight_decay=wd, projection_diameter=step.projection_diameter)
+        if accounted.strong_convexity < wd * (1 - 1e-9) and "loose" not in self._warned:
+            self._warned.add("loose")
+            warnings.warn(
+                f"declared strong_convexity {accounted.strong_convexity:g} is below the L2 regularisation {wd:g}: "
+                "valid but loose; the declared smoothness must include the L2 term", HiddenStateWarning, stacklevel=4)
+        check_learning_rate(_group_value(step.learning_rate), accounted)
+        self._checked, self.accounted_geometry = step, accounted
 
     def check(self, step: StepFacts, position: Optional[int] = None) -> None:
         """The checks of the first step, usable before any step runs (rule 1); ``position``:
         the step's index in the run (default: the next one), which fixes whether it is a
         kept short batch."""
-        self._check_accountable(step, position)
-        step = effective_step(step)
-        if self.geometry is None:
-            return
-        departure = update_departure(step)
-        if departure:
-            param, reason = departure
-            raise v.ParameterError(param, f"{reason} (a loss geometry is declared; use geometry=None to account "
-                                          "this training by composition)")
-        for param, problem in self._hidden_state_needs(step):
-            raise v.ParameterError(param, f"{problem} (a loss geometry is declared; use geometry=None to "
-                                          "account this training by composition)")
-        wd = _group_value(step.weight_decay)
-        geometry = check_geometry(self.geometry, weight_decay=wd, projection_diameter=step.projection_diameter)
-        if geometry.strong_convexity < wd * (1 - 1e-9) and "loose" not in self._warned:
-            self._warned.add("loose")
-            warnings.warn(
-                f"declared strong_convexity {geometry.strong_convexity:g} is below the L2 regularisation {wd:g}: "
-                "valid but loose; the declared smoothness must include the L2 term", HiddenStateWarning, stacklevel=3)
-        lr = _group_value(step.learning_rate)
-        if lr >= 2.0 / geometry.smoothness:
-            raise v.ParameterError(
-                "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
-                f"(a gradient step is not contractive otherwise), got {lr:.6g}")
+        one = effective_step(step)
+        self._check_accountable(step, one, self._steps if position is None else position, 1)
+        self._check_claim(one)
 
     def _hidden_state_needs(self, step: StepFacts) -> List[Tuple[str, str]]:
         """What a Poisson step lacks for the Poisson hidden-state analyses (none for other schedules):
         without a package schedule, the rate and a whole-number divisor; with a package Poisson
         schedule, the divisor must be its batch size ``b`` (the analyses divide by ``b``)."""
-        s = self.schedule
+        s = self.claim.schedule
         if s is None:
             return _poisson_needs(step)
-        if s.sampling == POISSON and (step.loss_reduction != "mean" or step.divisor is None
+        mean = step.loss_reduction is LossReduction.MEAN
+        if s.sampling == POISSON and (not mean or step.divisor is None
                                       or abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size):
-            got = "an unknown number" if step.divisor is None or step.loss_reduction != "mean" else f"{step.divisor:g}"
+            got = "an unknown number" if step.divisor is None or not mean else f"{step.divisor:g}"
             return [("batch_size", f"the Poisson schedule's divisor is its expected batch size {s.batch_size}, but "
                                    f"the update divides the clipped sum by {got}")]
         return []
 
-    def _check_divisor(self, raw: StepFacts, first: int, count: int) -> None:
+    def _check_divisor(self, raw: StepFacts, step: StepFacts, first: int, count: int) -> None:
         """Not even composition holds when the clipped sum is divided by another number than
-        the schedule's batches hold (rule 4). A kept short batch (``last_batch``) is the last
-        step of every epoch; its divisor must be known and be what the schedule says."""
-        s, step = self.schedule, effective_step(raw)
-        if s is None or s.sampling == POISSON or step.loss_reduction != "mean":
+        the schedule's batches hold (rule 4). A kept short batch (:func:`batch_records`) is the
+        last step of every epoch; its divisor must be known and be what the schedule says."""
+        s = self.claim.schedule
+        if s is None or s.sampling == POISSON or step.loss_reduction is not LossReduction.MEAN:
             return
         b = s.batch_size
-        if s.last_batch == DROPPED:
-            expected = {b}
-        else:
-            if step.divisor is None:
-                raise v.ParameterError(
-                    "batch_size", f"the schedule keeps a short batch ({s.last_batch}) but the step's divisor is "
-                    "unknown; it must be recorded to account the short batch")
-            spe = s.steps_per_epoch
-            # the short batch is step spe - 1 of every epoch: how many of [first, first + count) are short
-            k0 = first + (spe - 1 - first) % spe
-            shorts = 0 if k0 >= first + count else (first + count - 1 - k0) // spe + 1
-            r = s.dataset_size % b
-            expected = set()
-            if shorts:
-                expected.add(r if s.last_batch == KEPT_OWN_SIZE else b)
-            if count > shorts:
-                expected.add(b)
-            if len(expected) > 1:
-                raise v.ParameterError(
-                    "batch_size", f"steps {first}..{first + count - 1} include the short batch of {r} records, "
-                    "divided by its own size: record that step on its own")
+        shorts = _short_batches(s, first, count)
+        if s.last_batch != DROPPED and step.divisor is None:
+            raise v.ParameterError(
+                "batch_size", f"the schedule keeps a short batch ({s.last_batch}) but the step's divisor is "
+                "unknown; it must be recorded to account the short batch")
+        r = s.dataset_size % b
+        expected = set()
+        if shorts:
+            expected.add(r if s.last_batch == KEPT_OWN_SIZE else b)
+        if count > shorts:
+            expected.add(b)
+        if len(expected) > 1:
+            raise v.ParameterError(
+                "batch_size", f"steps {first}..{first + count - 1} include the short batch of {r} records, "
+                "divided by its own size: record that step on its own")
         if step.divisor is not None and all(abs(step.divisor - d) > 1e-9 * d for d in expected):
             size = " or ".join(f"{d:g}" for d in sorted(expected))
             replicas = ""
             if raw.replicas > 1:
-                how = "sums" if raw.replica_reduction == "sum" else "averages"
+                how = "sums" if raw.replica_reduction is ReplicaReduction.SUM else "averages"
                 replicas = (f" ({raw.replicas} replicas each divide their part of the batch by {raw.divisor:g} and "
                             f"the framework {how} their updates: the effective learning rate is "
                             f"{min(expected) / step.divisor:.4g} times the one set)")
@@ -645,74 +896,81 @@ class RunRecorder:
             start = self._steps
         elif isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise v.ParameterError("start", f"must be an integer >= 0, got {start!r}")
-        self.check(planned[0], start)
+        ones = [effective_step(s) for s in planned]
         position = start
-        for step, count in zip(planned, counts):
-            self._check_accountable(step, position, count)
+        for raw, one, count in zip(planned, ones, counts):
+            self._check_accountable(raw, one, position, count)
             position += count
-        if self.geometry is None:
-            return
-        probe = RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
-                            assume_convex_model=self.assume_convex_model)
-        probe._ledger = [[effective_step(s), c] for s, c in zip(planned, counts)]
-        probe._steps = sum(counts)
-        reasons = probe.reasons()
-        if reasons:
+        self._check_claim(ones[0])
+        reasons = self._hidden_state(ones)[1]
+        if self.claim.geometry is not None and reasons:
             raise v.ParameterError(
                 "learning_rate" if any("learning rate" in r for r in reasons) else "optimizer",
-                f"the planned run {'; '.join(reasons)} (a loss geometry is declared; use geometry=None to "
-                "account this training by composition)")
+                f"the planned run {'; '.join(reasons)}{_REMEDY}")
 
     def record(self, step: StepFacts, count: int = 1) -> None:
         """Appends ``count`` identical steps."""
         if not isinstance(step, StepFacts):
             raise v.ParameterError("step", f"must be StepFacts, got {type(step).__name__}")
         count = v.positive_int("count", count)
+        one = effective_step(step)  # the ledger holds one-device steps
+        self._check_accountable(step, one, self._steps, count)
         if self._steps == 0:
-            self.check(step)
-            if count > 1:
-                self._check_divisor(step, 0, count)
-        else:
-            self._check_accountable(step, self._steps, count)
-        step = effective_step(step)  # the ledger holds one-device steps
-        self._use_feature_check(step, count)
-        if self._ledger and self._ledger[-1][0] == step:
+            self._check_claim(one)
+        self._use_feature_check(one, count)
+        if self._ledger and self._ledger[-1][0] == one:
             self._ledger[-1][1] += count
         else:
-            self._ledger.append([step, count])
+            self._ledger.append([one, count])
         self._steps += count
 
-    def reset(self) -> None:
-        self._ledger, self._steps = [], 0
-        self._feature_cover, self._restored_steps = 0.0, 0
+    def record_restored(self, ledger: Iterable[Tuple[StepFacts, int]]) -> None:
+        """Records the ``(step, count)`` entries of a stored ledger (a checkpoint's) through
+        :meth:`record`, so each passes the checks it passed when it was first recorded, and marks
+        them as restored: their data was checked against the feature bound when they were first
+        taken (rule 1b), so they need no feature check now (:meth:`restore_feature_norm` says what
+        they stayed below), and the notes speak of them as restored."""
+        self._replaying = True
+        try:
+            for step, count in ledger:
+                self.record(step, count)
+        finally:
+            self._replaying = False
+        self._restored_steps, self._feature_cover = self._steps, 0.0
+
+    def restore_feature_norm(self, largest: Optional[float], subject: str) -> None:
+        """For restored steps (:meth:`record_restored`): ``largest``, the input norm the state says
+        they stayed below (``None``: unknown). Raises naming ``checkpoint`` (beginning with
+        ``subject``) when that does not back the declared bound; unknown is accepted only where the
+        claim says the bound cannot be observed (the user's claim, :attr:`Claim.feature_unobservable`)."""
+        bound = self.feature_norm_bound
+        if largest is not None:
+            largest = v.nonnegative_float("largest", largest)
+        claimed = self.claim.feature_unobservable is not None
+        if bound is not None and self._restored_steps and (largest is None and not claimed
+                                                           or largest is not None and largest > bound):
+            known = "not known (taken without a checked feature bound)" if largest is None else f"{largest:.6g}"
+            raise v.ParameterError(
+                "checkpoint", f"{subject} has {self._restored_steps} steps whose largest input norm is {known}; "
+                f"the declared feature_norm_bound {bound:g} does not cover them")
+        self._feature_restored = largest
 
     # ------------------------------------------------- what the data decides, and the loss
     @property
     def feature_norm_bound(self) -> Optional[float]:
         """``R`` of the declared geometry (``None``: nothing about the features is claimed)."""
-        return None if self.geometry is None else self.geometry.feature_norm_bound
-
-    @property
-    def feature_clip_norm(self) -> Optional[float]:
-        """The radius of the model's feature clip that enforces :attr:`feature_norm_bound`, or ``None``."""
-        if self.feature_norm_bound is None or self.model is None:
-            return None
-        return self.model.feature_clip_norm  # never above the bound: refused at construction
+        return None if self.claim.geometry is None else self.claim.geometry.feature_norm_bound
 
     @property
     def needs_feature_checks(self) -> bool:
-        """Whether the adapter must report the largest input norm of the trainable layer for the data
-        of every step before the step is taken (:meth:`check_feature_norm`): a feature bound is
-        declared, no feature clip in the model enforces it, and this is not a planned run."""
-        return (self.feature_norm_bound is not None and self.feature_clip_norm is None and not self.planned
-                and self._feature_claim is None)
+        """:attr:`Claim.needs_feature_checks`: the adapter reports the inputs' largest norm before every step."""
+        return self.claim.needs_feature_checks
 
     def check_feature_norm(self, largest: float, what: str, steps: Optional[int] = 1) -> None:
         """The adapter observed ``largest``, the largest L2 norm of an input of the trainable layer in
         ``what`` (e.g. "the batch of step 12"; per example, all dimensions but the first), before the
-        steps it feeds are taken; it covers the
-        next ``steps`` recorded steps (``None``: every step until the next check, for data checked
-        in full before training).
+        steps it feeds are taken; it covers the next ``steps`` recorded steps (``None``: every step
+        until the next check, for data checked in full before training).
 
         Raises :class:`~hidden_state_accountants.ParameterError` naming ``feature_norm_bound``, with
         the observed norm, when it exceeds the declared bound (or is not a finite number): the claim
@@ -733,31 +991,11 @@ class RunRecorder:
         self._feature_largest = x if self._feature_largest is None else max(self._feature_largest, x)
         self._feature_cover = math.inf if steps is None else float(v.positive_int("steps", steps))
 
-    def feature_norm_unobservable(self, why: str) -> None:
-        """The adapter can neither see a feature clip nor the trainable layer's inputs (``why``).
-        With ``assume_convex_model`` the bound is then part of the user's claim (noted); otherwise it
-        is an error naming ``feature_norm_bound``."""
-        if self.feature_norm_bound is None or self.feature_clip_norm is not None:
-            return
-        if not self.assume_convex_model:
-            raise v.ParameterError("feature_norm_bound", f"{self.feature_norm_bound:g} can be neither enforced nor "
-                                                         f"checked: {why}")
-        self._feature_claim = why
-
-    def restore_feature_norm(self, largest: Optional[float], subject: str) -> None:
-        """For a ledger loaded from a checkpoint (:meth:`load_ledger_state`, e.g. the Keras callback's
-        state applied to the recorder of the model being trained): ``largest``, the input norm its
-        steps are known to stay below, as the state stored it (``None``: unknown). Raises naming
-        ``checkpoint`` when that does not back the declared bound."""
-        bound = self.feature_norm_bound
-        if largest is not None:
-            largest = v.nonnegative_float("largest", largest)
-        if bound is not None and self._restored_steps and (largest is None or largest > bound):
-            known = "not known (taken without a checked feature bound)" if largest is None else f"{largest:.6g}"
-            raise v.ParameterError(
-                "checkpoint", f"{subject} has {self._restored_steps} steps whose largest input norm is {known}; "
-                f"the declared feature_norm_bound {bound:g} does not cover them")
-        self._feature_restored = largest
+    def observe(self, **observations) -> None:
+        """What the adapter observed about the data (:meth:`Claim.observed`: ``loss=(kind,
+        description)``, ``feature_unobservable=why``), checked against the claim now."""
+        self.claim = self.claim.observed(**observations)
+        self._cache = (None, None)
 
     @property
     def largest_feature_norm(self) -> Optional[float]:
@@ -767,14 +1005,15 @@ class RunRecorder:
             return None
         values = [self._feature_restored] if self._restored_steps else []
         if self._steps > self._restored_steps:
-            values.append(self.feature_clip_norm if self.feature_clip_norm is not None else self._feature_largest)
+            clip = self.claim.feature_clip_norm
+            values.append(clip if clip is not None else self._feature_largest)
         return None if None in values else max(values)
 
     def _use_feature_check(self, step: StepFacts, count: int) -> None:
         """Rule 1b: a step that could back the claim must have had its data checked. (A step that is
         not the analysed update ends the hidden-state claim anyway; replayed steps were checked when
         they were first recorded.)"""
-        if not self.needs_feature_checks or self._replaying or update_departure(step) is not None:
+        if not self.claim.needs_feature_checks or self._replaying or update_departure(step) is not None:
             return
         if self._feature_cover < count:
             first = self._steps + int(self._feature_cover)
@@ -783,28 +1022,14 @@ class RunRecorder:
                 f"the declared bound {self.feature_norm_bound:g} before the step; the claim cannot cover it")
         self._feature_cover -= count
 
-    def check_loss(self, kind: Optional[str], description: str) -> None:
-        """The adapter's reading of the training loss: ``kind``, a key of
-        :data:`~hidden_state_accountants.events.LOSSES` it matches (``"other"`` for none), or ``None``
-        when the framework does not show the loss; ``description`` says what it is (or why it cannot
-        be seen). A loss other than the one the geometry was derived from raises naming ``loss``."""
-        assumed = None if self.geometry is None else self.geometry.loss
-        if assumed is not None and kind is not None and kind != assumed:
-            raise v.ParameterError(
-                "loss", f"{description} is not the loss the geometry was derived from ({LOSSES[assumed]}): "
-                "its smoothness is not the declared one (declare a LossGeometry for this loss, or geometry=None "
-                "for composition)")
-        self._loss = (kind, description)
-
     # ------------------------------------------------------------------- the run
-    def reasons(self) -> List[str]:
-        """Why the recorded steps do not back a hidden-state claim (empty when they do)."""
-        if self.geometry is None:
-            return [NO_GEOMETRY]
-        steps = [s for s, _ in self._ledger]
-        out: List[str] = []
-        departures = sorted({d[1] for d in map(update_departure, steps) if d})
-        out += departures
+    def _hidden_state(self, steps: Sequence[StepFacts]) -> Tuple[Optional[LossGeometry], List[str]]:
+        """The geometry the analyses account for ``steps`` (one-device), or ``None`` with the reasons
+        they do not back a hidden-state claim."""
+        geometry = self.claim.geometry
+        if geometry is None:
+            return None, [NO_GEOMETRY]
+        out: List[str] = sorted({d[1] for d in map(update_departure, steps) if d})
         for name, what in (("clip_norm", "the clip norm"), ("weight_decay", "the L2 regularisation"),
                            ("projection_diameter", "the projection")):
             if len({getattr(s, name) for s in steps}) > 1:
@@ -813,26 +1038,31 @@ class RunRecorder:
             if len({getattr(s, name) for s in steps}) > 1:
                 out.append(f"the {what} changed during training; the hidden-state theorems assume it constant")
         out += sorted({problem for s in steps for _, problem in self._hidden_state_needs(s)})
-        if self.schedule is None:
-            for name, what in (("sample_rate", "sampling rate"), ("divisor", "divisor of the clipped sum")):
+        if self.claim.schedule is None:
+            for name, what in (("sampling_probability", "sampling rate"), ("divisor", "divisor of the clipped sum")):
                 if len({getattr(s, name) for s in steps}) > 1:
                     out.append(f"the {what} changed during training; the Poisson hidden-state analyses assume it "
                                "fixed")
-        if not out and steps:
-            try:
-                check_geometry(self.geometry, weight_decay=_group_value(steps[0].weight_decay),
-                               projection_diameter=steps[0].projection_diameter)
-            except v.ParameterError as err:
-                out.append(err.reason)
-        return out
+        if out or not steps:
+            return None, out
+        try:
+            return check_geometry(geometry, weight_decay=_group_value(steps[0].weight_decay),
+                                  projection_diameter=steps[0].projection_diameter), []
+        except v.ParameterError as err:
+            return None, [err.reason]
+
+    def reasons(self) -> List[str]:
+        """Why the recorded steps do not back a hidden-state claim (empty when they do)."""
+        return self._hidden_state([s for s, _ in self._ledger])[1]
 
     def notes(self) -> List[str]:
         """Facts about the claim a report should state."""
+        c = self.claim
         out = []
-        if self.geometry is not None and self.assume_convex_model:
+        if c.geometry is not None and c.assume_convex_model:
             out.append(ASSUMED_CONVEX_NOTE)
         out += self._geometry_notes()
-        s = self.schedule
+        s = c.schedule
         if s is None:
             out.append("no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
                        "framework reports, which holds only if its data loader samples that way")
@@ -849,7 +1079,8 @@ class RunRecorder:
 
     def _geometry_notes(self) -> List[str]:
         """What the declared geometry rests on: enforced, checked, or the user's claim."""
-        g = self.geometry
+        c = self.claim
+        g = c.geometry
         if g is None:
             return []
         out = []
@@ -860,47 +1091,60 @@ class RunRecorder:
             out.append(f"the declared geometry ({given}) is the user's claim: given by its constants, not derived "
                        "from a loss, it cannot be observed from the training run")
         if bound is not None:
-            clip = self.feature_clip_norm
+            clip = c.feature_clip_norm
             if clip is not None:
                 out.append(f"feature norm <= {bound:g}: enforced by the model's feature clip (max_norm={clip:g}) "
                            "in front of the trainable layer")
-            elif self._feature_claim is not None:
-                out.append(f"feature norm <= {bound:g} is the user's claim: {self._feature_claim}")
-            elif not self.planned:
+            elif c.feature_unobservable is not None:
+                out.append(f"feature norm <= {bound:g} is the user's claim: {c.feature_unobservable}")
+            elif not c.planned:
                 seen = "none yet" if self._feature_largest is None else f"{self._feature_largest:.6g}"
                 restored = (f"; the {self._restored_steps} steps restored from a checkpoint were checked when they "
                             "were taken" if self._restored_steps else "")
                 out.append(f"feature norm <= {bound:g}: checked on the trainable layer's inputs before every step "
                            f"(largest seen {seen}){restored}")
         if g.loss is not None:
-            kind, description = self._loss if self._loss is not None else (None, "the adapter did not observe it")
+            kind, description = c.loss if c.loss is not None else (None, "the adapter did not observe it")
             if kind is None:
                 out.append(f"the loss is the user's claim: the geometry assumes {LOSSES[g.loss]}; {description}")
             else:
                 out.append(f"loss: {description}, as the geometry assumes")
         return out
 
-    def run(self, *, steps: Optional[int] = None, warn: bool = True) -> TrainingRunDpEvent:
-        """The event for the recorded steps (``steps`` more than recorded: the last step
-        repeated, for planning), with the refusal reasons; warns once per reason."""
-        if not self._ledger:
-            raise v.ParameterError("steps", "no step has been recorded yet")
+    def _planned_ledger(self, plan: Iterable[Tuple[StepFacts, int]], steps: Optional[int]) -> List[List[Any]]:
         ledger = [list(x) for x in self._ledger]
+        for step, count in plan:
+            one = effective_step(step)
+            if ledger and ledger[-1][0] == one:
+                ledger[-1][1] += count
+            else:
+                ledger.append([one, v.positive_int("count", count)])
+        if not ledger:
+            raise v.ParameterError("steps", "no step has been recorded yet")
+        recorded = sum(c for _, c in ledger)
         if steps is not None:
             steps = v.positive_int("steps", steps)
-            if steps < self._steps:
-                raise v.ParameterError("steps", f"must be >= the {self._steps} steps recorded, got {steps}")
-            ledger[-1][1] += steps - self._steps
-        reasons = self.reasons()
+            if steps < recorded:
+                raise v.ParameterError("steps", f"must be >= the {recorded} steps recorded, got {steps}")
+            ledger[-1][1] += steps - recorded
+        return ledger
+
+    def run(self, *, plan: Iterable[Tuple[StepFacts, int]] = (), steps: Optional[int] = None,
+            warn: bool = True) -> TrainingRunDpEvent:
+        """The event for the recorded steps, followed by the ``(step, count)`` entries of ``plan``
+        (steps planned, not taken: checked with :meth:`check_plan`) and, when ``steps`` is more than
+        those, the last step repeated; with the refusal reasons. Warns once per reason."""
+        ledger = self._planned_ledger(plan, steps)
+        geometry, reasons = self._hidden_state([s for s, _ in ledger])
         if warn:
             for r in reasons:
                 if r not in self._warned:
                     self._warned.add(r)
                     warnings.warn(f"hidden-state analyses not applied ({r}); the composition bound is reported",
                                   CompositionFallbackWarning, stacklevel=3)
-        return self._event(ledger, "; ".join(reasons) if reasons else None)
+        return self._event(ledger, geometry, "; ".join(reasons) if reasons else None)
 
-    def _event(self, ledger, refusal: Optional[str]) -> TrainingRunDpEvent:
+    def _event(self, ledger, geometry: Optional[LossGeometry], refusal: Optional[str]) -> TrainingRunDpEvent:
         recs = [s for s, _ in ledger]
         counts = [c for _, c in ledger]
 
@@ -915,83 +1159,69 @@ class RunRecorder:
         l2 = wds.pop() if len(wds) == 1 else None  # the L2 strength outside the batch sum, when fixed
         common = dict(steps=sum(counts), noise_multiplier=schedule_of("noise_multiplier", None),
                       clip_norm=clip, learning_rate=schedule_of("learning_rate", 1.0),
-                      hidden_state_refusal=refusal, l2_regularization=l2)
-        s = self.schedule
+                      hidden_state_refusal=refusal, l2_regularization=l2, geometry=geometry)
+        s = self.claim.schedule
         if s is None:
-            rates = [r.sample_rate for r in recs]
+            rates = [r.sampling_probability for r in recs]
             if any(q is None for q in rates):
-                raise v.ParameterError("sample_rate", "a Poisson step without a schedule must report its sample rate")
+                raise v.ParameterError("sampling_probability",
+                                       "a Poisson step without a schedule must report its sampling probability")
             q = max(rates)  # the Poisson composition grows with the rate: the largest covers every step
-            n, b = poisson_sizes(q, self.dataset_size)
-            geometry = None
-            if self.geometry is not None and refusal is None:
-                # the needs are met (reasons() is empty): n from the recorder, b the fixed divisor
+            n, b = poisson_sizes(q, self.claim.dataset_size)
+            if geometry is not None:  # the needs are met: n from the claim, b the fixed divisor
                 b = int(round(recs[0].divisor))
-                geometry = check_geometry(self.geometry, weight_decay=_group_value(recs[0].weight_decay),
-                                          projection_diameter=recs[0].projection_diameter)
             return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling=POISSON, sampling_probability=q,
-                                      geometry=geometry, **common)
-        geometry = None
-        if self.geometry is not None and refusal is None:
-            geometry = check_geometry(self.geometry, weight_decay=_group_value(recs[0].weight_decay),
-                                      projection_diameter=recs[0].projection_diameter)
+                                      **common)
         extra = {}
         if s.sampling == POISSON and s.sampling_probability != s.batch_size / s.dataset_size:
             extra["sampling_probability"] = s.sampling_probability
         return TrainingRunDpEvent(dataset_size=s.dataset_size, batch_size=s.batch_size, sampling=s.sampling,
-                                  geometry=geometry, gaussian_initialization=self.gaussian_initialization,
+                                  gaussian_initialization=self.claim.gaussian_initialization,
                                   last_batch=s.last_batch, secret_batches=s.secret, **extra, **common)
+
+    def report(self, delta: float, *, plan: Iterable[Tuple[StepFacts, int]] = (), steps: Optional[int] = None,
+               warn: bool = True) -> PrivacyReport:
+        """The report for the recorded steps (and a ``plan``, as :meth:`run`): every analysis with its
+        epsilon or why it does not apply, under the claim's relation (:meth:`Claim.relation`), with the
+        reasons for a composition fallback and the notes. Epsilon 0 before any step."""
+        plan = list(plan)
+        relation, note = self.claim.relation()
+        if not self._steps and not plan:
+            return HiddenStateAccountant(neighboring_relation=relation).explain(delta)
+        run = self.run(plan=plan, steps=steps, warn=warn)
+        key = (run, float(delta), relation, self.claim)
+        if self._cache[0] != key:
+            report = HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
+            report.notes.extend(self.notes() + ([note] if note else []))
+            self._cache = (key, report)
+        return self._cache[1]
 
     # ------------------------------------------------------------- persistence
     def ledger_state(self) -> List[List[Any]]:
         """The ledger in plain Python types."""
         return [[s.to_dict(), c] for s, c in self._ledger]
 
-    def load_ledger_state(self, state: Sequence[Sequence[Any]]) -> None:
-        """Replaces the ledger (validated: every entry a known step with a positive count)."""
-        if not isinstance(state, (list, tuple)):
-            raise v.ParameterError("ledger", f"must be a list, got {type(state).__name__}")
-        ledger = []
-        for entry in state:
-            if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-                raise v.ParameterError("ledger", f"every entry must be [step, count], got {entry!r}")
-            step = effective_step(StepFacts.from_dict(entry[0]))
-            count = entry[1]
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-                raise v.ParameterError("ledger", f"a count must be a positive integer, got {count!r}")
-            ledger.append([step, count])
-        self._ledger = ledger
-        self._steps = sum(c for _, c in ledger)
-        self._restored_steps, self._feature_cover = self._steps, 0.0
-
-    def record_restored(self, ledger: Sequence[Tuple[StepFacts, int]]) -> None:
-        """Records the ``(step, count)`` entries of a stored ledger (a checkpoint's) through
-        :meth:`record`, so each passes the checks it passed when it was first recorded, and marks
-        them as restored: their data was checked against the feature bound when they were first
-        taken (rule 1b), so they need no feature check now, and the notes and
-        :meth:`restore_feature_norm` speak of them as restored."""
-        self._replaying = True
-        try:
-            for step, count in ledger:
-                self.record(step, count)
-        finally:
-            self._replaying = False
-        self._restored_steps = self._steps
-
 
 __all__ = [
     "NO_GEOMETRY",
     "HiddenStateWarning",
     "CompositionFallbackWarning",
+    "OptimizerKind",
+    "Clipping",
+    "LossReduction",
+    "ReplicaReduction",
+    "LayerKind",
     "StepFacts",
     "LayerFacts",
     "ModelFacts",
     "BatchSourceFacts",
+    "Claim",
     "RunRecorder",
+    "parse_ledger",
     "unaccountable",
     "update_departure",
     "effective_step",
-    "REPLICA_REDUCTIONS",
+    "batch_records",
     "model_refusal",
     "check_batch_source",
     "check_geometry",

@@ -13,7 +13,7 @@ docs/derivations.md, section 11; this module holds the parts every analysis shar
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import attr
 from dp_accounting import privacy_accountant
@@ -77,6 +77,29 @@ def parse_relation(value: Union[str, NeighborRel], name: str = "neighboring_rela
     return rel
 
 
+def resolve_relation(explicit: Optional[NeighborRel], default: NeighborRel,
+                     sampling: str) -> Tuple[NeighborRel, Optional[str]]:
+    """The relation a run of ``sampling`` is reported under, and why it is not ``default`` when it is
+    not: ``explicit`` if given; else the host library's ``default`` wherever the schedule is covered
+    under it, and REPLACE_ONE otherwise (this package's fixed-size samplers under ADD_OR_REMOVE_ONE).
+    The one rule for every adapter; each states only its host's default (Opacus: ADD_OR_REMOVE_ONE,
+    TF-Privacy for this package: REPLACE_ONE).
+
+    >>> resolve_relation(None, ADD_OR_REMOVE_ONE, "poisson")[0].name
+    'ADD_OR_REMOVE_ONE'
+    >>> relation, note = resolve_relation(None, ADD_OR_REMOVE_ONE, "cyclic")
+    >>> relation.name, note.startswith("reported under REPLACE_ONE, not the host's ADD_OR_REMOVE_ONE")
+    ('REPLACE_ONE', True)
+    """
+    if explicit is not None:
+        return explicit, None
+    reason = schedule_reason(default, sampling)
+    if reason:
+        return REPLACE_ONE, (f"reported under REPLACE_ONE, not the host's {default.name}: the {sampling} schedule "
+                             f"is {reason}")
+    return default, None
+
+
 def sensitivity_factor(relation: NeighborRel) -> float:
     """How many clip norms one record moves a step's clipped sum by: 2 (replace) or 1 (add/remove)."""
     return 2.0 if relation == REPLACE_ONE else 1.0
@@ -138,5 +161,6 @@ def as_add_remove(run, *, keep_geometry: bool = True):
     return run.replace(clip_norm=run.clip_norm / 2.0, noise_multiplier=noise, geometry=g)
 
 
-__all__ = ["REPLACE_ONE", "ADD_OR_REMOVE_ONE", "RELATIONS", "NeighborRel", "parse_relation", "sensitivity_factor",
+__all__ = ["REPLACE_ONE", "ADD_OR_REMOVE_ONE", "RELATIONS", "NeighborRel", "parse_relation", "resolve_relation",
+           "sensitivity_factor",
            "schedule_reason", "as_add_remove", "ADD_REMOVE_UNSUPPORTED", "ADD_REMOVE_SCHEDULES"]

@@ -3,7 +3,7 @@
 Both the ground truth (:mod:`hidden_state_accountants.exact`) and one analysis
 (``affine_exact_average`` in :mod:`hidden_state_accountants.analyses.shifted_interpolation`) need
 this law; it lives here, on its own, with its own brute-force test (every draw of a tiny
-schedule enumerated, ``tests/test_schedule_laws.py``), so that a bound and the oracle that tests
+schedule enumerated, ``tests/core/test_schedule_laws.py``), so that a bound and the oracle that tests
 it do not share an untested piece.
 
 **The model.** Per-example maps ``g_i(theta) = v_i + m theta`` with ``||v_i|| <= C``:

@@ -10,3 +10,23 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("hsa")
+
+
+# The folder says which framework a test needs (tests/core: none; tests/opacus: torch and Opacus;
+# tests/tf: TensorFlow and TF-Privacy), so `-m "not torch and not tf"` (the core run on the newest
+# Python, scripts/test_newest.sh) selects exactly tests/core, whatever a file declares itself.
+_FRAMEWORK_MARK = {"opacus": "torch", "tf": "tf"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pathlib
+
+    import pytest
+
+    tests = pathlib.Path(__file__).resolve().parent
+    for item in items:
+        path = pathlib.Path(str(item.fspath)).resolve()
+        if tests in path.parents:
+            mark = _FRAMEWORK_MARK.get(path.relative_to(tests).parts[0])
+            if mark:
+                item.add_marker(getattr(pytest.mark, mark))

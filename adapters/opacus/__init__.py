@@ -7,29 +7,25 @@ line::
     engine = PrivacyEngine(accountant="hidden_state")
 
 and supplies what makes the hidden-state bounds true: batch samplers following the core's
-schedules, a projection/regularisation hook, and feature clipping (a ``FeatureClip`` in front of
-the trainable layer enforces the geometry's feature bound; without one the accountant checks the
-layer's inputs on every batch before its step). It also makes
-``PrivacyEngine.save_checkpoint`` / ``load_checkpoint`` of such engines check a whole checkpoint
-before applying any of it, bind the ledger to the weights it describes, and write atomically
-(:mod:`.checkpoint`). The accountant only reads
-Opacus (:mod:`.facts`); the core's recording layer decides what the facts back. See
+schedules (:mod:`.samplers`), a projection/regularisation hook (:mod:`.hooks`), and feature
+clipping (:mod:`.features`: a ``FeatureClip`` in front of the trainable layer enforces the
+geometry's feature bound; without one the accountant checks the layer's inputs on every batch
+before its step). For such engines it also makes ``make_private_with_epsilon`` calibrate the
+configured claim, and ``save_checkpoint`` / ``load_checkpoint`` check a whole checkpoint before
+applying any of it, bind the ledger to the weights it describes, and write atomically
+(:mod:`.engine`). The accountant only reads Opacus (:mod:`.facts`); the core's recording layer
+decides what the facts back (its policy: :mod:`hidden_state_accountants.recording`). See
 ``docs/opacus.md``.
 """
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import (
-    MECHANISM,
-    CalibrationClaim,
-    HiddenStateCalibration,
-    OpacusHiddenStateAccountant,
-    sampler_from_checkpoint,
-)
-from .checkpoint import install as _install_checkpoints
-from .checkpoint import load_checkpoint, module_weights_digest, save_checkpoint
-from .facts import loader_facts, model_facts, step_facts
-from .hooks import PROJECTION_ATTR, FeatureClip, FeatureNormMonitor, ProjectionHook, clip_features
+from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .engine import install as _install_engine
+from .engine import load_checkpoint, module_weights_digest, save_checkpoint
+from .facts import PROJECTION_ATTR, loader_facts, model_facts, step_facts
+from .features import FeatureClip, FeatureNormMonitor, clip_features
+from .hooks import ProjectionHook
 from .samplers import (
     BallsInBinsBatchSampler,
     CyclicBatchSampler,
@@ -57,12 +53,11 @@ def _register() -> None:
 
 
 _register()
-_install_checkpoints()  # engine.save_checkpoint / load_checkpoint: all or nothing, bound to the weights, atomic
+_install_engine()  # make_private_with_epsilon calibrates the configured claim; checkpoints all or nothing, atomic
 
 __all__ = [
     "OpacusHiddenStateAccountant",
     "HiddenStateCalibration",
-    "CalibrationClaim",
     "MECHANISM",
     "HiddenStateBatchSampler",
     "CyclicBatchSampler",

@@ -1,79 +1,52 @@
 """``PrivacyEngine(accountant="hidden_state")``: Opacus accounting by the core's best valid bound.
 
-The accountant is an Opacus ``IAccountant`` and only reads: at every optimizer step it reads
-what the DP optimizer did into the core's :class:`~hidden_state_accountants.recording.StepFacts`
-and hands them to a :class:`~hidden_state_accountants.recording.RunRecorder`, which decides
-what they back (the policy is stated once, in :mod:`hidden_state_accountants.recording`):
-
-* contradictions known before training (momentum, Adam, per-layer clipping or ``sum``
-  reduction with a declared geometry; ``learning_rate >= 2/smoothness``; ``strong_convexity``
-  above ``weight_decay``; a model that is not one linear map of its features) raise
-  :class:`~hidden_state_accountants.ParameterError` at :meth:`~OpacusHiddenStateAccountant.configure`
-  (when given the optimizer) or at the first step;
-* changes during training (lr, noise, clip norm, ``weight_decay``, projection) fall back to
-  composition, with one :class:`~hidden_state_accountants.recording.CompositionFallbackWarning`
-  per reason and the reason in :meth:`~OpacusHiddenStateAccountant.explain`'s notes;
-* without :meth:`~OpacusHiddenStateAccountant.configure`, the composition bound of Opacus'
-  Poisson sampling at Opacus' exact sample rate.
-
-``get_epsilon`` is exactly :class:`~hidden_state_accountants.HiddenStateAccountant`'s number for
-the recorder's event, under Opacus' own convention ADD_OR_REMOVE_ONE by default (so that on the
-same run its composition number equals Opacus' RDP/PRV accountants), or the relation given with
-``neighboring_relation``. The package's fixed-size samplers are not covered under
-ADD_OR_REMOVE_ONE (an added record displaces others); with them the default reports REPLACE_ONE
-and says so in the notes. Every report names its relation.
+The accountant is an Opacus ``IAccountant`` and only reads: :meth:`~OpacusHiddenStateAccountant.configure`
+turns what Opacus cannot see (the geometry, the sampler, the model) into the core's
+:class:`~hidden_state_accountants.recording.Claim`, and at every optimizer step it reads what the
+DP optimizer did into :class:`~hidden_state_accountants.recording.StepFacts` for the claim's
+:class:`~hidden_state_accountants.recording.RunRecorder`, which decides what they back and reports
+(the adapter policy is stated once, in :mod:`hidden_state_accountants.recording`). Its host default
+is Opacus' ADD_OR_REMOVE_ONE, under the core's relation rule.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import attr
-from opacus import PrivacyEngine
 from opacus.accountants.accountant import IAccountant
 from opacus.optimizers import DPOptimizer
 
-from hidden_state_accountants import HiddenStateAccountant, LossGeometry, PrivacyReport, TrainingRunDpEvent
+from hidden_state_accountants import LossGeometry, PrivacyReport, TrainingRunDpEvent
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
 from hidden_state_accountants.recording import (
     BatchSourceFacts,
-    ModelFacts,
+    Claim,
     RunRecorder,
     StepFacts,
     check_batch_source,
     check_position,
 )
-from hidden_state_accountants.relations import (
-    ADD_OR_REMOVE_ONE,
-    REPLACE_ONE,
-    NeighborRel,
-    parse_relation,
-    schedule_reason,
-)
-from hidden_state_accountants.schedules import POISSON, BatchSchedule
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, schedule_reason
 
-from .facts import (
-    LOSS_UNSEEN,
-    feature_monitor,
-    loader_facts,
-    model_facts,
-    optimizer_facts,
-    step_facts,
-    step_values,
-)
+from .facts import LOSS_UNSEEN, feature_facts, loader_facts, model_facts, optimizer_facts, step_facts
+from .features import FeatureNormMonitor
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
-__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "CalibrationClaim", "MECHANISM",
-           "sampler_from_checkpoint", "resolve_relation"]
+__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "CALIBRATION_KWARG",
+           "sampler_from_checkpoint"]
 
 MECHANISM = "hidden_state"
-STATE_VERSION = 5  # 4: the core's RunState (checkpoint module), bound to the model weights saved with it;
-# 5: the model's feature clip in the claim (and the geometry's feature bound and loss)
-_CALIBRATION_KWARG = "hidden_state_calibration"
+STATE_VERSION = 6  # 5: the model's feature clip in the claim; 6: the core Claim (relation, what was observed
+# about the data) and the largest feature norm of the steps
+CALIBRATION_KWARG = "hidden_state_calibration"
+"""The keyword of ``make_private_with_epsilon`` that carries a :class:`HiddenStateCalibration`."""
+_FRESH = Claim(default_relation=ADD_OR_REMOVE_ONE)  # an unconfigured accountant's claim (Opacus' fresh one)
 _KEEP: Any = object()  # configure(neighboring_relation=...) omitted: keep the relation set so far
+_STATE_FORMAT = "hidden_state_accountants.opacus"
+_SUBJECT = "the hidden-state accountant state"
 _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
                    "poisson_sampling=False to make_private",
@@ -85,111 +58,32 @@ _HINTS = {
 }
 
 
-def resolve_relation(explicit: Optional[NeighborRel], sampling: str) -> Tuple[NeighborRel, Optional[str]]:
-    """The relation the accountant reports a run of ``sampling`` under, and why it is not Opacus'
-    ADD_OR_REMOVE_ONE when it is not: ``explicit`` if given, else ADD_OR_REMOVE_ONE wherever the
-    schedule is covered under it and REPLACE_ONE otherwise (this package's fixed-size samplers)."""
-    if explicit is not None:
-        return explicit, None
-    reason = schedule_reason(ADD_OR_REMOVE_ONE, sampling)
-    if reason:
-        return REPLACE_ONE, (f"reported under REPLACE_ONE, not Opacus' ADD_OR_REMOVE_ONE: the {sampling} schedule "
-                             f"is {reason}")
-    return ADD_OR_REMOVE_ONE, None
-
-
-@dataclass(frozen=True)
-class CalibrationClaim:
-    """What a calibrated noise multiplier was calibrated for: everything the accountant's epsilon
-    depends on besides the step (noise, rate, learning rate, clip norm, L2, projection).
-
-    ``schedule`` ``None`` is Opacus' Poisson loader; ``dataset_size`` counts only there and with
-    a geometry (the Poisson hidden-state analyses read ``n``). A fresh, unconfigured accountant,
-    the one Opacus' ``get_noise_multiplier`` builds by name, claims :data:`DEFAULT_CLAIM`.
-    """
-
-    relation: NeighborRel
-    schedule: Optional[BatchSchedule]
-    geometry: Optional[LossGeometry]
-    assume_convex_model: bool = False
-    gaussian_initialization: bool = False
-    dataset_size: Optional[int] = None
-
-    def describe(self) -> str:
-        if self.schedule is None:
-            batches = "Opacus' Poisson sampling"
-            if self.geometry is not None:
-                batches += f" of n={self.dataset_size} records"
-        else:
-            batches = f"the {self.schedule!r}"
-        what = "composition only" if self.geometry is None else f"the declared {self.geometry}"
-        flags = [f for f in ("assume_convex_model", "gaussian_initialization") if getattr(self, f)]
-        return f"{batches}, {what}{''.join(f', {f}' for f in flags)}, under {self.relation.name}"
-
-
-DEFAULT_CLAIM = CalibrationClaim(relation=ADD_OR_REMOVE_ONE, schedule=None, geometry=None)
-
-
 @dataclass(frozen=True)
 class HiddenStateCalibration:
-    """The configuration Opacus' calibration call cannot see (made by
-    :meth:`OpacusHiddenStateAccountant.calibration_kwargs`): the claim, the relation, and the
-    planned step (its noise multiplier is what Opacus searches for; with Opacus' Poisson loader
-    its divisor is Opacus' ``int(n / len(data_loader))``, known once the rate is)."""
+    """What Opacus' calibration cannot see (made by :meth:`OpacusHiddenStateAccountant.calibration_kwargs`):
+    the claim (planned) and the planned step, whose noise multiplier is what Opacus searches for;
+    with Opacus' Poisson loader its divisor is Opacus' ``int(n / len(data_loader))``, known once
+    the rate is."""
 
-    schedule: Optional[BatchSchedule]
-    geometry: Optional[LossGeometry]
-    model: Optional[ModelFacts]
-    assume_convex_model: bool
-    gaussian_initialization: bool
+    claim: Claim
     step: StepFacts
-    neighboring_relation: Optional[NeighborRel] = None  # None: the accountant's default rule
-    dataset_size: Optional[int] = None  # n of Opacus' Poisson loader (needed with a geometry)
 
-    def recorder(self) -> RunRecorder:
-        return RunRecorder(schedule=self.schedule, geometry=self.geometry, model=self.model,
-                           assume_convex_model=self.assume_convex_model,
-                           gaussian_initialization=self.gaussian_initialization,
-                           dataset_size=self.dataset_size if self.schedule is None else None, planned=True)
-
-    @property
-    def claim(self) -> CalibrationClaim:
-        return _claim(self.neighboring_relation, self.schedule, self.geometry, self.assume_convex_model,
-                      self.gaussian_initialization, self.dataset_size)
-
-
-def _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization,
-           dataset_size) -> CalibrationClaim:
-    relation, _ = resolve_relation(explicit, POISSON if schedule is None else schedule.sampling)
-    return CalibrationClaim(relation=relation, schedule=schedule, geometry=geometry,
-                            assume_convex_model=assume_convex_model and geometry is not None,
-                            gaussian_initialization=gaussian_initialization and geometry is not None,
-                            dataset_size=dataset_size if schedule is None and geometry is not None else None)
-
-
-class _Mechanism:
-    """``mechanism()``, Opacus' name of the accountant, on the class as on an instance. Called on
-    a configured accountant by ``PrivacyEngine.make_private_with_epsilon`` (the only place where
-    Opacus calls it on an instance), it first checks that the calibration Opacus is about to run
-    calibrates this accountant's claim (:meth:`OpacusHiddenStateAccountant._check_calibration_call`)."""
-
-    def __get__(self, obj, cls=None):
-        if obj is None:
-            return _mechanism
-
-        def mechanism() -> str:
-            frame = sys._getframe(1)
-            try:
-                obj._check_calibration_call(frame)
-            finally:
-                del frame
-            return MECHANISM
-
-        return mechanism
-
-
-def _mechanism() -> str:
-    return MECHANISM
+    def recorder(self, noise_multiplier: float, sample_rate: float, steps: int) -> RunRecorder:
+        """The planned run of Opacus' hypothetical ``(noise_multiplier, sample_rate, steps)``."""
+        s, q = self.claim.schedule, sample_rate
+        step = attr.evolve(self.step, noise_multiplier=noise_multiplier, sampling_probability=q)
+        if s is None:  # Opacus' Poisson loader: an epoch is len(data_loader) = 1/q steps
+            steps_per_epoch = round(1 / q)
+            if self.claim.dataset_size is not None:  # Opacus' expected_batch_size, computed as make_private does
+                step = attr.evolve(step, divisor=int(self.claim.dataset_size * q))
+        else:
+            check_batch_source(s, BatchSourceFacts(schedule=s, description="Opacus' data loader",
+                                                   steps_per_epoch=round(1 / q)))
+            steps_per_epoch = s.steps_per_epoch
+        epochs = steps * q  # Opacus' int(epochs / sample_rate) can land one step short of whole epochs
+        if abs(epochs - round(epochs)) < 1e-6:
+            steps = max(steps, round(epochs) * steps_per_epoch)
+        return self.claim.recorder([(step, steps)])
 
 
 class OpacusHiddenStateAccountant(IAccountant):
@@ -201,8 +95,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         model, optimizer, loader = engine.make_private(..., poisson_sampling=False)
         engine.accountant.configure(geometry=..., sampler=sampler, model=model, optimizer=optimizer)
 
-    ``get_epsilon(delta)`` equals ``HiddenStateAccountant(neighboring_relation=self.relation())
-    .compose(self.training_run()).get_epsilon(delta)``.
+    ``get_epsilon(delta)`` equals ``HiddenStateAccountant(neighboring_relation=accountant.claim.relation()[0])
+    .compose(accountant.training_run()).get_epsilon(delta)``.
 
     Args:
       neighboring_relation: ``None`` (default): Opacus' ADD_OR_REMOVE_ONE wherever the run's
@@ -217,28 +111,28 @@ class OpacusHiddenStateAccountant(IAccountant):
     """
 
     def __init__(self, neighboring_relation=None) -> None:
-        self.neighboring_relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
-        self.dataset_size: Optional[int] = None
-        self.geometry: Optional[LossGeometry] = None
         self.sampler: Optional[HiddenStateBatchSampler] = None
-        self.loader_schedule: Optional[BatchSchedule] = None  # DataLoader(shuffle=True): torch draws it
-        self.model: Optional[ModelFacts] = None
-        self.assume_convex_model = False
-        self.gaussian_initialization = False
-        self._recorder = RunRecorder(schedule=None)
-        self._facts: Tuple[Any, Optional[StepFacts]] = (None, None)  # the last step read, by its raw values
-        self._cache: Tuple[Any, Optional[PrivacyReport]] = (None, None)
-        # the claim make_private_with_epsilon is calibrating for (set by mechanism(), moved to
-        # _calibrated_claim by get_optimizer_hook_fn once make_private builds the optimizer)
-        self._pending_claim: Optional[CalibrationClaim] = None
-        self._calibrated_claim: Optional[CalibrationClaim] = None
-        self._features = None  # a FeatureNormMonitor when the feature bound is checked per batch
+        # len(data_loader.dataset) of the loader make_private was given (the engine wrappers tell it)
+        self.loader_dataset_size: Optional[int] = None
+        self._recorder = attr.evolve(_FRESH, neighboring_relation=neighboring_relation).recorder()
+        self._features: Optional[FeatureNormMonitor] = None  # when the feature bound is checked per batch
+        # the claim make_private_with_epsilon is calibrating for (the engine wrapper sets it; moved to
+        # _calibrated by get_optimizer_hook_fn once make_private builds the optimizer)
+        self._pending: Optional[Claim] = None
+        self._calibrated: Optional[Claim] = None
 
     # ------------------------------------------------------------------- IAccountant
-    mechanism = _Mechanism()
+    @classmethod
+    def mechanism(cls) -> str:
+        return MECHANISM
 
     def __len__(self) -> int:
         return self._recorder.steps
+
+    @property
+    def claim(self) -> Claim:
+        """What the numbers are accounted under (:class:`~hidden_state_accountants.recording.Claim`)."""
+        return self._recorder.claim
 
     @property
     def history(self) -> List[Tuple[float, float, int]]:
@@ -249,20 +143,19 @@ class OpacusHiddenStateAccountant(IAccountant):
     def history(self, value) -> None:
         """Replaces the ledger by steps known only by noise and rate, as Opacus' own accountants
         take it (e.g. ``get_noise_multiplier``'s hypothetical runs); :meth:`step` continues it."""
-        self._recorder.reset()
-        for z, q, steps in value or ():
-            if int(steps) > 0:
-                self._recorder.record(StepFacts(noise_multiplier=z, sample_rate=q), int(steps))
+        self._recorder = self.claim.recorder(
+            (StepFacts(noise_multiplier=z, sampling_probability=q), int(steps)) for z, q, steps in value or ()
+            if int(steps) > 0)
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         """Records a step known only by its noise and sample rate (no optimizer to read: the
         learning rate and clip norm are unknown, so only composition covers it)."""
-        self._recorder.record(StepFacts(noise_multiplier=noise_multiplier, sample_rate=sample_rate))
+        self._recorder.record(StepFacts(noise_multiplier=noise_multiplier, sampling_probability=sample_rate))
 
     def get_optimizer_hook_fn(self, sample_rate: float):
         # make_private builds the optimizer: with the noise calibrated for the pending claim, or
         # (plain make_private) with the user's own noise
-        self._calibrated_claim, self._pending_claim = self._pending_claim, None
+        self._calibrated, self._pending = self._pending, None
 
         def hook_fn(optim: DPOptimizer) -> None:
             self._record(optim, sample_rate)
@@ -271,7 +164,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         return hook_fn
 
     def get_epsilon(self, delta: float, *args, **kwargs) -> float:
-        """Best valid epsilon at ``delta`` under :meth:`relation`; see :meth:`explain`."""
+        """Best valid epsilon at ``delta`` under the claim's relation; see :meth:`explain`."""
         return self.explain(delta, **kwargs).epsilon
 
     # ------------------------------------------------------------------ configuration
@@ -294,7 +187,8 @@ class OpacusHiddenStateAccountant(IAccountant):
           geometry: the :class:`LossGeometry` of the per-example map ``clip_C(grad l_i) + m*theta``
             (e.g. ``ProjectionHook.logistic_regression_geometry``); ``None``: composition only.
           sampler: the batch sampler the ``DataLoader`` draws from (``batch_sampler=sampler``,
-            ``make_private(..., poisson_sampling=False)``); needed for any hidden-state claim.
+            ``make_private(..., poisson_sampling=False)``); without it (and without ``data_loader``)
+            the steps are Opacus' Poisson sampling, whose hidden-state claim needs ``dataset_size``.
           model: the trained ``nn.Module`` (``GradSampleModule``/DDP wrappers are unwrapped); a
             geometry is accepted only for one linear layer of fixed features, which the core
             checks from the model's structure.
@@ -312,39 +206,37 @@ class OpacusHiddenStateAccountant(IAccountant):
             :func:`~.samplers.secret_shuffle`, see :func:`~.facts.loader_facts`). One process only.
           dataset_size: ``len(dataset)``; with Opacus' Poisson loader (no sampler) a geometry needs it
             (the Poisson hidden-state analyses cap the other records' batch size, whose law depends
-            on ``n``; the divisor is the optimizer's ``expected_batch_size``).
+            on ``n``; the divisor is the optimizer's ``expected_batch_size``). Checked against the
+            data loader's dataset once ``make_private`` has seen it.
           neighboring_relation: the relation every number is reported (and calibrated) under:
             ``"REPLACE_ONE"`` or ``"ADD_OR_REMOVE_ONE"`` (or dp_accounting's ``NeighboringRelation``);
             ``None``: the default (Opacus' ADD_OR_REMOVE_ONE where the schedule is covered under it,
             REPLACE_ONE with a note for this package's fixed-size samplers); omitted: the relation
             set so far (by the constructor or an earlier ``configure``).
 
-        Calibration: configure *before* ``make_private_with_epsilon`` and pass it
-        ``**engine.accountant.calibration_kwargs(...)``; a call without them on a configured
-        accountant is refused, and so is a ``configure`` after it that changes the claim the
-        noise was calibrated for (see :meth:`calibration_kwargs`).
+        Calibration: configured *before* ``make_private_with_epsilon``, the engine calibrates this
+        claim (see :meth:`calibration_kwargs`); a ``configure`` after it that changes the claim
+        the noise was calibrated for is refused.
 
         >>> from hidden_state_accountants.opacus import CyclicBatchSampler
         >>> acc = OpacusHiddenStateAccountant().configure(sampler=CyclicBatchSampler(100, 10))
-        >>> acc.sampler.sampling, len(acc)
+        >>> acc.claim.schedule.sampling, len(acc)
         ('cyclic', 0)
         """
         if len(self):
             raise v.ParameterError("configure", f"called after {len(self)} steps; configure before training")
-        explicit = self.neighboring_relation
-        if neighboring_relation is not _KEEP:
-            explicit = None if neighboring_relation is None else parse_relation(neighboring_relation)
+        explicit = self.claim.neighboring_relation if neighboring_relation is _KEEP else neighboring_relation
         if sampler is not None and not isinstance(sampler, HiddenStateBatchSampler):
             raise v.ParameterError(
                 "sampler", f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
                 "(for DataLoader(shuffle=True) pass the loader as data_loader=...)")
-        loader_schedule = None
+        schedule = None if sampler is None else sampler.schedule
         if data_loader is not None:
             if sampler is not None:
                 raise v.ParameterError("data_loader", "give the sampler or the data loader, not both")
             source = loader_facts(data_loader)
             if isinstance(data_loader.batch_sampler, HiddenStateBatchSampler):
-                sampler = data_loader.batch_sampler
+                sampler, schedule = data_loader.batch_sampler, source.schedule
             elif source.schedule is None:
                 raise v.ParameterError(
                     "data_loader", f"its batches follow no schedule of this package ({source.description}); use "
@@ -352,13 +244,16 @@ class OpacusHiddenStateAccountant(IAccountant):
                     "and make_private(..., poisson_sampling=False)")
             else:
                 check_batch_source(source.schedule, source)  # e.g. one permutation per rank is refused
-                loader_schedule = source.schedule
-        schedule = sampler.schedule if sampler is not None else loader_schedule
+                schedule = source.schedule
+        if schedule is None:
+            _check_dataset_size(dataset_size, self.loader_dataset_size)
         facts = None if model is None else model_facts(model)
-        recorder = RunRecorder(schedule=schedule, geometry=geometry,
-                               model=facts, assume_convex_model=assume_convex_model,
-                               gaussian_initialization=gaussian_initialization,
-                               dataset_size=dataset_size if schedule is None else None)
+        layer, unobservable = feature_facts(model)
+        claim = Claim(schedule=schedule, geometry=geometry, model=facts,
+                      assume_convex_model=assume_convex_model, gaussian_initialization=gaussian_initialization,
+                      dataset_size=dataset_size, neighboring_relation=explicit, default_relation=ADD_OR_REMOVE_ONE,
+                      feature_unobservable=unobservable, loss=(None, LOSS_UNSEEN))
+        recorder = claim.recorder()
         if optimizer is not None:
             hook = getattr(optimizer, "step_hook", None)
             if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
@@ -371,42 +266,17 @@ class OpacusHiddenStateAccountant(IAccountant):
                     steps_per_epoch=round(1 / hook.sample_rate)))
                 optimizer.expected_batch_size = schedule.batch_size / getattr(optimizer, "world_size", 1)
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
-        claim = _claim(explicit, schedule, geometry, assume_convex_model, gaussian_initialization,
-                       recorder.dataset_size)
-        calibrated = self._calibrated_claim
-        if calibrated is not None and claim != calibrated:
+        calibrated = self._calibrated
+        if calibrated is not None and claim.accounted() != calibrated.accounted():
             raise v.ParameterError(
                 "configure", f"make_private_with_epsilon calibrated the noise multiplier for {calibrated.describe()}; "
                 f"this configuration claims {claim.describe()}, so the run would not meet its target. Configure the "
-                "accountant before make_private_with_epsilon and pass it **engine.accountant.calibration_kwargs("
-                "optimizer=..., max_grad_norm=...), or use make_private with a noise_multiplier of your own")
-        self.neighboring_relation = explicit
-        self.geometry, self.sampler, self.model = geometry, sampler, facts
-        self.loader_schedule = loader_schedule
-        self.assume_convex_model, self.gaussian_initialization = assume_convex_model, gaussian_initialization
-        self.dataset_size = recorder.dataset_size
-        self._recorder = recorder
-        self._features = feature_monitor(model, recorder, self._features)
+                "accountant before make_private_with_epsilon, or use make_private with a noise_multiplier of your own")
+        if self._features is not None:
+            self._features.detach()
+        self.sampler, self._recorder = sampler, recorder
+        self._features = FeatureNormMonitor(layer) if claim.needs_feature_checks else None
         return self
-
-    @property
-    def schedule(self) -> Optional[BatchSchedule]:
-        """The batch schedule accounted: the sampler's, the recognised loader's, or ``None`` (Poisson)."""
-        return self.sampler.schedule if self.sampler is not None else self.loader_schedule
-
-    def relation(self, run: Optional[TrainingRunDpEvent] = None):
-        """The neighbouring relation the numbers are reported under (see the class docstring), and
-        the note saying why it is not the default ADD_OR_REMOVE_ONE, if it is not."""
-        schedule = self.schedule
-        sampling = run.sampling if run is not None else (POISSON if schedule is None else schedule.sampling)
-        return resolve_relation(self.neighboring_relation, sampling)
-
-    @property
-    def claim(self) -> CalibrationClaim:
-        """What this accountant's numbers claim, besides the steps: what a noise multiplier is
-        calibrated for."""
-        return _claim(self.neighboring_relation, self.schedule, self.geometry, self.assume_convex_model,
-                      self.gaussian_initialization, self.dataset_size)
 
     def calibration_kwargs(self, *, optimizer, max_grad_norm: float) -> Dict[str, HiddenStateCalibration]:
         """Keyword arguments that carry this configuration into ``make_private_with_epsilon``.
@@ -414,22 +284,24 @@ class OpacusHiddenStateAccountant(IAccountant):
         Opacus calibrates with a *fresh* accountant built by name (``get_noise_multiplier(...,
         accountant="hidden_state")``), which knows nothing of this one; it forwards extra keyword
         arguments of ``make_private_with_epsilon`` to that accountant's ``get_epsilon`` (and to
-        the DP optimizer, which ignores them). So: configure first, then pass these::
+        the DP optimizer, which ignores them). On an engine whose accountant is this one,
+        ``make_private_with_epsilon`` passes them itself (made from its ``optimizer`` and
+        ``max_grad_norm``), so configuring first is enough::
 
             engine.accountant.configure(geometry=geometry, sampler=sampler, model=model)
             model, optimizer, loader = engine.make_private_with_epsilon(
                 module=model, optimizer=optimizer, data_loader=loader, target_epsilon=1.0,
-                target_delta=1e-5, epochs=20, max_grad_norm=1.0, poisson_sampling=False,
-                **engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=1.0))
+                target_delta=1e-5, epochs=20, max_grad_norm=1.0, poisson_sampling=False)
             engine.accountant.configure(geometry=geometry, sampler=sampler, model=model, optimizer=optimizer)
 
-        The calibrated run then reports at most the target after the planned epochs, under the
-        configured relation, with the smallest noise the best valid analysis allows (within
-        Opacus' ``epsilon_tolerance``, 0.01 unless passed to ``make_private_with_epsilon``). It
-        works on every path the accountant accepts: this package's samplers, a
-        ``DataLoader(shuffle=True)`` (``configure(data_loader=...)``), and Opacus' Poisson
-        loader (with ``configure(geometry=..., model=..., dataset_size=len(dataset))`` the
-        Poisson hidden-state analyses, whose divisor is Opacus' ``int(n / len(data_loader))``).
+        (Passing ``**engine.accountant.calibration_kwargs(optimizer=..., max_grad_norm=...)`` explicitly
+        works too; kwargs made for another configuration are refused.) The calibrated run then reports
+        at most the target after the planned epochs, under the configured relation, with the smallest
+        noise the best valid analysis allows (within Opacus' ``epsilon_tolerance``, 0.01 unless passed
+        to ``make_private_with_epsilon``). It works on every path the accountant accepts: this
+        package's samplers, a ``DataLoader(shuffle=True)`` (``configure(data_loader=...)``), and
+        Opacus' Poisson loader (with ``configure(geometry=..., model=..., dataset_size=len(dataset))``
+        the Poisson hidden-state analyses, whose divisor is Opacus' ``int(n / len(data_loader))``).
 
         ``optimizer`` is the base optimizer; its learning rate, ``weight_decay`` and momentum
         are read now and checked against the claim. A declared diameter is taken as the
@@ -440,59 +312,56 @@ class OpacusHiddenStateAccountant(IAccountant):
             (``momentum``, ``learning_rate``, ``geometry``...), or ``neighboring_relation`` when
             no analysis of the schedule holds under the configured relation.
         """
-        schedule = self.schedule
-        relation, _ = self.relation()
-        sampling = POISSON if schedule is None else schedule.sampling
-        reason = schedule_reason(relation, sampling)
+        claim = self.claim
+        relation = claim.relation()[0]
+        reason = schedule_reason(relation, claim.sampling)
         if reason:
-            raise v.ParameterError("neighboring_relation", f"nothing to calibrate for: no analysis of the {sampling} "
-                                                           f"schedule holds under {relation.name} ({reason})")
+            raise v.ParameterError("neighboring_relation", f"nothing to calibrate for: no analysis of the "
+                                                           f"{claim.sampling} schedule holds under {relation.name} "
+                                                           f"({reason})")
         base = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
+        schedule = claim.schedule
         step = StepFacts(noise_multiplier=0.0, clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
                          divisor=None if schedule is None else schedule.batch_size,
-                         projection_diameter=None if self.geometry is None else self.geometry.diameter,
+                         projection_diameter=None if claim.geometry is None else claim.geometry.diameter,
                          **optimizer_facts(base))
-        spec = HiddenStateCalibration(schedule=schedule, geometry=self.geometry, model=self.model,
-                                      assume_convex_model=self.assume_convex_model,
-                                      gaussian_initialization=self.gaussian_initialization, step=step,
-                                      neighboring_relation=self.neighboring_relation,
-                                      dataset_size=self.dataset_size if schedule is None else None)
+        planned = attr.evolve(claim, planned=True)
         # contradictions surface now, not inside Opacus' search (Poisson: at a whole-number divisor)
-        spec.recorder().check(step if schedule is not None else attr.evolve(step, sample_rate=0.5, divisor=1))
-        return {_CALIBRATION_KWARG: spec}
+        planned.recorder().check(step if schedule is not None else attr.evolve(step, sampling_probability=0.5,
+                                                                               divisor=1))
+        return {CALIBRATION_KWARG: HiddenStateCalibration(claim=planned, step=step)}
 
-    def _check_calibration_call(self, frame) -> None:
-        """Called by :attr:`mechanism` with its caller's frame. When the caller is Opacus'
-        ``make_private_with_epsilon``, about to calibrate with a fresh accountant: refuses a call
-        that would calibrate another claim than this accountant's (no :meth:`calibration_kwargs`
-        on a configured accountant, or ones made for another configuration), and remembers the
-        claim, which a later :meth:`configure` must keep."""
-        engine = frame.f_locals.get("self") if frame.f_code.co_name == "make_private_with_epsilon" else None
-        if not isinstance(engine, PrivacyEngine) or engine.accountant is not self:
-            return
-        kwargs = frame.f_locals.get("kwargs")
-        spec = kwargs.get(_CALIBRATION_KWARG) if isinstance(kwargs, dict) else None
+    def calibration_for(self, *, data_loader, optimizer, max_grad_norm,
+                        spec: Optional[HiddenStateCalibration] = None) -> Optional[HiddenStateCalibration]:
+        """What ``make_private_with_epsilon`` on this accountant's engine passes Opacus' calibration
+        (:mod:`.engine` calls it first): ``spec`` after checking it was made for this claim, or
+        :meth:`calibration_kwargs`' when none was given and the claim is not the one a fresh
+        accountant has (``None``: Opacus' own calibration is this claim's). Remembers the claim, which
+        a later :meth:`configure` must keep."""
+        self.check_data_loader(data_loader)
         claim = self.claim
-        loader = frame.f_locals.get("data_loader")
-        n = len(loader.dataset) if claim.dataset_size is not None and hasattr(loader, "dataset") else None
-        if n is not None and n != claim.dataset_size:  # Opacus divides by int(len(dataset) / len(data_loader))
+        if spec is None and claim.accounted() != _FRESH.accounted():
+            spec = self.calibration_kwargs(optimizer=optimizer, max_grad_norm=max_grad_norm)[CALIBRATION_KWARG]
+        elif spec is not None and not isinstance(spec, HiddenStateCalibration):
+            raise v.ParameterError(CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
+        elif spec is not None and spec.claim.accounted() != claim.accounted():
             raise v.ParameterError(
-                "dataset_size", f"the accountant is configured with dataset_size={claim.dataset_size}, but the data "
-                f"loader's dataset has {n} records; configure dataset_size=len(dataset)")
-        if spec is None and claim != DEFAULT_CLAIM:
-            raise v.ParameterError(
-                "calibration_kwargs", f"make_private_with_epsilon calibrates with a fresh accountant, which knows "
-                f"only {DEFAULT_CLAIM.describe()}, but this accountant claims {claim.describe()}; pass "
-                "**engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=...) to "
-                "make_private_with_epsilon")
-        if spec is not None:
-            if not isinstance(spec, HiddenStateCalibration):
-                raise v.ParameterError(_CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
-            if spec.claim != claim:
-                raise v.ParameterError(
-                    "calibration_kwargs", f"were made for {spec.claim.describe()}, but the accountant now claims "
-                    f"{claim.describe()}; call calibration_kwargs() after the last configure()")
-        self._pending_claim = claim
+                "calibration_kwargs", f"were made for {spec.claim.describe()}, but the accountant now claims "
+                f"{claim.describe()}; call calibration_kwargs() after the last configure()")
+        self._pending = claim
+        return spec
+
+    def check_data_loader(self, data_loader) -> None:
+        """Remembers the size of the data loader's dataset (``make_private`` was given it) and checks the
+        configured Poisson ``dataset_size`` against it: Opacus divides by ``int(len(dataset) / len(data_loader))``,
+        and the Poisson hidden-state analyses read ``n``."""
+        dataset = getattr(data_loader, "dataset", None)
+        try:
+            n = None if dataset is None else len(dataset)
+        except TypeError:  # an iterable dataset has no length
+            n = None
+        _check_dataset_size(self.claim.dataset_size, n)
+        self.loader_dataset_size = n
 
     # ---------------------------------------------------------------------- recording
     def _record(self, optim: DPOptimizer, sample_rate: float) -> None:
@@ -503,68 +372,30 @@ class OpacusHiddenStateAccountant(IAccountant):
                 largest = self._features.take(int(getattr(optim, "world_size", 1)))
                 if largest is not None:
                     self._recorder.check_feature_norm(largest, f"the batch of step {len(self)}")
-            self._recorder.record(self._read(optim, sample_rate))
+            self._recorder.record(step_facts(optim, sample_rate))
         except v.ParameterError as err:  # the core's refusal, with how to fix it in Opacus
             if err.parameter not in _HINTS:
                 raise
             raise v.ParameterError(err.parameter, f"{err.reason}; {_HINTS[err.parameter]}") from None
 
-    def _read(self, optim: DPOptimizer, sample_rate: float) -> StepFacts:
-        """:func:`step_facts`, built again only when a value changed (it runs at every step)."""
-        values = step_values(optim, sample_rate)
-        if values != self._facts[0]:
-            self._facts = (values, StepFacts(**values))
-        return self._facts[1]
-
     # ----------------------------------------------------------------------- the run
-    def _run_recorder(self, spec: Optional[HiddenStateCalibration]) -> RunRecorder:
-        """The recorder to account: this one, or, for Opacus' calibration, the hypothetical run
-        ``[(sigma, sample_rate, steps)]`` it wrote into :attr:`history`, under ``spec``."""
-        if spec is None:
-            return self._recorder
-        if not isinstance(spec, HiddenStateCalibration):
-            raise v.ParameterError(_CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
-        if len(self.history) != 1:
-            raise v.ParameterError("history", "calibration expects one (noise, sample_rate, steps) entry")
-        z, q, steps = self.history[0]
-        s = spec.schedule
-        step = attr.evolve(spec.step, noise_multiplier=z, sample_rate=q)
-        if s is None:  # Opacus' Poisson loader: an epoch is len(data_loader) = 1/q steps
-            steps_per_epoch = round(1 / q)
-            if spec.dataset_size is not None:  # Opacus' expected_batch_size, computed as make_private does
-                step = attr.evolve(step, divisor=int(spec.dataset_size * q))
-        else:
-            check_batch_source(s, BatchSourceFacts(schedule=s, description="Opacus' data loader",
-                                                   steps_per_epoch=round(1 / q)))
-            steps_per_epoch = s.steps_per_epoch
-        epochs = steps * q  # Opacus' int(epochs / sample_rate) can land one step short of whole epochs
-        if abs(epochs - round(epochs)) < 1e-6:
-            steps = max(steps, round(epochs) * steps_per_epoch)
-        recorder = spec.recorder()
-        recorder.record(step, steps)
-        return recorder
-
     def training_run(self) -> TrainingRunDpEvent:
         """The core event for the steps recorded so far (what :meth:`get_epsilon` accounts)."""
         return self._recorder.run(warn=False)
 
     def explain(self, delta: float, **kwargs) -> PrivacyReport:
-        """The core's report: every analysis with its epsilon or why it does not apply, the
-        reasons for a composition fallback and the recorder's notes."""
-        spec = kwargs.pop(_CALIBRATION_KWARG, None)
-        recorder = self._run_recorder(spec)
-        if not recorder.steps:
-            return HiddenStateAccountant(neighboring_relation=self.relation()[0]).explain(delta)  # no steps: epsilon 0
-        run = recorder.run(warn=spec is None)  # the recorder warns once per reason
-        # Opacus' calibration: the relation of the configuration it calibrates for
-        relation, note = (self.relation(run) if spec is None else
-                          resolve_relation(spec.neighboring_relation, run.sampling))
-        key = (run, float(delta), relation)
-        if self._cache[0] != key:
-            report = HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
-            report.notes.extend(recorder.notes() + ([note] if note else []))
-            self._cache = (key, report)
-        return self._cache[1]
+        """The core's report (:meth:`RunRecorder.report <hidden_state_accountants.recording.RunRecorder.report>`):
+        every analysis with its epsilon or why it does not apply, the reasons for a composition fallback
+        and the notes. For Opacus' calibration (``hidden_state_calibration=...``), the report of the
+        hypothetical run it wrote into :attr:`history`, under the calibrated claim."""
+        spec = kwargs.pop(CALIBRATION_KWARG, None)
+        if spec is None:
+            return self._recorder.report(delta)
+        if not isinstance(spec, HiddenStateCalibration):
+            raise v.ParameterError(CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
+        if len(self.history) != 1:
+            raise v.ParameterError("history", "calibration expects one (noise, sample_rate, steps) entry")
+        return spec.recorder(*self.history[0]).report(delta, warn=False)
 
     def composition_epsilon(self, delta: float) -> float:
         """The best composition bound for the same run (valid even if every iterate is released)."""
@@ -573,8 +404,8 @@ class OpacusHiddenStateAccountant(IAccountant):
     # -------------------------------------------------------------------- checkpoints
     def state_dict(self, destination=None, *, weights_digest: Optional[str] = None):
         """Opacus' ``history`` and, under ``"hidden_state"``, the core's sealed
-        :class:`~hidden_state_accountants.checkpoint.RunState` (ledger, configuration, the
-        sampler's schedule with its seed) and the sampler's class, in plain Python types
+        :class:`~hidden_state_accountants.checkpoint.RunState` (the claim with the sampler's
+        schedule and its seed, the ledger) and the sampler's class, in plain Python types
         (``torch.save``-able). It holds the sampler's seed: keep it as private as the data.
 
         ``weights_digest`` (:func:`~hidden_state_accountants.checkpoint.weights_digest` of the
@@ -584,8 +415,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         out = {} if destination is None else destination
         out["mechanism"] = self.mechanism()
         out["history"] = self.history
-        run = RunState.of(self._recorder, neighboring_relation=self.neighboring_relation, weights_digest=weights_digest,
-                          subject=_SUBJECT)
+        run = RunState.of(self._recorder, weights_digest=weights_digest, subject=_SUBJECT)
         out["hidden_state"] = seal_run(run, fmt=_STATE_FORMAT, version=STATE_VERSION,
                                        sampler=None if self.sampler is None else type(self.sampler).__name__)
         return out
@@ -597,145 +427,110 @@ class OpacusHiddenStateAccountant(IAccountant):
         an accountant without a sampler).
 
         Everything is checked before anything changes (:func:`~hidden_state_accountants.checkpoint.open_run`:
-        the digest, the format and types, the ledger replayed under the claim; then the
-        configuration and Opacus' ``history`` against the ledger). ``PrivacyEngine.load_checkpoint``
+        the digest, the format and types, the ledger replayed under the claim; then
+        :meth:`RunState.continued <hidden_state_accountants.checkpoint.RunState.continued>` against the
+        configuration, and Opacus' ``history`` against the ledger). ``PrivacyEngine.load_checkpoint``
         also checks the model's weights and the optimizer's state before it applies any part of the
-        file (see :mod:`hidden_state_accountants.opacus.checkpoint`).
+        file (see :mod:`hidden_state_accountants.opacus.engine`).
 
         Raises:
           ParameterError: ``checkpoint`` (or ``sampler``, ``geometry``, ...) with what does not hold.
         """
-        self._prepare_load(state_dict)[0]()
+        self.check_state_dict(state_dict)[0]()
 
-    def _prepare_load(self, state_dict) -> Tuple[Callable[[], None], Optional[RunState]]:
+    def check_state_dict(self, state_dict) -> Tuple[Callable[[], None], Optional[RunState]]:
         """Checks ``state_dict`` entirely; returns what applies it (assignments only: it cannot fail)
         and its run state (``None`` for Opacus' history alone)."""
         if not isinstance(state_dict, dict) or "history" not in state_dict or \
-                state_dict.get("mechanism") != self.mechanism():
+                state_dict.get("mechanism") != MECHANISM:
             got = state_dict.get("mechanism") if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {self.mechanism()!r} "
+            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {MECHANISM!r} "
                                     "accountant loads here")
         hs = state_dict.get("hidden_state")
         if hs is None:
-            return self._prepare_history_only(state_dict["history"]), None
+            return self._check_history_only(state_dict["history"]), None
         if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
             raise refusal(_SUBJECT, f"has version {hs.get('version')!r} without an integrity digest; this version "
                                     f"of the package reads version {STATE_VERSION} (sealed)")
         run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
         if run is None:
             raise refusal(_SUBJECT, "holds no run")
-        steps, stored, sampler_class = run.steps, run.recorder, extra["sampler"]
-        loader_schedule = stored.schedule if stored.schedule is not None and stored.schedule.external else None
-        if (sampler_class is not None) != (stored.schedule is not None and loader_schedule is None) or \
+        stored, sampler_class, claim = run.claim, extra["sampler"], self.claim
+        from_loader = stored.schedule is not None and stored.schedule.external
+        if (sampler_class is not None) != (stored.schedule is not None and not from_loader) or \
                 not isinstance(sampler_class, (str, type(None))):
             raise refusal(_SUBJECT, f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler "
                                     "class goes with a schedule of this package, and only with one)")
-        if self.loader_schedule is not None:  # configured with DataLoader(shuffle=True)
-            if loader_schedule is None:
+        if claim.schedule is not None and claim.schedule.external:  # configured with DataLoader(shuffle=True)
+            if not from_loader:
                 raise v.ParameterError("data_loader", "the checkpoint was not taken with DataLoader(shuffle=True) "
                                                       "batches; it cannot continue this loader")
             # the loader starts a fresh epoch: the run must have stopped at an epoch's end
-            check_batch_source(loader_schedule, BatchSourceFacts(
-                schedule=self.loader_schedule, description="the DataLoader (which starts a fresh epoch)",
-                next_step=0), steps)
-        relation = self.neighboring_relation
-        if run.neighboring_relation is not None:
-            if relation not in (None, run.neighboring_relation):
-                raise v.ParameterError("neighboring_relation", f"the checkpoint was taken under "
-                                       f"{run.neighboring_relation.name}, this accountant reports {relation.name}")
-            relation = run.neighboring_relation
-        if self.sampler is not None or self.loader_schedule is not None or self.geometry is not None:
-            sampler, run = self.sampler, self._configured_run(run, sampler_class)
-        else:
-            sampler = None
+            check_batch_source(stored.schedule, BatchSourceFacts(
+                schedule=claim.schedule, description="the DataLoader (which starts a fresh epoch)",
+                next_step=0), run.steps)
+            claim = attr.evolve(claim, schedule=stored.schedule)  # the run's law, drawn as secretly as it was
+        sampler = self.sampler
+        if claim.schedule is not None or claim.geometry is not None:  # configured: its claim continues the run
+            if sampler_class is None and sampler is not None:
+                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
+                                                  "or a DataLoader(shuffle=True))")
+            if sampler_class is not None and sampler is None:
+                raise v.ParameterError("sampler", "the checkpoint was taken with a sampler of this package; configure "
+                                                  "the accountant with it (see sampler_from_checkpoint)")
+            if sampler is not None:  # the same schedule (the position stays where it is)
+                sampler.load_state_dict({"class": sampler_class, **stored.schedule.describe(),
+                                         "position": sampler.position})
+        else:  # unconfigured: the checkpoint's claim, with this accountant's relation if it names one
+            claim = attr.evolve(stored, neighboring_relation=claim.neighboring_relation)
             if sampler_class is not None:
-                try:
-                    sampler = sampler_from_state_dict({"class": sampler_class, **stored.schedule.describe(),
-                                                       "position": steps},
-                                                      seed_is_secret=stored.schedule.seed_is_secret)
-                except v.ParameterError as err:
-                    raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
-        recorder = run.recorder
-        recorder.check_loss(None, LOSS_UNSEEN)
-        if _history(recorder) != _as_history(state_dict["history"]):
+                sampler = _sampler_of(stored, sampler_class, run.steps)
+        run = run.continued(claim)
+        if _history(run.recorder) != _as_history(state_dict["history"]):
             raise refusal(_SUBJECT, "has an Opacus history that is not its ledger's")
 
         def apply() -> None:
-            self.geometry, self.model, self.dataset_size = recorder.geometry, recorder.model, recorder.dataset_size
-            self.assume_convex_model = recorder.assume_convex_model
-            self.gaussian_initialization = recorder.gaussian_initialization
-            self.loader_schedule, self.neighboring_relation = loader_schedule, relation
             if sampler is not None:
-                sampler.set_position(steps)  # the batch after the last one trained on
-            self.sampler, self._recorder, self._cache = sampler, recorder, (None, None)
+                sampler.set_position(run.steps)  # the batch after the last one trained on
+            self.sampler, self._recorder = sampler, run.recorder
 
         return apply, run
 
-    def _configured_run(self, run: RunState, sampler_class: Optional[str]) -> RunState:
-        """``run`` under this accountant's configuration, after checking that it is the checkpoint's."""
-        stored = run.recorder
-        if sampler_class is None and self.sampler is not None:
-            raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
-                                              "or a DataLoader(shuffle=True))")
-        if sampler_class is not None and self.sampler is None:
-            raise v.ParameterError("sampler", "the checkpoint was taken with a sampler of this package; configure "
-                                              "the accountant with it (see sampler_from_checkpoint)")
-        if self.sampler is not None:  # the same schedule (the position stays where it is)
-            self.sampler.load_state_dict({"class": sampler_class, **stored.schedule.describe(),
-                                          "position": self.sampler.position})
-        if self.schedule is None and None not in (self.dataset_size, stored.dataset_size) \
-                and self.dataset_size != stored.dataset_size:
-            raise v.ParameterError("dataset_size", f"the checkpoint was taken with dataset_size={stored.dataset_size}, "
-                                                   f"this accountant is configured with {self.dataset_size}")
-        if self.geometry != stored.geometry:
-            if None not in (self.geometry, stored.geometry) and stored.geometry.feature_norm_bound is None \
-                    and self.geometry.feature_norm_bound is not None:
-                raise v.ParameterError(
-                    "geometry", "the checkpoint's geometry has no feature_norm_bound (it was declared by its "
-                    "constants), so its steps are not known to respect "
-                    f"feature_norm_bound={self.geometry.feature_norm_bound:g}; train again, or configure the "
-                    "geometry by its constants (LossGeometry(smoothness=..., strong_convexity=..., ...), "
-                    "reported as your claim)")
-            raise v.ParameterError("geometry", f"the checkpoint was taken with {stored.geometry}, this accountant "
-                                   f"is configured with {self.geometry}")
-        for name in ("assume_convex_model", "gaussian_initialization"):
-            if getattr(self, name) != getattr(stored, name):
-                raise v.ParameterError(name, f"the checkpoint was taken with {name}={getattr(stored, name)}, this "
-                                             f"accountant is configured with {getattr(self, name)}")
-        if None not in (self.model, stored.model) and self.model != stored.model:
-            raise v.ParameterError("model", f"the checkpoint was taken with {stored.model.description or 'a model'} "
-                                            f"of another structure than the configured one")
-        schedule = self.sampler.schedule if self.sampler is not None else stored.schedule
-        claim = RunRecorder(schedule=schedule, geometry=self.geometry,
-                            model=self.model if self.model is not None else stored.model,
-                            assume_convex_model=self.assume_convex_model,
-                            gaussian_initialization=self.gaussian_initialization,
-                            dataset_size=None if schedule is not None else (self.dataset_size or stored.dataset_size))
-        return RunState(claim, ledger=stored.ledger_state(), steps=run.steps,
-                        neighboring_relation=run.neighboring_relation, weights_digest=run.weights_digest,
-                        subject=_SUBJECT)
-
-    def _prepare_history_only(self, history) -> Callable[[], None]:
+    def _check_history_only(self, history) -> Callable[[], None]:
         """Opacus' own format, ``[(noise_multiplier, sample_rate, steps), ...]``: steps known only
         by noise and rate, which only Poisson composition covers."""
-        if self.schedule is not None:
+        if self.claim.schedule is not None:
             raise v.ParameterError("sampler", "the checkpoint holds only Opacus' history (no hidden-state ledger "
                                               "or batch schedule); it cannot continue the configured sampler")
         entries = _as_history(history)
         if entries is None:
             raise refusal(_SUBJECT, "has a history that is not a list of (noise_multiplier, sample_rate, steps): "
                                     f"{history!r}")
-        recorder = RunRecorder(schedule=None)
         try:
-            for z, q, count in entries:
-                recorder.record(StepFacts(noise_multiplier=z, sample_rate=q), count)
+            recorder = attr.evolve(_FRESH, neighboring_relation=self.claim.neighboring_relation).recorder(
+                (StepFacts(noise_multiplier=z, sampling_probability=q), count) for z, q, count in entries)
         except v.ParameterError as err:
             raise refusal(_SUBJECT, f"has a history that does not hold ({err})") from None
 
         def apply() -> None:
-            self._recorder, self._cache = recorder, (None, None)
+            self._recorder = recorder
 
         return apply
+
+
+def _check_dataset_size(claimed: Optional[int], n: Optional[int]) -> None:
+    if None not in (claimed, n) and claimed != n:  # Opacus divides by int(len(dataset) / len(data_loader))
+        raise v.ParameterError(
+            "dataset_size", f"the accountant is configured with dataset_size={claimed}, but the data loader's "
+            f"dataset has {n} records; configure dataset_size=len(dataset)")
+
+
+def _sampler_of(claim: Claim, sampler_class: str, position: int, **where) -> HiddenStateBatchSampler:
+    try:
+        return sampler_from_state_dict({"class": sampler_class, **claim.schedule.describe(), "position": position},
+                                       seed_is_secret=claim.schedule.seed_is_secret, **where)
+    except v.ParameterError as err:
+        raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
 
 
 def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
@@ -762,19 +557,13 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
     run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
     if run is None or not isinstance(extra["sampler"], str):
         raise v.ParameterError("checkpoint", "holds no batch sampler (the run used Poisson sampling or a DataLoader)")
-    schedule = run.schedule
-    return sampler_from_state_dict({"class": extra["sampler"], **schedule.describe(), "position": run.steps},
-                                   num_replicas=num_replicas, rank=rank, seed_is_secret=schedule.seed_is_secret)
-
-
-_STATE_FORMAT = "hidden_state_accountants.opacus"
-_SUBJECT = "the hidden-state accountant state"
+    return _sampler_of(run.claim, extra["sampler"], run.steps, num_replicas=num_replicas, rank=rank)
 
 
 def _history(recorder: RunRecorder) -> List[Tuple[float, float, int]]:
     out: List[Tuple[float, float, int]] = []
     for step, count in recorder.ledger:
-        key = (step.noise_multiplier, step.sample_rate)
+        key = (step.noise_multiplier, step.sampling_probability)
         if out and out[-1][:2] == key:
             out[-1] = (*key, out[-1][2] + count)
         else:

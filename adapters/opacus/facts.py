@@ -11,13 +11,13 @@ Nothing here judges: :mod:`hidden_state_accountants.recording` decides what the 
 
 >>> from torch import nn
 >>> facts = model_facts(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)))
->>> [(layer.kind, layer.trainable) for layer in facts.layers], facts.complete
+>>> [(str(layer.kind), layer.trainable) for layer in facts.layers], facts.complete
 ([('other', False), ('affine', True)], True)
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -26,25 +26,38 @@ from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
 from torch import nn
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.recording import BatchSourceFacts, LayerFacts, ModelFacts, RunRecorder, StepFacts
+from hidden_state_accountants.recording import (
+    BatchSourceFacts,
+    Clipping,
+    LayerFacts,
+    LayerKind,
+    LossReduction,
+    ModelFacts,
+    OptimizerKind,
+    ReplicaReduction,
+    StepFacts,
+)
 from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSchedule
 
-from .hooks import PROJECTION_ATTR, FeatureClip, FeatureNormMonitor
+from .features import FeatureClip
 from .samplers import HiddenStateBatchSampler, has_secret_generator
 
-__all__ = ["step_facts", "step_values", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts",
-           "trainable_linear", "feature_monitor"]
+__all__ = ["step_facts", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts", "trainable_linear",
+           "feature_facts", "PROJECTION_ATTR", "LOSS_UNSEEN"]
+
+PROJECTION_ATTR = "_hsa_projection"
+"""The attribute of the DP optimizer that holds its :class:`~.hooks.ProjectionHook` (read here at every step)."""
 
 
 # ---------------------------------------------------------------------------- steps
 def optimizer_facts(base: torch.optim.Optimizer) -> Dict[str, Any]:
     """The update a (base) optimizer applies: its kind, per-group learning rates and L2, momentum."""
     groups = base.param_groups
-    kind = type(base).__name__
-    if isinstance(base, torch.optim.SGD):
-        kind = "SGD(maximize=True)" if any(g.get("maximize", False) for g in groups) else "sgd"
+    sgd = isinstance(base, torch.optim.SGD)
+    ascent = sgd and any(g.get("maximize", False) for g in groups)
     return dict(
-        optimizer=kind,
+        optimizer=OptimizerKind.SGD if sgd else OptimizerKind.named(type(base).__name__),
+        postprocessing="maximize=True (a gradient ascent step)" if ascent else None,
         learning_rate=[float(g["lr"]) for g in groups],
         weight_decay=[float(g.get("weight_decay", 0.0)) for g in groups],
         momentum=max(float(g.get("momentum", 0.0)) for g in groups),
@@ -52,39 +65,10 @@ def optimizer_facts(base: torch.optim.Optimizer) -> Dict[str, Any]:
     )
 
 
-def _clipping(optimizer: DPOptimizer) -> str:
+def _clipping(optimizer: DPOptimizer) -> Clipping:
     if isinstance(optimizer, AdaClipDPOptimizer):
-        return "adaptive"
-    return "per_layer" if getattr(optimizer, "max_grad_norms", None) is not None else "flat"
-
-
-def step_values(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
-                accumulation: Optional[int] = None) -> Dict[str, Any]:
-    """The keyword arguments of :func:`step_facts` (cheap to compare at every step)."""
-    if not isinstance(optimizer, DPOptimizer):
-        raise v.ParameterError("optimizer", f"must be the DPOptimizer returned by make_private, got {type(optimizer).__name__}")
-    k = optimizer.accumulated_iterations if accumulation is None else accumulation
-    ebs = optimizer.expected_batch_size
-    projection = getattr(optimizer, PROJECTION_ATTR, None)
-    world = int(getattr(optimizer, "world_size", 1))
-    # Opacus' Distributed*Optimizer: every rank divides its clipped sum by expected_batch_size,
-    # only rank 0 adds noise (the total variance of one draw: a 1/world share each), the ranks
-    # all-reduce the gradients (averaged for "mean") and one base-optimizer step, weight_decay
-    # included, follows on the combined gradient.
-    replicas = dict(replicas=world, replica_reduction="mean" if optimizer.loss_reduction == "mean" else "sum",
-                    replica_share=world, l2_after_reduction=True) if world > 1 else {}
-    return dict(
-        noise_multiplier=optimizer.noise_multiplier,
-        clip_norm=optimizer.max_grad_norm,
-        divisor=ebs,
-        **replicas,
-        projection_diameter=None if projection is None else projection.diameter,
-        clipping=_clipping(optimizer),
-        loss_reduction=optimizer.loss_reduction,
-        accumulation=k,
-        sample_rate=None if sample_rate is None else sample_rate * k,
-        **optimizer_facts(optimizer.original_optimizer),
-    )
+        return Clipping.ADAPTIVE
+    return Clipping.PER_LAYER if getattr(optimizer, "max_grad_norms", None) is not None else Clipping.FLAT
 
 
 def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
@@ -99,7 +83,30 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
     ``l2_after_reduction``) and the core's ``effective_step`` is the one-process step they add
     up to, so a divisor that does not match the global batch is refused with that explanation.
     """
-    return StepFacts(**step_values(optimizer, sample_rate, accumulation=accumulation))
+    if not isinstance(optimizer, DPOptimizer):
+        raise v.ParameterError("optimizer", f"must be the DPOptimizer returned by make_private, got {type(optimizer).__name__}")
+    k = optimizer.accumulated_iterations if accumulation is None else accumulation
+    projection = getattr(optimizer, PROJECTION_ATTR, None)
+    world = int(getattr(optimizer, "world_size", 1))
+    mean = optimizer.loss_reduction == "mean"
+    # Opacus' Distributed*Optimizer: every rank divides its clipped sum by expected_batch_size,
+    # only rank 0 adds noise (the total variance of one draw: a 1/world share each), the ranks
+    # all-reduce the gradients (averaged for "mean") and one base-optimizer step, weight_decay
+    # included, follows on the combined gradient.
+    replicas = dict(replicas=world, replica_reduction=ReplicaReduction.MEAN if mean else ReplicaReduction.SUM,
+                    replica_share=world, l2_after_reduction=True) if world > 1 else {}
+    return StepFacts(
+        noise_multiplier=optimizer.noise_multiplier,
+        clip_norm=optimizer.max_grad_norm,
+        divisor=optimizer.expected_batch_size,
+        **replicas,
+        projection_diameter=None if projection is None else projection.diameter,
+        clipping=_clipping(optimizer),
+        loss_reduction=LossReduction.MEAN if mean else LossReduction.SUM,
+        accumulation=k,
+        sampling_probability=None if sample_rate is None else sample_rate * k,
+        **optimizer_facts(optimizer.original_optimizer),
+    )
 
 
 # ---------------------------------------------------------------------------- batches
@@ -180,11 +187,11 @@ def _is_leaf(m: nn.Module) -> bool:
 
 def _layer(name: str, m: nn.Module) -> LayerFacts:
     if isinstance(m, _RANDOM_MODULES):
-        kind = "random"
+        kind = LayerKind.RANDOM
     elif isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward:
-        kind = "affine"
+        kind = LayerKind.AFFINE
     else:
-        kind = "other"
+        kind = LayerKind.OTHER
     trainable = any(p.requires_grad for p in m.parameters())
     return LayerFacts(name=f"{name}:{type(m).__name__}" if name else type(m).__name__, kind=kind, trainable=trainable)
 
@@ -215,13 +222,13 @@ def _traced(m: nn.Module, path: str) -> Optional[List[LayerFacts]]:
             for part in node.target.split("."):
                 obj = getattr(obj, part)
             trainable = isinstance(obj, torch.Tensor) and obj.requires_grad
-            layers.append(LayerFacts(name=_join(path, node.target), kind="other", trainable=trainable))
+            layers.append(LayerFacts(name=_join(path, node.target), kind=LayerKind.OTHER, trainable=trainable))
         elif node.op in ("call_function", "call_method"):
             fn = getattr(node.target, "__name__", str(node.target))
-            layers.append(LayerFacts(name=_join(path, fn), kind="random" if fn in _RANDOM_FUNCTIONS else "other",
-                                     trainable=False))
+            kind = LayerKind.RANDOM if fn in _RANDOM_FUNCTIONS else LayerKind.OTHER
+            layers.append(LayerFacts(name=_join(path, fn), kind=kind, trainable=False))
         elif node.op == "output" and node.args[0] is not last:  # the loss sees more than the last layer
-            layers.append(LayerFacts(name=_join(path, "output"), kind="other", trainable=False))
+            layers.append(LayerFacts(name=_join(path, "output"), kind=LayerKind.OTHER, trainable=False))
         last = node
     return layers
 
@@ -326,24 +333,16 @@ def _feeding_clip(model: nn.Module, target: nn.Module) -> Optional[FeatureClip]:
 
 
 LOSS_UNSEEN = "Opacus does not see it (the training loop computes the loss)"
+"""The core's loss observation for every Opacus run: the loss is the user's claim."""
 
 
-def feature_monitor(model: Optional[nn.Module], recorder: RunRecorder,
-                    previous: Optional[FeatureNormMonitor] = None) -> Optional[FeatureNormMonitor]:
-    """What the accountant needs to back the geometry's feature bound, attached to ``model``:
-    nothing when the model's :class:`FeatureClip` enforces it (or no bound is declared), else a
-    :class:`FeatureNormMonitor` on the trainable ``nn.Linear``, whose largest input norm the
-    accountant hands to ``recorder`` at every optimizer step. ``previous`` is detached. Also tells
-    the recorder that Opacus does not show the loss."""
-    if previous is not None:
-        previous.detach()
-    recorder.check_loss(None, LOSS_UNSEEN)
-    if not recorder.needs_feature_checks:
-        return None
-    layer = None if model is None else trainable_linear(model)
+def feature_facts(model: Optional[nn.Module]) -> Tuple[Optional[nn.Linear], Optional[str]]:
+    """The trainable ``nn.Linear`` whose inputs can be checked on every batch (a
+    :class:`~.features.FeatureNormMonitor` on it), or ``None`` and why none can (the core's
+    :attr:`Claim.feature_unobservable <hidden_state_accountants.recording.Claim.feature_unobservable>`)."""
+    if model is None:
+        return None, "the model was not given to configure(), so its inputs cannot be checked"
+    layer = trainable_linear(model)
     if layer is None:
-        recorder.feature_norm_unobservable(
-            "no single trainable nn.Linear of the model was found whose inputs could be checked on every batch"
-            if model is not None else "the model was not given to configure(), so its inputs cannot be checked")
-        return None
-    return FeatureNormMonitor(layer)
+        return None, "no single trainable nn.Linear of the model was found whose inputs could be checked on every batch"
+    return layer, None

@@ -1,16 +1,12 @@
-"""The pieces that make a declared :class:`~hidden_state_accountants.LossGeometry` true in Opacus.
+"""The projection and L2 hook that make a declared :class:`~hidden_state_accountants.LossGeometry` true in Opacus.
 
-* :class:`ProjectionHook` keeps all trained parameters in the L2 ball of radius ``R`` after
-  every optimiser step (the accountant learns the diameter ``D = 2R``), and supplies the L2
-  regulariser as the base SGD optimiser's ``weight_decay``: applied *after* clipping and
-  noise, so the per-example map ``clip_C(grad l_i) + m_reg*theta`` is ``m_reg``-strongly
-  convex. It exposes that strength as :attr:`ProjectionHook.strong_convexity`.
-* :func:`clip_features` / :class:`FeatureClip` scale every input to L2 norm ``<= R``, the
-  feature bound of :meth:`LossGeometry.logistic_regression`; the accountant recognises a
-  ``FeatureClip`` in front of the trainable layer from the model's structure (the bound is then
-  *enforced*).
-* :class:`FeatureNormMonitor` sees the inputs of the trainable layer in every training forward
-  pass, so that without a ``FeatureClip`` the bound is *checked* on every batch before its step.
+:class:`ProjectionHook` keeps all trained parameters in the L2 ball of radius ``R`` after every
+optimiser step, rescaled a hair inside it by the core's rounding rule
+(:mod:`hidden_state_accountants.projection`; the accountant learns the diameter ``D = 2R``), and
+supplies the L2 regulariser as the base SGD optimiser's ``weight_decay``: applied *after* clipping
+and noise, so the per-example map ``clip_C(grad l_i) + m_reg*theta`` is ``m_reg``-strongly convex.
+It exposes that strength as :attr:`ProjectionHook.strong_convexity`. (The feature bound's pieces
+are in :mod:`.features`.)
 
 Why not a penalty in the loss: Opacus computes per-example gradients from layer
 activations only, so a term like ``lam * ||w||^2`` added to the loss reaches ``p.grad`` but
@@ -28,19 +24,16 @@ from typing import List, Optional
 
 import torch
 from opacus.optimizers import DPOptimizer
-from torch import nn
 
 from hidden_state_accountants import LossGeometry
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.errors import HiddenStateWarning
+from hidden_state_accountants.projection import ball_product_diameter, inside_factor
 from hidden_state_accountants.recording import unaccountable, update_departure
 
-__all__ = ["ProjectionHook", "FeatureClip", "clip_features", "FeatureNormMonitor", "PROJECTION_ATTR"]
+from .facts import PROJECTION_ATTR, step_facts
 
-# Project onto a ball a hair inside the declared one, so float rounding of the rescaled
-# parameters can never leave the set whose diameter the accountant uses.
-_INSIDE = 1.0 - 1e-6
-PROJECTION_ATTR = "_hsa_projection"  # the attribute of the DP optimizer the accountant reads the hook from
+__all__ = ["ProjectionHook"]
 
 
 def _params(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
@@ -48,12 +41,13 @@ def _params(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
 
 
 def _project_(params: List[torch.Tensor], radius: float) -> None:
-    """Scales ``params`` (one vector) onto the ball of ``radius`` if outside.
+    """Scales ``params`` (one vector) onto the ball of ``radius`` if outside, a hair inside it (the
+    core's rounding rule for their dtype) so that float rounding never leaves the declared ball.
 
     On CPU the norm is read on the host and nothing is written when inside (cheapest); on an
     accelerator everything stays on the device (no host sync).
     """
-    target = radius * _INSIDE
+    target = radius * inside_factor(max(torch.finfo(p.dtype).eps for p in params))
     with torch.no_grad():
         same = len({(p.device, p.dtype) for p in params}) == 1
         if same and params[0].device.type == "cpu":
@@ -115,8 +109,6 @@ class ProjectionHook:
                 f"projection must follow clipping and noise), got {type(optimizer).__name__}")
         if radius is None and l2_regularization is None:
             raise v.ParameterError("radius", "give a radius, an l2_regularization, or both")
-        from .facts import step_facts  # facts reads this module's FeatureClip
-
         # the hook makes the analysed update's assumptions true; on another update it has nothing to make true
         facts = step_facts(optimizer, accumulation=1)
         problem = unaccountable(facts) or update_departure(facts)
@@ -153,7 +145,7 @@ class ProjectionHook:
     @property
     def diameter(self) -> Optional[float]:
         """``2 * radius``: the diameter of the set the parameters stay in."""
-        return None if self.radius is None else 2.0 * self.radius
+        return None if self.radius is None else ball_product_diameter([self.radius])
 
     @property
     def strong_convexity(self) -> float:
@@ -226,106 +218,3 @@ class ProjectionHook:
 
     def __repr__(self) -> str:
         return f"ProjectionHook(radius={self.radius}, strong_convexity={self.strong_convexity:g})"
-
-
-def _inside(dtype: torch.dtype) -> float:
-    """How far inside the ball to scale: 1e-6, or more where the dtype's rounding of the norm, the
-    scale and the product could undo that (half precision)."""
-    return 1.0 - max(1e-6, 4.0 * torch.finfo(dtype).eps) if dtype.is_floating_point else _INSIDE
-
-
-def clip_features(x: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scales each example (row; trailing dimensions flattened) to L2 norm ``<= max_norm``.
-
-    The norm is computed in float64 and the row scaled a hair inside the ball, so that rounding
-    can never leave a row above ``max_norm``.
-
-    >>> x = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
-    >>> clip_features(x, 1.0).norm(dim=1).tolist() <= [1.0, 1.0]
-    True
-    >>> clip_features(x, 1.0)[1].tolist() == x[1].tolist()  # inside: unchanged
-    True
-    """
-    r = v.positive_float("max_norm", max_norm)
-    if x.dim() == 0:
-        raise v.ParameterError("x", "needs a batch dimension")
-    norms = torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1, dtype=torch.float64)
-    scale = torch.clamp(r * _inside(x.dtype) / norms.clamp_min(1e-300), max=1.0)
-    return x * scale.reshape((-1,) + (1,) * (x.dim() - 1)).to(x.dtype)
-
-
-class FeatureClip(nn.Module):
-    """A parameter-free first layer: ``clip_features(x, max_norm)``.
-
-    Put it in front of the model so the feature bound of
-    :meth:`LossGeometry.logistic_regression` holds for every input, in training and after.
-
-    >>> layer = FeatureClip(2.0)
-    >>> float(layer(torch.ones(1, 16)).norm()) <= 2.0
-    True
-    """
-
-    def __init__(self, max_norm: float) -> None:
-        super().__init__()
-        self._max_norm = v.positive_float("max_norm", max_norm)
-
-    @property
-    def max_norm(self) -> float:
-        """The radius (fixed: the accountant read it from the model's structure at ``configure``)."""
-        return self._max_norm
-
-    @property
-    def feature_norm_bound(self) -> float:
-        return self._max_norm
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return clip_features(x, self.max_norm)
-
-    def extra_repr(self) -> str:
-        return f"max_norm={self.max_norm:g}"
-
-
-class FeatureNormMonitor:
-    """The largest L2 norm of an input of ``module`` (per example: all dimensions but the first, as
-    :class:`FeatureClip` bounds it) in the forward passes that train, since it was last read.
-
-    A forward pre-hook sees the module's input when the module is in training mode with gradients
-    enabled (when Opacus captures the activations it computes per-example gradients from);
-    evaluation under ``torch.no_grad()`` or ``model.eval()`` is not counted. The norm is computed
-    in float64 on the input's device; :meth:`take` reads it on the host (one sync per step).
-    """
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self._largest: Optional[torch.Tensor] = None
-        self._handle = module.register_forward_pre_hook(self._see)
-
-    def _see(self, module: nn.Module, args) -> None:
-        if not (module.training and torch.is_grad_enabled()):
-            return
-        x = args[0] if args else None
-        if not isinstance(x, torch.Tensor):
-            return
-        if x.numel() == 0:  # an empty (Poisson) batch: no input at all
-            largest = torch.zeros((), dtype=torch.float64, device=x.device)
-        else:  # detached: no autograd graph, so no torch.no_grad() needed (it costs as much as the norm)
-            rows = x.detach().reshape(x.shape[0] if x.dim() > 1 else 1, -1)
-            largest = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).max()
-        self._largest = largest if self._largest is None else torch.maximum(self._largest, largest)
-
-    def take(self, world_size: int = 1) -> Optional[float]:
-        """The largest norm seen since the last call (``None``: no training forward pass), and
-        reset. With ``world_size > 1`` the largest over the ranks of the process group (every rank
-        calls it at the same step)."""
-        seen, self._largest = self._largest, None
-        if world_size > 1:
-            device = next(self.module.parameters()).device
-            buf = (seen if seen is not None else torch.tensor(-1.0, dtype=torch.float64)).to(device)
-            torch.distributed.all_reduce(buf, op=torch.distributed.ReduceOp.MAX)
-            value = buf.item()
-            return None if value < 0 else value
-        return None if seen is None else seen.item()  # .item(): float(tensor) costs 50 times more
-
-    def detach(self) -> None:
-        """Removes the hook."""
-        self._handle.remove()

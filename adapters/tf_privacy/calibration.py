@@ -22,6 +22,7 @@ smallest noise the best valid analysis allows (to ``rel_tol``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import numpy as np
@@ -35,7 +36,7 @@ from hidden_state_accountants import (
     calibrate_noise_multiplier,
 )
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.recording import RunRecorder
+from hidden_state_accountants.recording import Claim, OptimizerKind, batch_records
 from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule
 
 from .data import check_dataset_last_batch, check_dataset_sampling
@@ -92,22 +93,20 @@ def planned_run(
     clip = float(np.float32(v.positive_float("l2_norm_clip", l2_norm_clip)))
     lr = float(np.float32(v.positive_float("learning_rate", learning_rate)))
     settings = DPOptimizerSettings(
-        name="DecoupledL2DPKerasSGDOptimizer", base="sgd", l2_norm_clip=clip,
+        name="DecoupledL2DPKerasSGDOptimizer", base=OptimizerKind.SGD, l2_norm_clip=clip,
         noise_multiplier=v.positive_float("noise_multiplier", noise_multiplier), num_microbatches=None,
         gradient_accumulation_steps=1, momentum=0.0, nesterov=False, l2_regularization=l2_regularization,
         gradient_postprocessing=None, inverse_time_decay=0.0)
     schedule = BatchSchedule(n, b, sampling, last_batch=last_batch, secret=secret_batches)
     diameter = None if geometry is None else geometry.diameter
     # the model is not seen here: its convexity is the callback's to check when fit starts
-    recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=True, planned=True)
-    spe = schedule.steps_per_epoch
-    short = n % b if last_batch != DROPPED else 0
-    regular = spe - 1 if short else spe
-    if regular:
-        recorder.record(step_facts(settings, lr, batch_size=b, projection_diameter=diameter), regular)
-    if short:  # the last step of every epoch, divided by its own size as TF-Privacy does
-        recorder.record(step_facts(settings, lr, batch_size=short, projection_diameter=diameter))
-    return recorder.run(steps=epochs * spe, warn=False)
+    claim = Claim(schedule=schedule, geometry=geometry, assume_convex_model=True, default_relation=RELATION,
+                  planned=True)
+    # one epoch; a kept short batch (the last step) is divided by its own size, as TF-Privacy does
+    epoch = itertools.groupby(batch_records(schedule, t) for t in range(schedule.steps_per_epoch))
+    recorder = claim.recorder((step_facts(settings, lr, batch_size=records, projection_diameter=diameter),
+                               len(list(group))) for records, group in epoch)
+    return recorder.run(steps=epochs * schedule.steps_per_epoch, warn=False)
 
 
 def compute_hidden_state_noise(

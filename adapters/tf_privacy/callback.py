@@ -39,26 +39,20 @@ import attr
 import numpy as np
 import tensorflow as tf
 
-from hidden_state_accountants import (
-    BatchSchedule,
-    HiddenStateAccountant,
-    LossGeometry,
-    ParameterError,
-    TrainingRunDpEvent,
-)
+from hidden_state_accountants import BatchSchedule, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.accountant import PrivacyReport
-from hidden_state_accountants.checkpoint import RunState, open_run, refusal, seal_run
+from hidden_state_accountants.checkpoint import RunState, check_continues, open_run, refusal, seal_run
+from hidden_state_accountants.errors import HiddenStateWarning
+from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
 from hidden_state_accountants.recording import (
+    Claim,
     RunRecorder,
     StepFacts,
+    batch_records,
     check_batch_source,
-    check_geometry,
     check_position,
-    effective_step,
 )
-from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
 from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule, steps_per_epoch
 
 from .calibration import FLOAT32_MARGIN, compute_hidden_state_noise, planned_run
@@ -74,7 +68,7 @@ from .data import (
 from .model import largest_input_norm, model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
-from .statement import RELATION, statement_for_run
+from .statement import RELATION, render_statement
 
 _DP_MODEL_MODULE = "tensorflow_privacy.privacy.keras_models.dp_keras_model"
 
@@ -84,8 +78,8 @@ the model by ``tf.train.Checkpoint``, ``model.save_weights`` in the TensorFlow f
 ``ModelCheckpoint(save_weights_only=True)`` and ``BackupAndRestore``)."""
 
 _STATE_FORMAT = "hidden_state_accountants.tf_privacy.HiddenStatePrivacyCallback"
-_STATE_VERSION = 3  # 2: the core's RunState (checkpoint module), with the claim; 3: the model's feature clip in
-# the claim, the largest feature norm of the steps
+_STATE_VERSION = 4  # 3: the model's feature clip in the claim, the largest feature norm of the steps; 4: the
+# core Claim (relation, what was observed about the data), the largest feature norm in the core's state
 _SUBJECT = "the hidden-state privacy state"
 _HOW_TO_RESUME = (
     "to resume a run, restore the callback's state together with the model and its optimizer: it is saved "
@@ -198,7 +192,6 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         # as declared; once fit starts, the run's schedule's (a short batch the data keeps adds a step)
         self.steps_per_epoch = steps_per_epoch(self.dataset_size, self.batch_size, sampling, last_batch or DROPPED)
         self.declared_geometry = geometry
-        self.geometry = geometry  # with the projection's diameter once training starts
         self.assume_convex_model = assume_convex_model
         self.verbose = int(verbose)
 
@@ -208,16 +201,15 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.history: List[EpochPrivacy] = []
         self.report: Optional[PrivacyReport] = None
         self.stopped_reason: Optional[str] = None
-        self._facts: Optional[StepFacts] = None  # this fit's step, learning rate aside
-        self._short_facts: Optional[StepFacts] = None  # a kept short batch's step, if the schedule has one
+        self._facts: Dict[int, StepFacts] = {}  # this fit's step for a batch of each size, learning rate aside
         self._source_description: Optional[str] = None  # what fit trains on, when the framework draws it
         self._schedule = None  # a LearningRateSchedule, or None for a variable learning rate
         self._lr_marks: List[Tuple[int, float]] = []  # (first step, value) of a variable rate
         self._report_steps = -1
         self._epoch_start = 0
         self._announce_stop = False
-        # a checked state (run, history, largest feature norm), applied before the next step
-        self._restored: Optional[Tuple[Optional[RunState], List[EpochPrivacy], Optional[float]]] = None
+        # a checked state (run, history), applied before the next step
+        self._restored: Optional[Tuple[Optional[RunState], List[EpochPrivacy]]] = None
         self._restore_error: Optional[ParameterError] = None
         self._checkpointed = _CheckpointedState(self)
         self.calibration: Optional[CalibratedRun] = None  # set by compute_noise, checked when fit starts
@@ -244,49 +236,53 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.replicas = replicas = read_replicas(model)
         _check_loss(model)
         restored, self._restored = self._restored, None
+        run = None
         if restored is not None:
-            self._apply_state(restored)
+            run, history = restored
+            self.recorder, self.history, self.report, self._report_steps, self._lr_marks = None, list(history), None, -1, []
+        steps = run.steps if run is not None else self.steps
         iterations = int(opt.iterations.numpy())
-        if iterations > self.steps:
+        if iterations > steps:
             raise ParameterError(
-                "optimizer", f"has taken {iterations} steps but this callback accounted {self.steps}: reporting "
-                f"{self.steps} steps as the whole run would under-report its privacy loss; {_HOW_TO_RESUME}")
-        if iterations < self.steps:
+                "optimizer", f"has taken {iterations} steps but this callback accounted {steps}: reporting "
+                f"{steps} steps as the whole run would under-report its privacy loss; {_HOW_TO_RESUME}")
+        if iterations < steps:
             raise ParameterError(
-                "optimizer", f"has taken {iterations} steps but the callback's state accounts {self.steps}: the "
+                "optimizer", f"has taken {iterations} steps but the callback's state accounts {steps}: the "
                 "optimizer was not restored with the callback's state (compile the model with its optimizer "
                 "before restoring, and restore model, optimizer and callback state from the same checkpoint)")
 
-        if self.recorder is not None and self.steps:
-            continue_batch_source(model, self.recorder.schedule, self.steps)
+        accounted = run or (RunState.of(self.recorder) if self.recorder is not None else None)
+        if accounted is not None and steps:
+            continue_batch_source(model, accounted.schedule, steps)
         share_batch_source_across_workers(model)
         source = fit_batch_source(model)
-        schedule = self.recorder.schedule if self.recorder is not None else self._declared_schedule(source.schedule)
-        check_batch_source(schedule, source, self.steps)
+        schedule = accounted.schedule if accounted is not None else self._declared_schedule(source.schedule)
+        check_batch_source(schedule, source, steps)
         self.steps_per_epoch = schedule.steps_per_epoch
         if source.schedule is not None and source.schedule.external:
             self._source_description = source.description
         diameter, others = projection_facts(model)
-        self._facts = step_facts(settings, 1.0, batch_size=self.batch_size, replicas=replicas,
-                                 projection_diameter=diameter, other_constraints=others)
-        short = schedule.dataset_size % schedule.batch_size if schedule.last_batch != DROPPED else 0
-        # the short batch's step as the optimizer takes it (TF-Privacy divides by the records it gets)
-        self._short_facts = step_facts(settings, 1.0, batch_size=short, replicas=replicas, projection_diameter=diameter,
-                                       other_constraints=others) if short else None
+        # the step as the optimizer takes it, for the full and a kept short batch (TF-Privacy divides by the
+        # records it gets)
+        self._facts = {records: step_facts(settings, 1.0, batch_size=records, replicas=replicas,
+                                           projection_diameter=diameter, other_constraints=others)
+                       for records in {self.batch_size, batch_records(schedule, schedule.steps_per_epoch - 1)}}
         self._read_learning_rate_source(opt)
-        if self.recorder is None:
-            self.recorder = RunRecorder(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
-                                        assume_convex_model=self.assume_convex_model)
-        self._check_data(model, fit_data(model))
+        claim, checked = self._claim(model, schedule, fit_data(model))
+        if run is not None:  # the declared claim (checked to be the run's) on the model being trained
+            self.recorder = run.continued(claim).recorder
+        elif self.recorder is None:
+            self.recorder = claim.recorder()
+        else:  # a later fit: this fit's data
+            self.recorder.observe(loss=claim.loss, feature_unobservable=claim.feature_unobservable)
+        if checked is not None:
+            self.recorder.check_feature_norm(*checked, steps=None)  # fit trains on these records only
         planned = (self.params or {}).get("epochs") or 0
         plan = self._upcoming(self.steps, self.steps + max(planned, 1) * self.steps_per_epoch)
         last = [(s, 1) for s, _ in self.recorder.ledger[-1:]]  # a change from the run so far is known now, too
         self.recorder.check_plan([s for s, _ in last + plan], start=self.steps - len(last),
                                  counts=[c for _, c in last + plan])
-        if self.declared_geometry is not None:
-            self.geometry = check_geometry(self.declared_geometry,
-                                           weight_decay=effective_step(self._facts).weight_decay,
-                                           projection_diameter=diameter)
         self._check_calibration()
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
@@ -298,6 +294,22 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
                     "no step was taken")
         if self.verbose:
             print(self._describe(), flush=True)
+
+    def _claim(self, model, schedule: BatchSchedule, data: FitData) -> Tuple[Claim, Optional[Tuple[float, str]]]:
+        """The claim of this fit: the declaration, the model's structure, the loss ``fit`` minimises and
+        what the data decides (the inputs of the trainable layer on every record ``fit`` trains on,
+        unless a FeatureClip enforces the bound); and ``(largest input norm, where)`` when checked."""
+        claim = Claim(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
+                      assume_convex_model=self.assume_convex_model, default_relation=RELATION,
+                      loss=_loss_facts(model, data))
+        if not claim.needs_feature_checks:
+            return claim, None
+        largest, where = largest_input_norm(model, data.features)
+        if largest is None:
+            return claim.observed(feature_unobservable=(
+                f"{where}; put hidden_state_accountants.tf_privacy.FeatureClip(R) right before the trainable Dense "
+                "layer, or train on arrays or a batched_dataset")), None
+        return claim, (largest, where)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._restored is not None or self._restore_error is not None:
@@ -370,6 +382,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return 0 if self.recorder is None else self.recorder.steps
 
     @property
+    def geometry(self) -> Optional[LossGeometry]:
+        """The declared geometry as the run accounts it (with the projection's diameter once training
+        starts), ``None`` without one."""
+        accounted = None if self.recorder is None else self.recorder.accounted_geometry
+        return self.declared_geometry if accounted is None else accounted
+
+    @property
     def learning_rates(self) -> List[float]:
         """The learning rate of every accounted step."""
         return [s.learning_rate for s, count in (self.recorder.ledger if self.recorder else []) for _ in range(count)]
@@ -434,11 +453,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         steps = None if c is None else c.epochs * self.steps_per_epoch
         if c is None or steps < self.steps:
             return
-        probe = self._plan_recorder(steps)
-        eps = self._explain(probe, warn=False).epsilon
+        plan = self._upcoming(self.steps, steps)
+        eps = self.recorder.report(self.delta, plan=plan, warn=False).epsilon
         if eps <= c.target_epsilon:
             return
-        planned = probe.run(warn=False)
+        planned = self.recorder.run(plan=plan, warn=False)
 
         def differs(name: str) -> bool:  # more noise than calibrated (TF-Privacy's float32 copy) is no difference
             mine, calibrated = getattr(planned, name), getattr(c.run, name)
@@ -449,8 +468,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         raise ParameterError(
             "compute_noise", f"calibrated noise multiplier {c.noise_multiplier:.6g} for epsilon <= "
             f"{c.target_epsilon:g} after {c.epochs} epochs, but the run fit is about to train reports {eps:.4g} "
-            f"({RELATION}) after them: it differs in {'; '.join(diff) or 'nothing the core reads'}. Calibrate with "
-            "the optimizer's settings and the data fit trains on; no step was taken")
+            f"({RELATION.name}) after them: it differs in {'; '.join(diff) or 'nothing the core reads'}. Calibrate "
+            "with the optimizer's settings and the data fit trains on; no step was taken")
 
     def run_event(self) -> TrainingRunDpEvent:
         """The core event for the steps taken so far (with the reason when no hidden-state
@@ -461,50 +480,44 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
 
     def privacy_statement(self, include_analyses: bool = False) -> str:
         """The model-card text (see :func:`compute_hidden_state_privacy_statement`) for this run."""
-        return statement_for_run(self.run_event(), self.delta, notes=self.notes(), include_analyses=include_analyses)
+        if not self.steps:
+            raise ValueError("no training step has been accounted yet")
+        extra = [f"batches: {self._source_description}"] if self._source_description else []
+        return render_statement(self.recorder, self.delta, extra_notes=extra, include_analyses=include_analyses)
 
     # ----------------------------------------------------------------- resuming
     def privacy_state(self) -> Dict[str, Any]:
         """The callback's state in plain JSON types, sealed with a digest: the core's
         :class:`~hidden_state_accountants.checkpoint.RunState` (the claim with the batch schedule
-        and its seed, the ledger) and the per-epoch history. It is what the model's checkpoints
-        hold (as ``model.hidden_state_privacy``); keep it as private as the data (it holds the
-        schedule's secret seed)."""
+        and its seed, the ledger, the largest feature norm of its steps) and the per-epoch history.
+        It is what the model's checkpoints hold (as ``model.hidden_state_privacy``); keep it as
+        private as the data (it holds the schedule's secret seed)."""
         if self._restored is not None:  # restored, not yet applied: that is the state
-            run, history, largest = self._restored
+            run, history = self._restored
         else:
             if tf.executing_eagerly():  # SavedModel serialises in a graph: the steps recorded so far
                 self._sync()
-            run = None if self.recorder is None else RunState.of(self.recorder, neighboring_relation=RELATION,
-                                                                 subject=_SUBJECT)
+            run = None if self.recorder is None else RunState.of(self.recorder, subject=_SUBJECT)
             history = self.history
-            largest = None if self.recorder is None else self.recorder.largest_feature_norm
-        return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history],
-                        largest_feature_norm=largest)
+        return seal_run(run, fmt=_STATE_FORMAT, version=_STATE_VERSION, history=[_encode_epoch(h) for h in history])
 
     def load_privacy_state(self, state: Dict[str, Any]) -> None:
         """Loads a :meth:`privacy_state` (checked now; applied when ``fit`` starts, before
         any step, where it must account exactly the optimizer's steps).
 
-        Raises :class:`ParameterError` (``checkpoint``) for a state that was edited after it
-        was written, belongs to another kind of object or to a run of another schedule or
-        geometry, or does not hold together.
+        Raises :class:`ParameterError` (``checkpoint``, or the declaration's parameter) for a state
+        that was edited after it was written, belongs to another kind of object or to a run of
+        another schedule or geometry, or does not hold together.
         """
         self._restore_error = None
         self._restored = self._check_state(state)
 
-    def _check_state(self, state) -> Tuple[Optional[RunState], List[EpochPrivacy], Optional[float]]:
-        """The state's run (checked and replayed by the core), history and largest feature norm
-        (:attr:`RunRecorder.largest_feature_norm`), after checking that the run is one of this
-        callback's declaration."""
-        run, extra = open_run(state, fmt=_STATE_FORMAT, version=_STATE_VERSION, subject=_SUBJECT,
-                              extra=("history", "largest_feature_norm"))
-        largest = extra["largest_feature_norm"]
-        if largest is not None and (isinstance(largest, bool) or not isinstance(largest, (int, float))
-                                    or not math.isfinite(largest) or largest < 0):
-            raise refusal(_SUBJECT, f"has largest_feature_norm={largest!r}; must be a number >= 0 or null")
+    def _check_state(self, state) -> Tuple[Optional[RunState], List[EpochPrivacy]]:
+        """The state's run (checked and replayed by the core) and history, after checking that the
+        run is one of this callback's declaration."""
+        run, extra = open_run(state, fmt=_STATE_FORMAT, version=_STATE_VERSION, subject=_SUBJECT, extra=("history",))
         if run is None:
-            return None, [], None
+            return None, []
         schedule = run.schedule
         declared = (self.sampling, self.dataset_size, self.batch_size)
         held = (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size,
@@ -516,45 +529,16 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if self.last_batch is not None and schedule.last_batch != self.last_batch:
             raise refusal(_SUBJECT, f"is a run with last_batch={schedule.last_batch!r}, but this callback was "
                                     f"declared with last_batch={self.last_batch!r}")
-        stored = run.recorder
-        relation = getattr(run.neighboring_relation, "name", None)
-        for name, mine, theirs in (("geometry", self.declared_geometry, stored.geometry),
-                                   ("assume_convex_model", self.assume_convex_model, stored.assume_convex_model),
-                                   ("neighboring_relation", RELATION, relation)):
-            if mine != theirs:
-                raise refusal(_SUBJECT, f"is a run with {name}={theirs}, but this callback was declared with "
-                                        f"{name}={mine}")
+        check_continues(run.claim, geometry=self.declared_geometry, assume_convex_model=self.assume_convex_model,
+                        neighboring_relation=None)
+        if run.claim.relation()[0] != RELATION:
+            raise refusal(_SUBJECT, f"is a run reported under {run.claim.relation()[0].name}; this callback reports "
+                                    f"{RELATION.name}")
         try:
             history = [_decode_epoch(h) for h in extra["history"]]
         except (TypeError, ValueError, KeyError) as err:
             raise refusal(_SUBJECT, f"has an invalid history ({err!r})") from None
-        return run, history, largest
-
-    def _apply_state(self, restored: Tuple[Optional[RunState], List[EpochPrivacy], Optional[float]]) -> None:
-        run, history, largest = restored
-        self.recorder = None
-        self.history = list(history)
-        self.report, self._report_steps, self._lr_marks = None, -1, []
-        if run is not None:  # the declared claim (checked to be the run's) on the model being trained
-            self.recorder = RunRecorder(schedule=run.schedule, geometry=self.declared_geometry,
-                                        model=model_facts(self.model), assume_convex_model=self.assume_convex_model)
-            self.recorder.load_ledger_state(run.recorder.ledger_state())
-            # its steps' inputs must be known to respect the declared bound (checked when they were taken)
-            self.recorder.restore_feature_norm(largest, _SUBJECT)
-
-    def _check_data(self, model, data: FitData) -> None:
-        """What the data decides, before any step: the loss the geometry assumes, and the inputs of
-        the trainable layer on every record ``fit`` trains on (unless a FeatureClip enforces it)."""
-        self.recorder.check_loss(*_loss_facts(model, data))
-        if not self.recorder.needs_feature_checks:
-            return
-        largest, where = largest_input_norm(model, data.features)
-        if largest is None:
-            self.recorder.feature_norm_unobservable(
-                f"{where}; put hidden_state_accountants.tf_privacy.FeatureClip(R) right before the trainable Dense "
-                "layer, or train on arrays or a batched_dataset")
-            return
-        self.recorder.check_feature_norm(largest, where, steps=None)  # fit trains on these records only
+        return run, history
 
     def _restore_from_checkpoint(self, text: str) -> None:
         """Called by TensorFlow when a checkpoint is restored (errors are raised at the next
@@ -638,13 +622,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return np.array([at(i) for i in range(start, stop)], dtype=np.float32)
 
     def _upcoming(self, start: int, stop: int) -> Iterable[Tuple[StepFacts, int]]:
-        """``(facts, count)`` runs of the steps ``start .. stop - 1`` of this fit (a kept
-        short batch, the last step of every epoch, with its own divisor)."""
-        spe, short = self.steps_per_epoch, self._short_facts
-        keys = zip(self._lr_range(start, stop),
-                   (short is not None and t % spe == spe - 1 for t in range(start, stop)))
-        return [(attr.evolve(short if is_short else self._facts, learning_rate=lr), len(list(group)))
-                for (lr, is_short), group in itertools.groupby(keys)]
+        """``(facts, count)`` runs of the steps ``start .. stop - 1`` of this fit (a kept short batch
+        with its own divisor where the core's :func:`~hidden_state_accountants.recording.batch_records`
+        puts it)."""
+        schedule = self.recorder.claim.schedule
+        keys = zip(self._lr_range(start, stop), (batch_records(schedule, t) for t in range(start, stop)))
+        return [(attr.evolve(self._facts[records], learning_rate=lr), len(list(group)))
+                for (lr, records), group in itertools.groupby(keys)]
 
     def _sync(self) -> None:
         """Records the steps the optimizer has taken since the last call."""
@@ -653,34 +637,19 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         for facts, count in self._upcoming(self.steps, int(self.model.optimizer.iterations.numpy())):
             self.recorder.record(facts, count)
 
-    def _explain(self, recorder: RunRecorder, warn: bool) -> PrivacyReport:
-        # TF-Privacy's convention for this package: REPLACE_ONE (the papers'; its fixed-size
-        # schedules are not covered under ADD_OR_REMOVE_ONE); every report and line names it
-        report = HiddenStateAccountant(neighboring_relation=RELATION).compose(recorder.run(warn=warn)).explain(self.delta)
-        report.notes.extend(recorder.notes())
-        return report
-
-    def _plan_recorder(self, steps: int) -> RunRecorder:
-        """The run after ``steps`` steps, the rest of them as planned now."""
-        probe = RunRecorder(schedule=self.recorder.schedule, geometry=self.declared_geometry,
-                            model=self.recorder.model, assume_convex_model=self.assume_convex_model, planned=True)
-        # the plan was checked in on_train_begin: loaded, not recorded, so nothing warns twice
-        probe.load_ledger_state(self.recorder.ledger_state() + [
-            [facts.to_dict(), count] for facts, count in self._upcoming(self.steps, steps)])
-        return probe
-
     def _planned(self, steps: int) -> PrivacyReport:
-        """The report the run would have after ``steps`` steps, the rest of them as planned now."""
-        return self._explain(self._plan_recorder(steps), warn=False)
+        """The report the run would have after ``steps`` steps, the rest of them as planned now (the
+        plan was checked in on_train_begin, so nothing warns twice)."""
+        return self.recorder.report(self.delta, plan=self._upcoming(self.steps, steps), warn=False)
 
     def _report(self) -> PrivacyReport:
         if self._report_steps != self.steps:
-            self.report = self._explain(self.recorder, warn=True)
+            self.report = self.recorder.report(self.delta)
             self._report_steps = self.steps
         return self.report
 
     def _describe(self) -> str:
-        s, schedule = self.settings, self.recorder.schedule
+        s, schedule = self.settings, self.recorder.claim.schedule
         lr = f"schedule {type(self._schedule).__name__}" if self._schedule is not None else f"{self._lr_marks[-1][1]:g}"
         geom = self.geometry
         d = "None" if geom is None or geom.diameter is None else f"{geom.diameter:.4g}"
@@ -697,7 +666,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return (f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
                 f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling}"
                 f"{drawn} ({self.steps_per_epoch} steps/epoch, {left}); "
-                f"geometry: {g}; delta={self.delta:g} ({RELATION}){budget}")
+                f"geometry: {g}; delta={self.delta:g} ({RELATION.name}){budget}")
 
 
 def _encode_epoch(h: EpochPrivacy) -> Dict[str, Any]:
@@ -739,7 +708,7 @@ _CROSS_ENTROPIES = (tf.keras.losses.SparseCategoricalCrossentropy, tf.keras.loss
 
 
 def _loss_facts(model, data: FitData) -> Tuple[str, str]:
-    """``(kind, description)`` of the loss ``fit`` minimises, for the core's ``check_loss``:
+    """``(kind, description)`` of the loss ``fit`` minimises, the core ``Claim``'s ``loss``:
     :data:`~hidden_state_accountants.events.CROSS_ENTROPY_ON_LOGITS` for one Keras cross-entropy
     on logits, unweighted (for ``CategoricalCrossentropy`` only on labels whose rows sum to at most 1:
     its Hessian is the softmax Hessian times that sum), else ``"other"``."""

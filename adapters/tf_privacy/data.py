@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from hidden_state_accountants import BatchSchedule, ParameterError
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.projection import inside_factor
 from hidden_state_accountants.recording import BatchSourceFacts
 from hidden_state_accountants.schedules import (
     BALLS_IN_BINS,
@@ -319,14 +320,12 @@ def clip_feature_norms(features: ArrayLike, max_norm: float) -> np.ndarray:
     The logistic-regression geometry (:meth:`LossGeometry.logistic_regression`) needs
     ``||x|| <= R`` for every record; this makes it true.
     """
-    r = float(max_norm)
-    if not r > 0:
-        raise ParameterError("max_norm", f"must be > 0, got {max_norm!r}")
+    r = v.positive_float("max_norm", max_norm)
     x = np.asarray(features, dtype=np.float64)
     flat = x.reshape(len(x), -1)
     norms = np.linalg.norm(flat, axis=1)
     # a hair inside the ball, so float32 rounding cannot push a row past r
-    scale = np.minimum(1.0, r * (1.0 - 1e-6) / np.maximum(norms, 1e-300))
+    scale = np.minimum(1.0, r * inside_factor(float(np.finfo(np.float32).eps)) / np.maximum(norms, 1e-300))
     return (flat * scale[:, None]).reshape(x.shape).astype(np.float32)
 
 

@@ -22,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.recording import LayerFacts, ModelFacts
+from hidden_state_accountants.projection import inside_factor
+from hidden_state_accountants.recording import LayerFacts, LayerKind, ModelFacts
 
 from .data import largest_row_norm
 
@@ -30,10 +31,10 @@ _RANDOM_LAYERS = (tf.keras.__internal__.layers.BaseRandomLayer, tf.keras.layers.
                   tf.keras.layers.GaussianNoise)
 
 
-def _kind(layer) -> str:
+def _kind(layer) -> LayerKind:
     if type(layer) is tf.keras.layers.Dense and layer.activation is tf.keras.activations.linear:
-        return "affine"
-    return "random" if isinstance(layer, _RANDOM_LAYERS) else "other"
+        return LayerKind.AFFINE
+    return LayerKind.RANDOM if isinstance(layer, _RANDOM_LAYERS) else LayerKind.OTHER
 
 
 def _calls(model, layer) -> int:
@@ -67,7 +68,7 @@ def model_facts(model: tf.keras.Model) -> ModelFacts:
 
     >>> import tensorflow as tf
     >>> m = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))], name="lr")
-    >>> [(x.kind, x.trainable) for x in model_facts(m).layers]
+    >>> [(str(x.kind), x.trainable) for x in model_facts(m).layers]
     [('affine', True)]
     """
     layers: List[LayerFacts] = []
@@ -84,6 +85,12 @@ _INPUT = "the model's input"  # marks "fed by the model's input, unchanged" in _
 
 
 _EPS = {tf.float16: 2.0 ** -10, tf.bfloat16: 2.0 ** -7, tf.float32: 2.0 ** -23, tf.float64: 2.0 ** -52}
+"""Machine epsilons (numpy's finfo does not know bfloat16)."""
+
+
+def dtype_eps(dtype) -> float:
+    """The machine epsilon of a TensorFlow dtype (0 for integers; bfloat16's for an unknown float)."""
+    return _EPS.get(dtype, 2.0 ** -7) if dtype.is_floating else 0.0
 
 
 class FeatureClip(tf.keras.layers.Layer):
@@ -91,7 +98,8 @@ class FeatureClip(tf.keras.layers.Layer):
     ``<= max_norm``: put it right before the trainable ``Dense`` layer so the feature bound of
     :meth:`LossGeometry.logistic_regression <hidden_state_accountants.LossGeometry.logistic_regression>`
     holds for every input, in training and after. The norm is computed in float64 and rows are
-    scaled a hair inside the ball, so rounding cannot leave one above ``max_norm``.
+    scaled a hair inside the ball (:func:`~hidden_state_accountants.projection.inside_factor`), so
+    rounding cannot leave one above ``max_norm``.
 
     >>> import numpy as np
     >>> float(np.linalg.norm(FeatureClip(2.0)(np.ones((1, 16), np.float32)))) <= 2.0
@@ -110,8 +118,7 @@ class FeatureClip(tf.keras.layers.Layer):
     def call(self, inputs):
         x = tf.convert_to_tensor(inputs)
         norms = tf.norm(tf.reshape(tf.cast(x, tf.float64), [tf.shape(x)[0], -1]), axis=1)
-        eps = _EPS.get(x.dtype, 2.0 ** -7) if x.dtype.is_floating else 0.0
-        inside = 1.0 - max(1e-6, 4.0 * eps)  # more margin where the dtype rounds coarser
+        inside = inside_factor(dtype_eps(x.dtype))  # more margin where the dtype rounds coarser
         scale = tf.minimum(tf.constant(1.0, tf.float64), self._max_norm * inside / tf.maximum(norms, 1e-300))
         shape = tf.concat([[-1], tf.ones([tf.rank(x) - 1], tf.int32)], axis=0)
         return x * tf.cast(tf.reshape(scale, shape), x.dtype)
@@ -131,7 +138,7 @@ def trainable_dense(model) -> Optional[tf.keras.layers.Layer]:
     """The model's trainable layer when it is the only layer owning trainable weights and a
     ``Dense`` without activation, else ``None``."""
     owners = [layer for layer in _leaf_layers(model) if layer.trainable_weights]
-    if len(owners) == 1 and _kind(owners[0]) == "affine":
+    if len(owners) == 1 and _kind(owners[0]) is LayerKind.AFFINE:
         return owners[0]
     return None
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tensorflow_privacy.privacy.dp_query import gaussian_query
 
 from hidden_state_accountants import ParameterError
-from hidden_state_accountants.recording import StepFacts
+from hidden_state_accountants.recording import OptimizerKind, ReplicaReduction, StepFacts
 
 _GENERIC_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras"
 _VECTORIZED_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized"
@@ -30,7 +30,7 @@ class DPOptimizerSettings:
 
     Attributes:
       name: the optimizer's class name.
-      base: ``"sgd"``, ``"adam"`` or ``"adagrad"`` (the update applied to the noisy gradient).
+      base: the update applied to the noisy gradient (the core's ``OptimizerKind``).
       l2_norm_clip: ``C``.
       noise_multiplier: ``z`` (noise std on the clipped sum divided by ``C``).
       num_microbatches: ``None`` means one example per microbatch.
@@ -42,7 +42,7 @@ class DPOptimizerSettings:
         the noisy gradient, described, or ``None``.
       inverse_time_decay: the legacy ``decay`` argument (``lr / (1 + decay * step)``).
       replica_reduction: how Keras combines the replicas' gradients under a ``tf.distribute``
-        strategy (``"sum"``: the legacy optimizers' default ``gradient_aggregator``), or
+        strategy (``sum``: the legacy optimizers' default ``gradient_aggregator``), or
         ``None`` for a custom aggregator.
       shares_over_replicas: the optimizer adds ``1/replicas`` of the noise variance and of the
         L2 term on each replica and divides by the global number of microbatches (the
@@ -51,7 +51,7 @@ class DPOptimizerSettings:
     """
 
     name: str
-    base: str
+    base: OptimizerKind
     l2_norm_clip: float
     noise_multiplier: float
     num_microbatches: Optional[int]
@@ -61,7 +61,7 @@ class DPOptimizerSettings:
     l2_regularization: float
     gradient_postprocessing: Optional[str]
     inverse_time_decay: float
-    replica_reduction: Optional[str] = "sum"
+    replica_reduction: Optional[ReplicaReduction] = ReplicaReduction.SUM
     shares_over_replicas: bool = False
 
 
@@ -136,15 +136,13 @@ def read_dp_optimizer_settings(optimizer) -> DPOptimizerSettings:
         micro = int(np.asarray(micro))
 
     if isinstance(optimizer, legacy.SGD):
-        base = "sgd"
+        base = OptimizerKind.SGD
         momentum = _value(optimizer._get_hyper("momentum"))
         nesterov = bool(optimizer.nesterov)
-    elif isinstance(optimizer, legacy.Adam):
-        base, momentum, nesterov = "adam", 0.0, False
-    elif isinstance(optimizer, legacy.Adagrad):
-        base, momentum, nesterov = "adagrad", 0.0, False
-    else:
-        base, momentum, nesterov = type(optimizer).__mro__[2].__name__.lower(), 0.0, False
+    else:  # TF-Privacy's generated DP class derives from the Keras optimizer (Adam, Adagrad, ...)
+        cls = type(optimizer)
+        base = OptimizerKind.named(cls.__mro__[1].__name__ if cls.__name__ == "DPOptimizerClass" else cls.__name__)
+        momentum, nesterov = 0.0, False
     post = [
         f"{k}={getattr(optimizer, k)}"
         for k in ("clipnorm", "clipvalue", "global_clipnorm")
@@ -173,7 +171,7 @@ def _replica_reduction(optimizer) -> Optional[str]:
     aggregator = getattr(optimizer, "gradient_aggregator", None)
     if getattr(aggregator, "__name__", None) == "all_reduce_sum_gradients" and \
             getattr(aggregator, "__module__", "").startswith("keras"):
-        return "sum"
+        return ReplicaReduction.SUM
     return None
 
 
@@ -226,4 +224,4 @@ def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_siz
         projection_diameter=projection_diameter, optimizer=settings.base, momentum=settings.momentum,
         nesterov=settings.nesterov, accumulation=settings.gradient_accumulation_steps,
         postprocessing="; ".join(post) or None, replicas=replicas,
-        replica_reduction=settings.replica_reduction or "sum", replica_share=share)
+        replica_reduction=settings.replica_reduction or ReplicaReduction.SUM, replica_share=share)

@@ -8,9 +8,11 @@ The analysed update is ``theta <- Proj_K(theta - lr*[(1/b) sum clip_C(grad l_i) 
   update. :class:`DecoupledL2DPKerasSGDOptimizer` adds the term outside clipping and noise;
   :func:`inside_clipping_regularizers` finds the Keras regularisers to warn about.
 * ``Proj_K`` is applied after every step. :class:`L2BallProjection` is a Keras constraint,
-  which every Keras optimiser applies to its variable right after each update; with one on
-  every trainable variable the parameters stay in a product of balls, a convex set whose
-  diameter :func:`projection_diameter` reports.
+  which every Keras optimiser applies to its variable right after each update, rescaling a hair
+  inside the ball (the core's rounding rule, :mod:`hidden_state_accountants.projection`); with one
+  on every trainable variable the parameters stay in a product of balls, a convex set whose
+  diameter :func:`projection_diameter` reports (the core's
+  :func:`~hidden_state_accountants.projection.ball_product_diameter`).
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from tensorflow_privacy.privacy.dp_query import gaussian_query
 from tensorflow_privacy.privacy.optimizers.dp_optimizer_keras import GenericDPSGDOptimizer
 
 from hidden_state_accountants import ParameterError
+from hidden_state_accountants.projection import ball_product_diameter, inside_factor
 
-# float32 rounding can leave a projected tensor a few ulps outside its ball; the reported
-# diameter is inflated by this factor so it stays an upper bound (a larger D only loosens bounds).
-_DIAMETER_SLACK = 1.0 + 1e-5
+from .model import dtype_eps
 
 
 class DecoupledL2DPKerasSGDOptimizer(GenericDPSGDOptimizer):
@@ -182,9 +183,11 @@ class L2BallProjection(tf.keras.constraints.Constraint):
         self.radius = r
 
     def __call__(self, w):
-        norm = tf.norm(tf.reshape(w, [-1]))
-        scale = tf.minimum(tf.constant(1.0, w.dtype), tf.cast(self.radius, w.dtype) / tf.maximum(norm, tf.cast(1e-30, w.dtype)))
-        return w * scale
+        # the norm in float64, the target a hair inside the ball: the result never leaves it
+        norm = tf.norm(tf.reshape(tf.cast(w, tf.float64), [-1]))
+        target = self.radius * inside_factor(dtype_eps(w.dtype))
+        scale = tf.minimum(tf.constant(1.0, tf.float64), target / tf.maximum(norm, 1e-300))
+        return w * tf.cast(scale, w.dtype)
 
     def get_config(self):
         return {"radius": self.radius}
@@ -198,18 +201,18 @@ def projection_facts(model: tf.keras.Model) -> Tuple[Optional[float], List[str]]
     """``(diameter, other_constraints)``: the diameter of the set the trainable parameters are
     projected onto (``None`` unless *every* trainable variable carries an
     :class:`L2BallProjection`), and the other Keras constraints, described."""
-    total, missing, others = 0.0, False, []
+    radii, missing, others = [], False, []
     for v in model.trainable_variables:
         c = getattr(v, "constraint", None)
         if isinstance(c, L2BallProjection):
-            total += c.radius**2
+            radii.append(c.radius)
         elif c is None:
             missing = True
         else:
             others.append(f"{type(c).__name__} on {_var_name(v)!r}")
-    if missing or not model.trainable_variables:
+    if missing or not radii:
         return None, others
-    return 2.0 * math.sqrt(total) * _DIAMETER_SLACK, others
+    return ball_product_diameter(radii), others
 
 
 def projection_diameter(model: tf.keras.Model) -> Optional[float]:

@@ -16,16 +16,18 @@ import math
 import textwrap
 from typing import List, Optional, Sequence, Union
 
-from hidden_state_accountants import (
-    BatchSchedule,
-    HiddenStateAccountant,
-    LossGeometry,
-    ParameterError,
-    TrainingRunDpEvent,
-)
+from hidden_state_accountants import BatchSchedule, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants.accountant import PrivacyReport
-from hidden_state_accountants.recording import NO_GEOMETRY, RunRecorder, StepFacts
+from hidden_state_accountants.recording import NO_GEOMETRY, Claim, RunRecorder, StepFacts, batch_records
+from hidden_state_accountants.relations import REPLACE_ONE
 from hidden_state_accountants.schedules import DROPPED, FULL, KEPT_OWN_SIZE, POISSON, SAMPLING_DESCRIPTIONS
+
+from .data import check_dataset_last_batch
+
+RELATION = REPLACE_ONE
+"""The TF-Privacy adapter's host default (the core's relation rule gives it for every schedule it
+accepts): the papers' relation; the package's fixed-size schedules are not covered under
+ADD_OR_REMOVE_ONE (docs/derivations.md section 11)."""
 
 _WIDTH = 80
 
@@ -76,8 +78,6 @@ def compute_hidden_state_privacy_statement(
     Returns:
       Text precisely articulating the guarantee, with the numbers.
     """
-    from .data import check_dataset_last_batch
-
     check_dataset_last_batch(last_batch)
     # its seed plays no part in the numbers
     schedule = BatchSchedule(number_of_examples, batch_size, sampling, last_batch=last_batch, secret=secret_batches)
@@ -92,41 +92,32 @@ def compute_hidden_state_privacy_statement(
         runs = [(lr, len(list(group))) for lr, group in itertools.groupby(learning_rate)]
         if sum(count for _, count in runs) != steps:
             raise ParameterError("learning_rate", f"needs one value per step ({int(steps)} steps)")
-    recorder = RunRecorder(schedule=schedule, geometry=geometry, assume_convex_model=geometry is not None)
-    recorder.feature_norm_unobservable("the statement is computed without the data")
-    recorder.check_loss(None, "the statement is computed without the training code")
+    claim = Claim(schedule=schedule, geometry=geometry, assume_convex_model=geometry is not None,
+                  default_relation=RELATION, feature_unobservable="the statement is computed without the data",
+                  loss=(None, "the statement is computed without the training code"))
     declared = dict(weight_decay=geometry.strong_convexity, projection_diameter=geometry.diameter) if geometry else {}
-    spe, short = schedule.steps_per_epoch, schedule.dataset_size % schedule.batch_size
-    kept = schedule.last_batch != DROPPED
-    # a kept short batch (the last step of every epoch) is divided by its own size, as TF-Privacy does
-    def divisor(t: int) -> int:
-        return short if kept and t % spe == spe - 1 else schedule.batch_size
-
     if len(runs) == 1:  # a constant learning rate: two epochs show every kind of step; the rest repeats them
-        shown = min(int(steps), 2 * spe)
+        shown = min(int(steps), 2 * schedule.steps_per_epoch)
         per_step = itertools.repeat(runs[0][0], shown)
     else:  # one value per step, as given
-        shown = int(steps)
         per_step = (lr for lr, count in runs for _ in range(count))
-    for (lr, d), group in itertools.groupby(zip(per_step, map(divisor, itertools.count()))):
-        recorder.record(StepFacts(noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr,
-                                  divisor=d, **declared), sum(1 for _ in group))
+    # a kept short batch (the last step of every epoch) is divided by its own size, as TF-Privacy does
+    divisors = (batch_records(schedule, t) for t in itertools.count())
+    recorder = claim.recorder(
+        (StepFacts(noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr, divisor=d, **declared),
+         sum(1 for _ in group)) for (lr, d), group in itertools.groupby(zip(per_step, divisors)))
     # the text states why no hidden-state claim is made, so no warning is added
-    return statement_for_run(recorder.run(steps=int(steps), warn=False), delta, notes=recorder.notes(),
-                             include_analyses=include_analyses)
+    return render_statement(recorder, delta, steps=int(steps), include_analyses=include_analyses)
 
 
-def statement_for_run(run: TrainingRunDpEvent, delta: float, *, notes: Sequence[str] = (),
-                      include_analyses: bool = False) -> str:
-    """The statement for a :class:`TrainingRunDpEvent` (what the callback has recorded),
-    with ``notes`` (e.g. :meth:`RunRecorder.notes`) stated as qualifications."""
-    report = HiddenStateAccountant(neighboring_relation=RELATION).compose(run).explain(delta)
-    return _render(run, report, list(notes), include_analyses)
-
-
-# The relation of every number the TF-Privacy adapter reports: REPLACE_ONE, the papers' (the
-# package's fixed-size schedules are not covered under ADD_OR_REMOVE_ONE: docs/derivations.md section 11).
-RELATION = "REPLACE_ONE"
+def render_statement(recorder: RunRecorder, delta: float, *, steps: Optional[int] = None,
+                     extra_notes: Sequence[str] = (), include_analyses: bool = False) -> str:
+    """The statement for the run a recorder holds (``steps`` more than recorded: its last step
+    repeated), with what the claim rests on (:meth:`RunRecorder.notes
+    <hidden_state_accountants.recording.RunRecorder.notes>`) and ``extra_notes`` stated as qualifications."""
+    run = recorder.run(steps=steps, warn=False)
+    report = recorder.report(delta, steps=steps, warn=False)
+    return _render(run, report, recorder.notes() + list(extra_notes), include_analyses)
 
 
 def _fill(text: str) -> str:

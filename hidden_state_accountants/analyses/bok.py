@@ -83,7 +83,7 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     first factor only, which gives ``sqrt((1+c)/(1-c)) != 1`` at ``t = 1``; re-derived from
     the exact case (quadratic loss, the last iterate is Gaussian with mean gap
     ``(eta L/n)(1-c^t)/(1-c)`` and std ``eta sigma sqrt((1-c^{2t})/(1-c^2))``), whose ratio is
-    the expression above. ``tests/test_exact_gaussian.py`` pins it.
+    the expression above. ``tests/core/test_exact_gaussian.py`` pins it.
     """
     reason = _strongly_convex_conditions(run)
     if reason:

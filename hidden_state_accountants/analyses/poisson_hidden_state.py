@@ -423,7 +423,7 @@ def grid_epsilon(pld: fdp.PLD, delta: float) -> float:
             return math.inf
         loss = (pmf._lower_loss + np.arange(p.size)) * pmf._discretization  # noqa: SLF001
         tail_p = np.concatenate([np.cumsum(p[::-1])[::-1][1:], [0.0]])
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # 0 * inf: NaN drops the candidate
             w = p * np.exp(-(loss - loss[-1]))
         tail_w = np.concatenate([np.cumsum(w[::-1])[::-1][1:], [0.0]])
         with np.errstate(over="ignore", invalid="ignore"):

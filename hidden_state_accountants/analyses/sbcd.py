@@ -64,7 +64,7 @@ Re-derived or corrected formulas (the PDF text is garbled or wrong in places)
    the Renyi divergence: for a linear-Gaussian chain the exact divergence decays by exactly
    ``(1 + c 2 eta o / L_F^2)^{-1}`` per step (the prox is a bijective scaling, under which
    Renyi divergence is invariant), so ``(...)^{-1/L_T^2}`` is strictly smaller than the truth
-   (``tests/test_sbcd_accountant.py::test_paper_exponent_understates_linear_gaussian``). We use
+   (``tests/core/test_sbcd_accountant.py::test_paper_exponent_understates_linear_gaussian``). We use
    exponent ``-1`` (Ye & Shokri Lemma 3.2 applied to ``F``, then data processing through the
    prox ``T``) and keep ``L_T`` in the LSI recursion of Lemma A.3, which is correct (Vempala &
    Wibisono Lemmas 16/17). For ``L_T = 1`` the two coincide.

@@ -1,0 +1,25 @@
+"""Helpers shared by the Opacus tests (importable: pytest puts this folder on sys.path)."""
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+D, K = 5, 3  # features, classes of the small logistic-regression runs
+
+
+def random_classification(n: int, d: int = D, k: int = K) -> TensorDataset:
+    """``n`` Gaussian feature vectors with uniform labels, the same for every call (generator seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g))
+
+
+def train_epochs(model, optimizer, loader, epochs: int) -> list:
+    """Plain cross-entropy training for ``epochs`` passes over ``loader``; returns the batch sizes seen."""
+    sizes = []
+    for _ in range(epochs):
+        for xb, yb in loader:
+            sizes.append(len(xb))
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    return sizes

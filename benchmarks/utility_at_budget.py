@@ -727,7 +727,7 @@ def plot(rows: List[Row], path: str) -> None:
         ax.set_xlabel(f"epsilon (delta = {DELTA:g})")
         ax.set_ylabel("test accuracy")
         ax.set_title(name)
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes[0]:  # every method and reference line once
         for h, l in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(l, h)

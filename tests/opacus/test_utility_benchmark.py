@@ -19,7 +19,7 @@ pytest.importorskip("opacus")
 pytest.importorskip("sklearn")
 pytestmark = pytest.mark.torch
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")

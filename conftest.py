@@ -22,8 +22,11 @@ PACKAGE_DIRS: Dict[str, pathlib.Path] = {
     "hidden_state_accountants": ROOT / "hidden_state_accountants",
     # every adapter under adapters/ installs as hidden_state_accountants.<name>, the rule of setup.py
     # (tests/core/test_import_rules.py checks they agree)
-    **{f"hidden_state_accountants.{d.name}": d for d in sorted((ROOT / "adapters").iterdir())
-       if (d / "__init__.py").is_file()},
+    **{
+        f"hidden_state_accountants.{d.name}": d
+        for d in sorted((ROOT / "adapters").iterdir())
+        if (d / "__init__.py").is_file()
+    },
 }
 FRAMEWORKS = ("torch", "opacus", "tensorflow", "tensorflow_privacy", "keras")
 

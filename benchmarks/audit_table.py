@@ -22,17 +22,37 @@ DELTA = 1e-5
 
 
 def configurations():
-    for sampling in ("full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement", "poisson",
-                     "balls_in_bins"):
+    for sampling in (
+        "full",
+        "cyclic",
+        "shuffle_partition",
+        "reshuffle",
+        "without_replacement",
+        "poisson",
+        "balls_in_bins",
+    ):
         n, b = 60, 6
         for construction in ("strongly_convex", "constrained"):
             for z in (0.5, 2.0):
-                geometry = (LossGeometry(strong_convexity=0.5, smoothness=0.5) if construction == "strongly_convex"
-                            else LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=0.3))
+                geometry = (
+                    LossGeometry(strong_convexity=0.5, smoothness=0.5)
+                    if construction == "strongly_convex"
+                    else LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=0.3)
+                )
                 steps = 10 if sampling in ("without_replacement", "poisson", "balls_in_bins") else 40
-                yield construction, TrainingRunDpEvent(
-                    dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps, noise_multiplier=z,
-                    clip_norm=1.0, learning_rate=0.5, sampling=sampling, geometry=geometry)
+                yield (
+                    construction,
+                    TrainingRunDpEvent(
+                        dataset_size=n,
+                        batch_size=n if sampling == "full" else b,
+                        steps=steps,
+                        noise_multiplier=z,
+                        clip_norm=1.0,
+                        learning_rate=0.5,
+                        sampling=sampling,
+                        geometry=geometry,
+                    ),
+                )
 
 
 def _shown(bracket) -> str:
@@ -47,20 +67,24 @@ def main(argv=None) -> None:
     p.add_argument("--repetitions", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    rows = ["| schedule | construction | z | steps | reported epsilon (analysis) | audited lower bound | exact |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| schedule | construction | z | steps | reported epsilon (analysis) | audited lower bound | exact |",
+        "|---|---|---|---|---|---|---|",
+    ]
     start = time.perf_counter()
     for construction, run in configurations():
         result = audit(run, construction=construction, repetitions=args.repetitions, delta=DELTA, seed=args.seed)
         exact = exact_pair(run).epsilon_bracket(DELTA) if construction == "strongly_convex" else None
         assert result.consistent, result
-        rows.append(f"| {run.sampling} | {construction} | {run.noise_multiplier:g} | {run.steps} | "
-                    f"{result.epsilon_reported:.3f} ({result.analysis}) | {result.epsilon_lower:.3f} | "
-                    + _shown(exact) + " |")
+        rows.append(
+            f"| {run.sampling} | {construction} | {run.noise_multiplier:g} | {run.steps} | "
+            f"{result.epsilon_reported:.3f} ({result.analysis}) | {result.epsilon_lower:.3f} | " + _shown(exact) + " |"
+        )
         print(rows[-1], flush=True)
     print("\n".join(rows))
-    print(f"\n{args.repetitions} runs per dataset, delta = {DELTA:g}, 95% confidence; "
-          f"{time.perf_counter() - start:.0f} s")
+    print(
+        f"\n{args.repetitions} runs per dataset, delta = {DELTA:g}, 95% confidence; {time.perf_counter() - start:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -80,26 +80,56 @@ POISSON_FAMILIES = [
 SHUFFLED_FAMILIES = [
     # (family, sampling, analysis, relations)
     ("reshuffle hidden-state f-DP", "reshuffle", shuffle_amplification.reshuffle_amplified, (REPLACE_ONE,)),
-    ("shuffle_partition hidden-state f-DP", "shuffle_partition", shuffle_amplification.position_amplified,
-     (REPLACE_ONE,)),
-    ("balls-in-bins hidden-state f-DP", "balls_in_bins", balls_in_bins.si_balls_in_bins,
-     (ADD_OR_REMOVE_ONE, REPLACE_ONE)),
+    (
+        "shuffle_partition hidden-state f-DP",
+        "shuffle_partition",
+        shuffle_amplification.position_amplified,
+        (REPLACE_ONE,),
+    ),
+    (
+        "balls-in-bins hidden-state f-DP",
+        "balls_in_bins",
+        balls_in_bins.si_balls_in_bins,
+        (ADD_OR_REMOVE_ONE, REPLACE_ONE),
+    ),
 ]
-LOWER_BOUND_ROWS = [("poisson", ADD_OR_REMOVE_ONE), ("poisson", REPLACE_ONE), ("reshuffle", REPLACE_ONE),
-                    ("balls_in_bins", ADD_OR_REMOVE_ONE), ("balls_in_bins", REPLACE_ONE)]
+LOWER_BOUND_ROWS = [
+    ("poisson", ADD_OR_REMOVE_ONE),
+    ("poisson", REPLACE_ONE),
+    ("reshuffle", REPLACE_ONE),
+    ("balls_in_bins", ADD_OR_REMOVE_ONE),
+    ("balls_in_bins", REPLACE_ONE),
+]
 
 
 def make_poisson_run(steps: int, z: float = 1.0, sampling: str = "poisson") -> TrainingRunDpEvent:
     """The MNIST pattern: Poisson at q = 256/n, or fixed-size batches of 256 with ``sampling``."""
-    return TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.5, sampling=sampling, geometry=POISSON_GEOM, l2_regularization=0.01)
+    return TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=POISSON_GEOM,
+        l2_regularization=0.01,
+    )
 
 
 def make_run(sampling: str, steps: int, z: float = 2.0, geometry: LossGeometry = GEOM) -> TrainingRunDpEvent:
     n, b = 60000, 600
-    return TrainingRunDpEvent(dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps,
-                              noise_multiplier=z, clip_norm=1.0, learning_rate=0.05, sampling=sampling,
-                              geometry=geometry, gaussian_initialization=True)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=n if sampling == "full" else b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling=sampling,
+        geometry=geometry,
+        gaussian_initialization=True,
+    )
 
 
 def clear_caches() -> None:
@@ -140,15 +170,19 @@ def issue_18_limits() -> List[str]:
         wall, cpu = time.perf_counter(), time.process_time()
         if what == "calibrate":
             result = calibrate_noise_multiplier(run, 8.0, DELTA, neighboring_relation=ADD_OR_REMOVE_ONE)
-            text = (f"target eps 8.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}, ADD_OR_REMOVE_ONE, "
-                    f"limit 10 s)")
+            text = (
+                f"target eps 8.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}, ADD_OR_REMOVE_ONE, "
+                f"limit 10 s)"
+            )
             eps, extra = result.epsilon, f", {result.evaluations} evaluations"
         else:
             report = HiddenStateAccountant(neighboring_relation=ADD_OR_REMOVE_ONE).compose(run).explain(DELTA)
             text, eps, extra = f"epsilon ({report.analysis}, ADD_OR_REMOVE_ONE, limit 5 s)", report.epsilon, ""
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-        rows.append(f"| issue 18 limit | {text} | poisson | {steps:.0e} | {eps:.4g} | {cpu:.2f} s CPU, "
-                    f"{wall:.2f} s wall{extra} |")
+        rows.append(
+            f"| issue 18 limit | {text} | poisson | {steps:.0e} | {eps:.4g} | {cpu:.2f} s CPU, "
+            f"{wall:.2f} s wall{extra} |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -193,22 +227,28 @@ def main(argv: List[str] | None = None) -> None:
             for relation in (ADD_OR_REMOVE_ONE, REPLACE_ONE):
                 t, eps = timed(ours(analysis, make_poisson_run(steps), relation), args.repeat)
                 name = analysis(make_poisson_run(2), Context()).name
-                rows.append(f"| {family} | {name} ({relation.name}; b = 256, z = 1, lr = 0.5, m_reg = 0.01) | "
-                            f"poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+                rows.append(
+                    f"| {family} | {name} ({relation.name}; b = 256, z = 1, lr = 0.5, m_reg = 0.01) | "
+                    f"poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |"
+                )
                 print(rows[-1], flush=True)
         for family, sampling, analysis, relations in SHUFFLED_FAMILIES:
             run = make_poisson_run(steps, sampling=sampling)
             for relation in relations:
                 t, eps = timed(ours(analysis, run, relation), args.repeat)
                 name = analysis(make_poisson_run(2, sampling=sampling), Context()).name
-                rows.append(f"| {family} | {name} ({relation.name}; b = 256, z = 1, lr = 0.5, m_reg = 0.01) | "
-                            f"{sampling} | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+                rows.append(
+                    f"| {family} | {name} ({relation.name}; b = 256, z = 1, lr = 0.5, m_reg = 0.01) | "
+                    f"{sampling} | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |"
+                )
                 print(rows[-1], flush=True)
         for sampling, relation in LOWER_BOUND_ROWS:
             run = make_poisson_run(steps, sampling=sampling)
             t, eps = lower_bound(run, relation)
-            rows.append(f"| best known lower bound | report.lower_bound ({relation.name}; b = 256, z = 1, lr = 0.5, "
-                        f"m_reg = 0.01) | {sampling} | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+            rows.append(
+                f"| best known lower bound | report.lower_bound ({relation.name}; b = 256, z = 1, lr = 0.5, "
+                f"m_reg = 0.01) | {sampling} | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |"
+            )
             print(rows[-1], flush=True)
         poisson = make_run("poisson", steps)
         try:
@@ -216,7 +256,9 @@ def main(argv: List[str] | None = None) -> None:
 
             for name in ("rdp", "prv"):
                 t, eps = timed(opacus_accountant(name, poisson), args.repeat)
-                rows.append(f"| Opacus {name.upper()} (add/remove) | {name} | poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |")
+                rows.append(
+                    f"| Opacus {name.upper()} (add/remove) | {name} | poisson | {steps} | {eps:.4g} | {t * 1e3:.1f} ms |"
+                )
                 print(rows[-1], flush=True)
         except ImportError:
             pass
@@ -228,17 +270,21 @@ def main(argv: List[str] | None = None) -> None:
         t = time.process_time()
         result = calibrate_noise_multiplier(run, 2.0, DELTA)
         t = time.process_time() - t
-        rows.append(f"| calibration | target eps 2.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}) | "
-                    f"{sampling} | 10000 | {result.epsilon:.4g} | {t:.2f} s CPU, {result.evaluations} evaluations |")
+        rows.append(
+            f"| calibration | target eps 2.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}) | "
+            f"{sampling} | 10000 | {result.epsilon:.4g} | {t:.2f} s CPU, {result.evaluations} evaluations |"
+        )
         print(rows[-1], flush=True)
     for relation in (ADD_OR_REMOVE_ONE, REPLACE_ONE):
         run = make_poisson_run(10 * 234)
         t = time.process_time()
         result = calibrate_noise_multiplier(run, 1.0, DELTA, neighboring_relation=relation)
         t = time.process_time() - t
-        rows.append(f"| calibration | target eps 1.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}, "
-                    f"{relation.name}) | poisson | {10 * 234} | {result.epsilon:.4g} | {t:.2f} s CPU, "
-                    f"{result.evaluations} evaluations |")
+        rows.append(
+            f"| calibration | target eps 1.0 -> z = {result.noise_multiplier:.4f} ({result.analysis}, "
+            f"{relation.name}) | poisson | {10 * 234} | {result.epsilon:.4g} | {t:.2f} s CPU, "
+            f"{result.evaluations} evaluations |"
+        )
         print(rows[-1], flush=True)
     if not args.skip_limits:
         rows += issue_18_limits()

@@ -62,8 +62,7 @@ def dataset(name: str):
     else:
         from sklearn.datasets import make_classification
 
-        x, y = make_classification(n_samples=20000, n_features=256, n_informative=64, n_classes=10,
-                                   random_state=0)
+        x, y = make_classification(n_samples=20000, n_features=256, n_informative=64, n_classes=10, random_state=0)
     return TensorDataset(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.long))
 
 
@@ -76,21 +75,24 @@ def build(variant: str, ds: TensorDataset, batch_size: int, seed: int, device: t
     k = int(ds.tensors[1].max()) + 1
     sampler = hso.ShufflePartitionBatchSampler(n, batch_size, seed)
     if variant.startswith("plain"):
-        loader = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=True,
-                            generator=torch.Generator().manual_seed(seed))
+        loader = DataLoader(
+            ds, batch_size=batch_size, shuffle=True, drop_last=True, generator=torch.Generator().manual_seed(seed)
+        )
     else:
         loader = DataLoader(ds, batch_sampler=sampler)
     model = (nn.Sequential(nn.Linear(d, k)) if pre else nn.Sequential(hso.FeatureClip(1.0), nn.Linear(d, k))).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.01)
     engine = PrivacyEngine(accountant="hidden_state" if variant.startswith("adapter") else "prv")
-    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
-                                             noise_multiplier=2.0, max_grad_norm=1.0, poisson_sampling=False)
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=2.0, max_grad_norm=1.0, poisson_sampling=False
+    )
     if not variant.startswith("plain") and variant != "+sampler":
         radius = None if variant == "adapter-l2" else 5.0
         hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=0.01, check_loss_penalty=False)
         if variant.startswith("adapter"):
-            engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model,
-                                        optimizer=opt)
+            engine.accountant.configure(
+                geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model, optimizer=opt
+            )
     return engine, model, opt, loader
 
 
@@ -154,8 +156,9 @@ def components(setups, device: torch.device, repeats: int = 7, number: int = 300
     monitor = setups["adapter-check"][0].accountant._features  # the per-batch input check, alone
     xb = next(iter(setups["adapter-check"][3]))[0].to(device)
     out["feature_check"] = best(lambda: (monitor._see(monitor.module, (xb,)), monitor.take()))
-    out["added"] = (out["sampler_ours"] - out["sampler_torch"] + out["accountant_ours"] - out["accountant_prv"]
-                    + out["projection"])
+    out["added"] = (
+        out["sampler_ours"] - out["sampler_torch"] + out["accountant_ours"] - out["accountant_prv"] + out["projection"]
+    )
     return out
 
 
@@ -167,8 +170,12 @@ def main(argv=None) -> Dict[str, object]:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1: less noise)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (CUDA needs --clock wall)")
     p.add_argument("--output", default=None, metavar="FILE", help="also write the printed figures to FILE")
-    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                   help="cpu: the thread's CPU time (robust to other load); wall: time.perf_counter")
+    p.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: the thread's CPU time (robust to other load); wall: time.perf_counter",
+    )
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     for notice in ("Secure RNG turned off", "Full backward hook is firing", ".*records at the end of the order"):
@@ -191,7 +198,7 @@ def main(argv=None) -> Dict[str, object]:
             steppers[v]()
     times: Dict[str, List[int]] = {v: [] for v in VARIANTS}
     for i in range(a.steps):
-        for v in (VARIANTS if i % 2 == 0 else VARIANTS[::-1]):
+        for v in VARIANTS if i % 2 == 0 else VARIANTS[::-1]:
             sync()
             t0 = clock()
             steppers[v]()
@@ -203,8 +210,10 @@ def main(argv=None) -> Dict[str, object]:
 
     def ci(v):  # bootstrap the ratio of medians
         k, base = len(us[v]), us[BASE.get(v, "plain")]
-        boots = [np.median(us[v][rng.integers(0, k, k)]) / np.median(base[rng.integers(0, len(base), len(base))])
-                 for _ in range(300)]
+        boots = [
+            np.median(us[v][rng.integers(0, k, k)]) / np.median(base[rng.integers(0, len(base), len(base))])
+            for _ in range(300)
+        ]
         return [100 * (x - 1) for x in np.percentile(boots, [2.5, 97.5])]
 
     comp = components(setups, device)
@@ -218,26 +227,38 @@ def main(argv=None) -> Dict[str, object]:
         sys.stdout = tee
     if device.type == "cuda":
         print(f"CUDA device: {torch.cuda.get_device_name(device)}")
-    print(f"dataset={a.dataset} n={len(ds)} d={ds.tensors[0].shape[1]} batch_size={b} steps={a.steps} "
-          f"threads={a.threads} device={a.device} clock={a.clock} torch={torch.__version__}")
+    print(
+        f"dataset={a.dataset} n={len(ds)} d={ds.tensors[0].shape[1]} batch_size={b} steps={a.steps} "
+        f"threads={a.threads} device={a.device} clock={a.clock} torch={torch.__version__}"
+    )
     print(f"{'variant':<13} {'median us/step':>15} {'vs base':>9}   (95% interval)")
     intervals = {}
     for v in VARIANTS:
         intervals[v] = ci(v)
         base = BASE.get(v, "plain")
-        print(f"{v:<13} {med[v]:>15.1f} {100 * (med[v] / med[base] - 1):>+8.2f}%   "
-              f"({intervals[v][0]:+.2f}% .. {intervals[v][1]:+.2f}%)" + ("" if base == "plain" else f" vs {base}"))
-    print("pieces alone, tight loop, best of 7 x 300 calls (us): "
-          + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in comp.items() if k != "added"))
-    print(f"net (ours minus what they replace, plus projection): {comp['added'] * 1e6:.1f} us = "
-          f"{100 * comp['added'] * 1e6 / med['plain']:.2f}% of the median plain step")
-    print(f"get_epsilon after {len(engine.accountant)} steps: {t_eps * 1e3:.1f} ms (epsilon {eps:.4f}, "
-          f"{engine.accountant.explain(1e-5).analysis})")
-    out = {"per_step_us": med,
-           "overhead_pct": {v: 100 * (med[v] / med[BASE.get(v, "plain")] - 1) for v in VARIANTS},
-           "overhead_95pct_interval": intervals,
-           "components_us": {k: v * 1e6 for k, v in comp.items()},
-           "get_epsilon_ms": t_eps * 1e3}
+        print(
+            f"{v:<13} {med[v]:>15.1f} {100 * (med[v] / med[base] - 1):>+8.2f}%   "
+            f"({intervals[v][0]:+.2f}% .. {intervals[v][1]:+.2f}%)" + ("" if base == "plain" else f" vs {base}")
+        )
+    print(
+        "pieces alone, tight loop, best of 7 x 300 calls (us): "
+        + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in comp.items() if k != "added")
+    )
+    print(
+        f"net (ours minus what they replace, plus projection): {comp['added'] * 1e6:.1f} us = "
+        f"{100 * comp['added'] * 1e6 / med['plain']:.2f}% of the median plain step"
+    )
+    print(
+        f"get_epsilon after {len(engine.accountant)} steps: {t_eps * 1e3:.1f} ms (epsilon {eps:.4f}, "
+        f"{engine.accountant.explain(1e-5).analysis})"
+    )
+    out = {
+        "per_step_us": med,
+        "overhead_pct": {v: 100 * (med[v] / med[BASE.get(v, "plain")] - 1) for v in VARIANTS},
+        "overhead_95pct_interval": intervals,
+        "components_us": {k: v * 1e6 for k, v in comp.items()},
+        "get_epsilon_ms": t_eps * 1e3,
+    }
     if a.json:
         print(json.dumps(out))
     if tee is not None:

@@ -61,15 +61,27 @@ def worker(args) -> dict:
     if args.method == "dp-sbcd":
         from hidden_state_accountants.pytorch.sbcd import DPSBCD
 
-        opt = DPSBCD(model, x.to(dev), y.to(dev), batch_size=args.batch, step_size=0.5, noise=1e-4,
-                     rho=1.0, regularizer="l2", regularization=0.01, seed=0, device=dev)
+        opt = DPSBCD(
+            model,
+            x.to(dev),
+            y.to(dev),
+            batch_size=args.batch,
+            step_size=0.5,
+            noise=1e-4,
+            rho=1.0,
+            regularizer="l2",
+            regularization=0.01,
+            seed=0,
+            device=dev,
+        )
 
         def epoch():
             for _ in range(opt.steps_per_epoch):
                 opt.step()
     else:
-        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=args.batch,
-                                             shuffle=args.method == "sgd")
+        loader = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(x, y), batch_size=args.batch, shuffle=args.method == "sgd"
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         if args.method == "opacus":
             from opacus import PrivacyEngine
@@ -77,8 +89,9 @@ def worker(args) -> dict:
             engine = PrivacyEngine(accountant="rdp")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
-                                                         noise_multiplier=1.0, max_grad_norm=1.0)
+                model, opt, loader = engine.make_private(
+                    module=model, optimizer=opt, data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0
+                )
 
         def epoch():
             with warnings.catch_warnings():
@@ -102,8 +115,13 @@ def worker(args) -> dict:
             torch.cuda.synchronize()
         if i > 0:
             times.append(time.perf_counter() - t0)
-    out = dict(method=args.method, sec_per_epoch=statistics.median(times), peak_rss_mb=_peak_rss_mb(),
-               rss_over_base_mb=_peak_rss_mb() - base_rss, setup_rss_over_base_mb=setup_rss - base_rss)
+    out = dict(
+        method=args.method,
+        sec_per_epoch=statistics.median(times),
+        peak_rss_mb=_peak_rss_mb(),
+        rss_over_base_mb=_peak_rss_mb() - base_rss,
+        setup_rss_over_base_mb=setup_rss - base_rss,
+    )
     if dev.type == "cuda":
         out["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -138,16 +156,24 @@ def main():
     out = Tee(args.output) if args.output else None
     if out is not None:
         sys.stdout = out
-    print(f"MLP {args.features}-" + "-".join([str(args.width)] * args.depth) + f"-10, n = {args.n}, batch = {args.batch}, "
-          f"device = {args.device}, threads = {args.threads}, median of {args.epochs} epochs after 1 warm-up")
+    print(
+        f"MLP {args.features}-"
+        + "-".join([str(args.width)] * args.depth)
+        + f"-10, n = {args.n}, batch = {args.batch}, "
+        f"device = {args.device}, threads = {args.threads}, median of {args.epochs} epochs after 1 warm-up"
+    )
     cuda = args.device.startswith("cuda")
-    head = "| method | s / epoch | peak RSS (MiB) | peak RSS over set-up start (MiB) |" + (" peak CUDA (MiB) |" if cuda else "")
+    head = "| method | s / epoch | peak RSS (MiB) | peak RSS over set-up start (MiB) |" + (
+        " peak CUDA (MiB) |" if cuda else ""
+    )
     print(head)
     print("|" + " --- |" * (5 if cuda else 4))
     names = {"dp-sbcd": "DP-SBCD (this package)", "opacus": "Opacus DP-SGD", "sgd": "SGD (non-private)"}
     for r in rows:
-        line = (f"| {names.get(r['method'], r['method'])} | {r['sec_per_epoch']:.3f} | {r['peak_rss_mb']:.0f} "
-                f"| {r['rss_over_base_mb']:.0f} |")
+        line = (
+            f"| {names.get(r['method'], r['method'])} | {r['sec_per_epoch']:.3f} | {r['peak_rss_mb']:.0f} "
+            f"| {r['rss_over_base_mb']:.0f} |"
+        )
         if cuda:
             line += f" {r['peak_cuda_mb']:.0f} |"
         print(line)

@@ -42,16 +42,32 @@ def _sampled(steps, sampling, geometry=None, z=1.0):
     from hidden_state_accountants import TrainingRunDpEvent
 
     n, b = (60000, 60000) if sampling == "full" else (60000, 256)
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.05, sampling=sampling, geometry=geometry)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling=sampling,
+        geometry=geometry,
+    )
 
 
 def _partition(l, n=None, steps=None):
     from hidden_state_accountants import TrainingRunDpEvent
 
     n = 10 * l if n is None else n
-    return TrainingRunDpEvent(dataset_size=n, batch_size=10, steps=steps or n // 10, noise_multiplier=2.0,
-                              clip_norm=1.0, learning_rate=0.05, sampling="shuffle_partition", geometry=_geometry())
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=10,
+        steps=steps or n // 10,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="shuffle_partition",
+        geometry=_geometry(),
+    )
 
 
 def _epsilon(run) -> str:
@@ -65,16 +81,19 @@ def _calibrate(sampling) -> str:
     from hidden_state_accountants import calibrate_noise_multiplier
 
     result = calibrate_noise_multiplier(_sampled(10**7, sampling, _geometry()), 8.0, DELTA)
-    return (f"z = {result.noise_multiplier:.5g}, epsilon {result.epsilon:.4g} ({result.analysis}), "
-            f"{result.evaluations} noise values")
+    return (
+        f"z = {result.noise_multiplier:.5g}, epsilon {result.epsilon:.4g} ({result.analysis}), "
+        f"{result.evaluations} noise values"
+    )
 
 
 def _audit(sampling, construction) -> str:
     from hidden_state_accountants.audit import audit
 
     geometry = _geometry() if construction == "strongly_convex" else _geometry(diameter=1.0)
-    result = audit(_sampled(10**6, sampling, geometry), construction=construction, repetitions=100, seed=0,
-                   progress=False)
+    result = audit(
+        _sampled(10**6, sampling, geometry), construction=construction, repetitions=100, seed=0, progress=False
+    )
     return f"lower {result.epsilon_lower:.3g} <= reported {result.epsilon_reported:.4g}"
 
 
@@ -83,19 +102,31 @@ CASES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "shuffle_partition_1e6": ("shuffle_partition epsilon, n/b = 10^6", lambda: _epsilon(_partition(10**6))),
     "shuffle_partition_1e7": ("shuffle_partition epsilon, n/b = 10^7", lambda: _epsilon(_partition(10**7))),
     "shuffle_partition_1e8": ("shuffle_partition epsilon, n/b = 10^8", lambda: _epsilon(_partition(10**8))),
-    "shuffle_partition_2pow63": ("shuffle_partition epsilon, n = 2^63, b = 10, 1000 steps",
-                                 lambda: _epsilon(_partition(None, n=2**63, steps=1000))),
-    **{f"poisson_{k}": (f"poisson epsilon, 10^{k[-1]} steps", lambda k=k: _epsilon(_sampled(int(float(k)), "poisson")))
-       for k in ("1e6", "1e7", "1e8")},
-    **{f"without_replacement_{k}": (f"without_replacement epsilon, 10^{k[-1]} steps",
-                                    lambda k=k: _epsilon(_sampled(int(float(k)), "without_replacement")))
-       for k in ("1e6", "1e7", "1e8")},
-    **{f"calibrate_{s}": (f"calibrate {s}, 10^7 steps, m = 0.01", lambda s=s: _calibrate(s))
-       for s in ("full", "cyclic", "shuffle_partition", "without_replacement", "poisson")},
+    "shuffle_partition_2pow63": (
+        "shuffle_partition epsilon, n = 2^63, b = 10, 1000 steps",
+        lambda: _epsilon(_partition(None, n=2**63, steps=1000)),
+    ),
+    **{
+        f"poisson_{k}": (f"poisson epsilon, 10^{k[-1]} steps", lambda k=k: _epsilon(_sampled(int(float(k)), "poisson")))
+        for k in ("1e6", "1e7", "1e8")
+    },
+    **{
+        f"without_replacement_{k}": (
+            f"without_replacement epsilon, 10^{k[-1]} steps",
+            lambda k=k: _epsilon(_sampled(int(float(k)), "without_replacement")),
+        )
+        for k in ("1e6", "1e7", "1e8")
+    },
+    **{
+        f"calibrate_{s}": (f"calibrate {s}, 10^7 steps, m = 0.01", lambda s=s: _calibrate(s))
+        for s in ("full", "cyclic", "shuffle_partition", "without_replacement", "poisson")
+    },
     "audit_cyclic": ("audit cyclic strongly_convex, 10^6 steps x 100", lambda: _audit("cyclic", "strongly_convex")),
     "audit_poisson": ("audit poisson strongly_convex, 10^6 steps x 100", lambda: _audit("poisson", "strongly_convex")),
-    "audit_poisson_constrained": ("audit poisson constrained (projected), 10^6 steps x 100",
-                                  lambda: _audit("poisson", "constrained")),
+    "audit_poisson_constrained": (
+        "audit poisson constrained (projected), 10^6 steps x 100",
+        lambda: _audit("poisson", "constrained"),
+    ),
 }
 
 
@@ -111,8 +142,12 @@ def run_case(name: str, traced: bool = False) -> dict:
     start = time.perf_counter()
     result = CASES[name][1]()
     seconds = time.perf_counter() - start
-    out = {"case": name, "seconds": seconds, "result": result,
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3}  # kB on Linux
+    out = {
+        "case": name,
+        "seconds": seconds,
+        "result": result,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+    }  # kB on Linux
     if traced:
         out["traced_peak_mb"] = tracemalloc.get_traced_memory()[1] / 1e6
     return out

@@ -92,20 +92,27 @@ def main(argv=None):
     model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(784, 10))
     engine = PrivacyEngine(accountant="hidden_state")
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=args.lr),
-        data_loader=DataLoader(data, batch_size=args.batch_size), noise_multiplier=args.sigma,
-        max_grad_norm=args.max_grad_norm)  # Opacus' default: Poisson sampling
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=args.lr),
+        data_loader=DataLoader(data, batch_size=args.batch_size),
+        noise_multiplier=args.sigma,
+        max_grad_norm=args.max_grad_norm,
+    )  # Opacus' default: Poisson sampling
     hook = hso.ProjectionHook(optimizer, l2_regularization=args.weight_decay)
     geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0)
     engine.accountant.configure(geometry=geometry, model=model, optimizer=optimizer, dataset_size=n)
 
     q = 1 / len(loader)
-    print(f"n = {n}, Poisson rate q = 1/{len(loader)}, expected batch {optimizer.expected_batch_size}, "
-          f"sigma = {args.sigma}, C = {args.max_grad_norm}, lr = {args.lr}, weight decay = {args.weight_decay}, "
-          f"geometry m = {geometry.strong_convexity:g}, M = {geometry.smoothness:g}; delta = {args.delta:g}")
-    header = ("| epoch | Opacus RDP | Opacus PRV | ours, composition (A) | ours, hidden state (A) "
-              "| best known lower bound (A) | ours, REPLACE_ONE best | ours, REPLACE_ONE composition "
-              "| ours' analysis (A) | accounting s |")
+    print(
+        f"n = {n}, Poisson rate q = 1/{len(loader)}, expected batch {optimizer.expected_batch_size}, "
+        f"sigma = {args.sigma}, C = {args.max_grad_norm}, lr = {args.lr}, weight decay = {args.weight_decay}, "
+        f"geometry m = {geometry.strong_convexity:g}, M = {geometry.smoothness:g}; delta = {args.delta:g}"
+    )
+    header = (
+        "| epoch | Opacus RDP | Opacus PRV | ours, composition (A) | ours, hidden state (A) "
+        "| best known lower bound (A) | ours, REPLACE_ONE best | ours, REPLACE_ONE composition "
+        "| ours' analysis (A) | accounting s |"
+    )
     rows = [header, "|" + "---|" * 10]
     print(header, flush=True)
     below_composition, below_prv = [], []
@@ -131,9 +138,11 @@ def main(argv=None):
         below_composition.append((epoch, smaller))
         below_prv.append((epoch, smaller and below(report.epsilon, prv)))
         lower = report.lower_bound
-        row = (f"| {epoch} | {rdp:.3f} | {prv:.3f} | {report.composition_epsilon:.3f} | {report.epsilon:.3f}"
-               f"{'*' if smaller else ''} | {'-' if lower is None else f'{lower:.3f}'} | "
-               f"{replace.epsilon:.3f} | {replace.composition_epsilon:.3f} | {report.analysis} | {seconds:.1f} |")
+        row = (
+            f"| {epoch} | {rdp:.3f} | {prv:.3f} | {report.composition_epsilon:.3f} | {report.epsilon:.3f}"
+            f"{'*' if smaller else ''} | {'-' if lower is None else f'{lower:.3f}'} | "
+            f"{replace.epsilon:.3f} | {replace.composition_epsilon:.3f} | {report.analysis} | {seconds:.1f} |"
+        )
         rows.append(row)
         print(row, flush=True)
     print()
@@ -142,8 +151,10 @@ def main(argv=None):
         if first is None:
             print(f"hidden state (ADD_OR_REMOVE_ONE) is not strictly below {what} at the end of {args.epochs} epochs")
         else:
-            print(f"hidden state (ADD_OR_REMOVE_ONE) is strictly below {what} (at {PRECISION} digits) from epoch "
-                  f"{first} on (q = {q:.6g})")
+            print(
+                f"hidden state (ADD_OR_REMOVE_ONE) is strictly below {what} (at {PRECISION} digits) from epoch "
+                f"{first} on (q = {q:.6g})"
+            )
 
 
 if __name__ == "__main__":

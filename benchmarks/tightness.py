@@ -51,22 +51,56 @@ def runs(quick: bool) -> Iterator[Tuple[str, str, TrainingRunDpEvent]]:
         for m in (0.5, 0.1):
             for z in zs:
                 for e in epochs:
-                    yield sampling, "strongly_convex", TrainingRunDpEvent(
-                        dataset_size=n, batch_size=b, steps=e * spe, noise_multiplier=z, clip_norm=1.0,
-                        learning_rate=LR, sampling=sampling, geometry=LossGeometry(strong_convexity=m, smoothness=m),
-                        l2_regularization=m if sampling in ADD_REMOVE else None)
+                    yield (
+                        sampling,
+                        "strongly_convex",
+                        TrainingRunDpEvent(
+                            dataset_size=n,
+                            batch_size=b,
+                            steps=e * spe,
+                            noise_multiplier=z,
+                            clip_norm=1.0,
+                            learning_rate=LR,
+                            sampling=sampling,
+                            geometry=LossGeometry(strong_convexity=m, smoothness=m),
+                            l2_regularization=m if sampling in ADD_REMOVE else None,
+                        ),
+                    )
         for z in zs:
             for e in epochs:
-                yield sampling, "constrained", TrainingRunDpEvent(
-                    dataset_size=n, batch_size=b, steps=e * spe, noise_multiplier=z, clip_norm=1.0, learning_rate=LR,
-                    sampling=sampling, geometry=LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=0.3))
+                yield (
+                    sampling,
+                    "constrained",
+                    TrainingRunDpEvent(
+                        dataset_size=n,
+                        batch_size=b,
+                        steps=e * spe,
+                        noise_multiplier=z,
+                        clip_norm=1.0,
+                        learning_rate=LR,
+                        sampling=sampling,
+                        geometry=LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=0.3),
+                    ),
+                )
     # reshuffled loaders as frameworks run them: a partial last epoch, a kept short batch
     for last in ("dropped", "kept_own_size", "kept_batch_size"):
         for z in zs:
             label = "reshuffle, n = 61" + ("" if last == "dropped" else f", {last}")
-            yield label, "strongly_convex", TrainingRunDpEvent(
-                dataset_size=61, batch_size=6, steps=25, noise_multiplier=z, clip_norm=1.0, learning_rate=LR,
-                sampling="reshuffle", last_batch=last, geometry=LossGeometry(strong_convexity=0.5, smoothness=0.5))
+            yield (
+                label,
+                "strongly_convex",
+                TrainingRunDpEvent(
+                    dataset_size=61,
+                    batch_size=6,
+                    steps=25,
+                    noise_multiplier=z,
+                    clip_norm=1.0,
+                    learning_rate=LR,
+                    sampling="reshuffle",
+                    last_batch=last,
+                    geometry=LossGeometry(strong_convexity=0.5, smoothness=0.5),
+                ),
+            )
 
 
 def add_remove_runs(quick: bool) -> Iterator[Tuple[str, str, TrainingRunDpEvent]]:
@@ -82,8 +116,9 @@ def reported(run: TrainingRunDpEvent, relation: str = "REPLACE_ONE") -> Tuple[fl
     return report.epsilon, report.analysis
 
 
-def truth(construction: str, run: TrainingRunDpEvent, repetitions: int,
-          relation: str = "REPLACE_ONE") -> Tuple[float, str]:
+def truth(
+    construction: str, run: TrainingRunDpEvent, repetitions: int, relation: str = "REPLACE_ONE"
+) -> Tuple[float, str]:
     """(value to divide by, how it is shown)."""
     if construction == "strongly_convex":
         lo, hi = exact_pair(run, grid_points=1 << 14, relation=relation).epsilon_bracket(DELTA)
@@ -97,9 +132,11 @@ def ratio(x: float, base: float) -> str:
 
 
 def table(quick: bool, repetitions: int, echo: bool = True) -> str:
-    rows = ["| schedule | construction | c | z | steps | reported (analysis) | reported, M = 1/lr (analysis) "
-            "| worst-pair exact or best lower | ratio | ratio, M = 1/lr |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| schedule | construction | c | z | steps | reported (analysis) | reported, M = 1/lr (analysis) "
+        "| worst-pair exact or best lower | ratio | ratio, M = 1/lr |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     grid = [(row, "REPLACE_ONE") for row in runs(quick)]
     grid += [(row, "ADD_OR_REMOVE_ONE") for row in add_remove_runs(quick)]
     for (label, construction, run), relation in grid:
@@ -108,13 +145,17 @@ def table(quick: bool, repetitions: int, echo: bool = True) -> str:
         general: Optional[Tuple[float, str]] = None
         if construction == "strongly_convex":
             general = reported(
-                run.replace(geometry=LossGeometry(strong_convexity=g.strong_convexity, smoothness=1 / LR)), relation)
+                run.replace(geometry=LossGeometry(strong_convexity=g.strong_convexity, smoothness=1 / LR)), relation
+            )
         base, shown = truth(construction, run, repetitions, relation)
         c = g.contraction_factor(LR)
         rows.append(
             f"| {label} | {construction} | {c:g} | {run.noise_multiplier:g} | {run.steps} | {eps:.3f} ({name}) | "
             + (f"{general[0]:.3f} ({general[1]})" if general else "-")
-            + f" | {shown} | {ratio(eps, base)} | " + (ratio(general[0], base) if general else "-") + " |")
+            + f" | {shown} | {ratio(eps, base)} | "
+            + (ratio(general[0], base) if general else "-")
+            + " |"
+        )
         if echo:
             print(rows[-1], flush=True)
     return "\n".join(rows)
@@ -126,29 +167,30 @@ def main(argv=None) -> None:
     p.add_argument("--repetitions", type=int, default=100_000, help="audit runs per dataset (constrained rows)")
     p.add_argument("--quick", action="store_true", help="fewer lengths (1 and 4 epochs)")
     args = p.parse_args(argv)
-    command = "python benchmarks/tightness.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/tightness.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     start = time.perf_counter()
     body = table(args.quick, args.repetitions)
     seconds = time.perf_counter() - start
-    text = "\n".join([
-        "# Tightness: reported epsilon against the worst-pair exact value",
-        "",
-        f"Produced by `{command}` ({seconds:.0f} s). n = 60, b = 6 (full: 60), lr = 0.5, C = 1, "
-        f"delta = {DELTA:g}. Strongly convex rows: linear per-example gradients with curvature m, "
-        "c = 1 - lr m, declared M = m (the construction itself, where `affine_exact_average` applies) and "
-        "M = 1/lr (what a loss that is not quadratic gets: every other analysis unchanged); the truth is the "
-        "exact epsilon of the worst known neighbouring pair (docs/derivations.md, section 1; a bracket where its "
-        "law is put on a grid). Constrained rows (D = 0.3, m = 0, M = 0.5): no exact value is known, the lower "
-        f"value is an audit ({args.repetitions} runs per dataset, 95% confidence). Ratio = reported / truth "
-        "(lower end). Poisson and balls-in-bins strongly convex rows declare the curvature as the L2 term "
-        "(`l2_regularization = m`, the same construction), which their hidden-state analyses need. Every row "
-        "is REPLACE_ONE except those labelled add/remove (Poisson and balls-in-bins, "
-        "the schedules with an ADD_OR_REMOVE_ONE analysis; the pair: the record present or absent).",
-        "",
-        body,
-        "",
-    ])
+    text = "\n".join(
+        [
+            "# Tightness: reported epsilon against the worst-pair exact value",
+            "",
+            f"Produced by `{command}` ({seconds:.0f} s). n = 60, b = 6 (full: 60), lr = 0.5, C = 1, "
+            f"delta = {DELTA:g}. Strongly convex rows: linear per-example gradients with curvature m, "
+            "c = 1 - lr m, declared M = m (the construction itself, where `affine_exact_average` applies) and "
+            "M = 1/lr (what a loss that is not quadratic gets: every other analysis unchanged); the truth is the "
+            "exact epsilon of the worst known neighbouring pair (docs/derivations.md, section 1; a bracket where its "
+            "law is put on a grid). Constrained rows (D = 0.3, m = 0, M = 0.5): no exact value is known, the lower "
+            f"value is an audit ({args.repetitions} runs per dataset, 95% confidence). Ratio = reported / truth "
+            "(lower end). Poisson and balls-in-bins strongly convex rows declare the curvature as the L2 term "
+            "(`l2_regularization = m`, the same construction), which their hidden-state analyses need. Every row "
+            "is REPLACE_ONE except those labelled add/remove (Poisson and balls-in-bins, "
+            "the schedules with an ADD_OR_REMOVE_ONE analysis; the pair: the record present or absent).",
+            "",
+            body,
+            "",
+        ]
+    )
     print()
     print(text)
     if args.out != "-":

@@ -120,8 +120,9 @@ def _split_standardised(name, description, x, y, n_train, n_val, seed) -> Data:
     mean, std = x[:n_train].mean(0), x[:n_train].std(0)
     x = ((x - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
     cut = n_train + n_val
-    return Data(name, description, x[:n_train], y[:n_train], x[n_train:cut], y[n_train:cut], x[cut:], y[cut:],
-                int(y.max()) + 1)
+    return Data(
+        name, description, x[:n_train], y[:n_train], x[n_train:cut], y[n_train:cut], x[cut:], y[cut:], int(y.max()) + 1
+    )
 
 
 def bayes_accuracy_simplex(separation: float, classes: int) -> float:
@@ -134,14 +135,27 @@ def bayes_accuracy_simplex(separation: float, classes: int) -> float:
     """
     from scipy import integrate, stats
 
-    value, _ = integrate.quad(lambda t: stats.norm.pdf(t) * stats.norm.cdf(t + separation) ** (classes - 1),
-                              -np.inf, np.inf, epsabs=1e-12, epsrel=1e-12)
+    value, _ = integrate.quad(
+        lambda t: stats.norm.pdf(t) * stats.norm.cdf(t + separation) ** (classes - 1),
+        -np.inf,
+        np.inf,
+        epsabs=1e-12,
+        epsrel=1e-12,
+    )
     return float(value)
 
 
-def synthetic_linear_probe(*, n_train: int = 10000, n_val: int = 2000, n_test: int = 5000, dim: int = 256,
-                           classes: int = 10, bayes: float = 0.85, eigenvalues: Tuple[float, float] = (1.0, 1.0),
-                           seed: int = 0) -> Data:
+def synthetic_linear_probe(
+    *,
+    n_train: int = 10000,
+    n_val: int = 2000,
+    n_test: int = 5000,
+    dim: int = 256,
+    classes: int = 10,
+    bayes: float = 0.85,
+    eigenvalues: Tuple[float, float] = (1.0, 1.0),
+    seed: int = 0,
+) -> Data:
     """Gaussian classes with a shared random covariance, hard enough that noise limits accuracy.
 
     In whitened coordinates ``w ~ N(s u_y, I)`` with the ``u_k`` a randomly rotated regular simplex
@@ -175,15 +189,30 @@ def synthetic_linear_probe(*, n_train: int = 10000, n_val: int = 2000, n_test: i
     x = (x / std).astype(np.float32)
     bayes_rule = np.argmax((w @ means.T), axis=1)  # argmax_k m_k . w (equal norms: no offsets)
     cut = n_train + n_val
-    data = Data("synthetic", "", x[:n_train], y[:n_train], x[n_train:cut], y[n_train:cut], x[cut:], y[cut:],
-                classes, bayes_accuracy_simplex(separation, classes))
-    cov = ("identity" if eigenvalues[0] == eigenvalues[1] == 1 else
-           f"eigenvalues log-uniform in [{eigenvalues[0]:g}, {eigenvalues[1]:g}]")
-    data.description = (f"synthetic linear probe: {classes} Gaussian classes, d = {dim}, shared covariance "
-                        f"({cov}), simplex means at separation {separation:.4f}; "
-                        f"n = {n_train} / {n_val} / {n_test} (train / val / test); Bayes accuracy "
-                        f"{data.bayes_accuracy:.4f} (exact), the Bayes rule scores "
-                        f"{float(np.mean(bayes_rule[cut:] == y[cut:])):.4f} on the test split")
+    data = Data(
+        "synthetic",
+        "",
+        x[:n_train],
+        y[:n_train],
+        x[n_train:cut],
+        y[n_train:cut],
+        x[cut:],
+        y[cut:],
+        classes,
+        bayes_accuracy_simplex(separation, classes),
+    )
+    cov = (
+        "identity"
+        if eigenvalues[0] == eigenvalues[1] == 1
+        else f"eigenvalues log-uniform in [{eigenvalues[0]:g}, {eigenvalues[1]:g}]"
+    )
+    data.description = (
+        f"synthetic linear probe: {classes} Gaussian classes, d = {dim}, shared covariance "
+        f"({cov}), simplex means at separation {separation:.4f}; "
+        f"n = {n_train} / {n_val} / {n_test} (train / val / test); Bayes accuracy "
+        f"{data.bayes_accuracy:.4f} (exact), the Bayes rule scores "
+        f"{float(np.mean(bayes_rule[cut:] == y[cut:])):.4f} on the test split"
+    )
     return data
 
 
@@ -195,12 +224,26 @@ def load_dataset(name: str) -> Data:
 
     if name == "digits":
         x, y = datasets.load_digits(return_X_y=True)
-        return _split_standardised(name, "scikit-learn digits: 8x8 images, 10 classes; n = 1200 / 300 / 297 "
-                                   "(train / val / test)", x, y, 1200, 300, 0)
+        return _split_standardised(
+            name,
+            "scikit-learn digits: 8x8 images, 10 classes; n = 1200 / 300 / 297 (train / val / test)",
+            x,
+            y,
+            1200,
+            300,
+            0,
+        )
     if name == "breast_cancer":
         x, y = datasets.load_breast_cancer(return_X_y=True)
-        return _split_standardised(name, "scikit-learn breast cancer: 30 features, 2 classes; n = 360 / 109 / "
-                                   "100 (train / val / test)", x, y, 360, 109, 0)
+        return _split_standardised(
+            name,
+            "scikit-learn breast cancer: 30 features, 2 classes; n = 360 / 109 / 100 (train / val / test)",
+            x,
+            y,
+            360,
+            109,
+            0,
+        )
     raise ValueError(f"unknown dataset {name!r}")
 
 
@@ -242,8 +285,15 @@ class Grid:
     samplers: Tuple[str, ...]
 
     def configs(self, samplers: Sequence[Optional[str]] = (None,)) -> List[Config]:
-        return [Config(b, e, lr, l2, r, s) for s in samplers for b in self.batch_sizes for e in self.epochs
-                for lr in self.lrs for l2 in self.l2s for r in self.radii]
+        return [
+            Config(b, e, lr, l2, r, s)
+            for s in samplers
+            for b in self.batch_sizes
+            for e in self.epochs
+            for lr in self.lrs
+            for l2 in self.l2s
+            for r in self.radii
+        ]
 
 
 # The full mode's grids: the same for every method; batch sizes scale with the dataset and divide n
@@ -253,12 +303,30 @@ class Grid:
 # matter lowers the private accuracy, and at the radii that do not the constrained analyses add nothing;
 # ``--radii none,10`` searches one.
 FULL_GRIDS = {
-    "digits": Grid((50, 150, 400), (10, 30, 100), (0.5, 1.0), (0.0, 0.01, 0.05), (None,),
-                   ("shuffle_partition", "reshuffle", "balls_in_bins")),
-    "breast_cancer": Grid((24, 72, 180), (10, 30, 100), (0.5, 1.0), (0.0, 0.01, 0.05), (None,),
-                          ("shuffle_partition", "reshuffle", "balls_in_bins")),
-    "synthetic": Grid((250, 1000), (5, 20), (0.5, 1.0), (0.0, 0.01, 0.05), (None,),
-                      ("shuffle_partition", "reshuffle", "balls_in_bins")),
+    "digits": Grid(
+        (50, 150, 400),
+        (10, 30, 100),
+        (0.5, 1.0),
+        (0.0, 0.01, 0.05),
+        (None,),
+        ("shuffle_partition", "reshuffle", "balls_in_bins"),
+    ),
+    "breast_cancer": Grid(
+        (24, 72, 180),
+        (10, 30, 100),
+        (0.5, 1.0),
+        (0.0, 0.01, 0.05),
+        (None,),
+        ("shuffle_partition", "reshuffle", "balls_in_bins"),
+    ),
+    "synthetic": Grid(
+        (250, 1000),
+        (5, 20),
+        (0.5, 1.0),
+        (0.0, 0.01, 0.05),
+        (None,),
+        ("shuffle_partition", "reshuffle", "balls_in_bins"),
+    ),
 }
 # A reduced full mode for a shared 2-core machine (--grid reduced): one lr (1), (C) choosing between
 # shuffle_partition and balls_in_bins, and on the synthetic task 20 epochs only.
@@ -292,8 +360,9 @@ METHODS = {
     "B": Method("B", "(B) hidden_state, Poisson", "ADD_OR_REMOVE_ONE", True, "hidden_state", True),
     "A'": Method("A'", "(A') composition, Poisson", "REPLACE_ONE", True, "hidden_state_replace_one", False),
     "C": Method("C", "(C) hidden_state, fixed-size sampler", "REPLACE_ONE", False, "hidden_state", True),
-    "D": Method("D", "(D) hidden_state, balls-in-bins", "ADD_OR_REMOVE_ONE", False, "hidden_state", True,
-                "balls_in_bins"),
+    "D": Method(
+        "D", "(D) hidden_state, balls-in-bins", "ADD_OR_REMOVE_ONE", False, "hidden_state", True, "balls_in_bins"
+    ),
 }
 SAMPLERS = ("cyclic", "shuffle_partition", "reshuffle", "balls_in_bins")
 # each hidden-state method against its composition baseline in the same relation
@@ -325,20 +394,34 @@ def core_event(method: Method, cfg: Config, n: int):
     if method.poisson:
         q, divisor, steps_per_epoch = poisson_plan(n, cfg.batch_size)
         geometry = geometry_for(cfg) if method.hidden_state else None
-        return TrainingRunDpEvent(dataset_size=n, batch_size=divisor, steps=cfg.epochs * steps_per_epoch,
-                                  sampling="poisson", sampling_probability=q, geometry=geometry,
-                                  l2_regularization=cfg.l2, **common)
-    return TrainingRunDpEvent.from_epochs(dataset_size=n, batch_size=cfg.batch_size, epochs=cfg.epochs,
-                                          sampling=cfg.sampler, geometry=geometry_for(cfg),
-                                          l2_regularization=cfg.l2, **common)
+        return TrainingRunDpEvent(
+            dataset_size=n,
+            batch_size=divisor,
+            steps=cfg.epochs * steps_per_epoch,
+            sampling="poisson",
+            sampling_probability=q,
+            geometry=geometry,
+            l2_regularization=cfg.l2,
+            **common,
+        )
+    return TrainingRunDpEvent.from_epochs(
+        dataset_size=n,
+        batch_size=cfg.batch_size,
+        epochs=cfg.epochs,
+        sampling=cfg.sampler,
+        geometry=geometry_for(cfg),
+        l2_regularization=cfg.l2,
+        **common,
+    )
 
 
 def core_noise(method: Method, cfg: Config, n: int, epsilon: float) -> Tuple[float, str]:
     """The core's ``calibrate_noise_multiplier`` for the method's event and relation: (z, analysis)."""
     from hidden_state_accountants import calibrate_noise_multiplier
 
-    result = calibrate_noise_multiplier(core_event(method, cfg, n), epsilon, DELTA,
-                                        neighboring_relation=method.relation)
+    result = calibrate_noise_multiplier(
+        core_event(method, cfg, n), epsilon, DELTA, neighboring_relation=method.relation
+    )
     return result.noise_multiplier, result.analysis
 
 
@@ -358,15 +441,24 @@ def _quiet() -> None:
 def _sampler(cfg: Config, n: int, seed: int):
     import hidden_state_accountants.opacus as hso
 
-    classes = {"cyclic": lambda: hso.CyclicBatchSampler(n, cfg.batch_size),
-               "shuffle_partition": lambda: hso.ShufflePartitionBatchSampler(n, cfg.batch_size, seed),
-               "reshuffle": lambda: hso.ReshuffleBatchSampler(n, cfg.batch_size, seed),
-               "balls_in_bins": lambda: hso.BallsInBinsBatchSampler(n, cfg.batch_size, seed)}
+    classes = {
+        "cyclic": lambda: hso.CyclicBatchSampler(n, cfg.batch_size),
+        "shuffle_partition": lambda: hso.ShufflePartitionBatchSampler(n, cfg.batch_size, seed),
+        "reshuffle": lambda: hso.ReshuffleBatchSampler(n, cfg.batch_size, seed),
+        "balls_in_bins": lambda: hso.BallsInBinsBatchSampler(n, cfg.batch_size, seed),
+    }
     return classes[cfg.sampler]()
 
 
-def private_training(data: Data, method: Method, cfg: Config, seed: int, *, noise_multiplier: Optional[float] = None,
-                     target_epsilon: Optional[float] = None):
+def private_training(
+    data: Data,
+    method: Method,
+    cfg: Config,
+    seed: int,
+    *,
+    noise_multiplier: Optional[float] = None,
+    target_epsilon: Optional[float] = None,
+):
     """Model, DP optimizer, loader and engine, set up as a user of ``method`` does.
 
     With ``target_epsilon``, Opacus' ``make_private_with_epsilon`` chooses z (the hidden-state methods
@@ -384,30 +476,44 @@ def private_training(data: Data, method: Method, cfg: Config, seed: int, *, nois
     train = TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))
     model = nn.Sequential(hso.FeatureClip(FEATURE_NORM), nn.Linear(data.dim, data.classes))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, weight_decay=cfg.l2)
-    engine = PrivacyEngine(accountant="hidden_state" if method.accountant.startswith("hidden_state")
-                           else method.accountant)
+    engine = PrivacyEngine(
+        accountant="hidden_state" if method.accountant.startswith("hidden_state") else method.accountant
+    )
     if method.accountant == "hidden_state_replace_one":
         engine.accountant = hso.OpacusHiddenStateAccountant(neighboring_relation="REPLACE_ONE")
     sampler = None if method.poisson else _sampler(cfg, data.n, seed)
-    loader = (DataLoader(train, batch_size=cfg.batch_size) if sampler is None
-              else DataLoader(train, batch_sampler=sampler))
+    loader = (
+        DataLoader(train, batch_size=cfg.batch_size) if sampler is None else DataLoader(train, batch_sampler=sampler)
+    )
     where = dict(dataset_size=data.n) if sampler is None else dict(sampler=sampler)
-    common = dict(module=model, optimizer=optimizer, data_loader=loader, poisson_sampling=method.poisson,
-                  max_grad_norm=CLIP_NORM if method is not NON_PRIVATE else NON_PRIVATE_CLIP)
+    common = dict(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        poisson_sampling=method.poisson,
+        max_grad_norm=CLIP_NORM if method is not NON_PRIVATE else NON_PRIVATE_CLIP,
+    )
     if target_epsilon is not None:
         kwargs = {}
         if method.hidden_state:  # the configuration Opacus' calibration cannot see
-            engine.accountant.configure(geometry=geometry_for(cfg), model=model,
-                                        neighboring_relation=method.relation, **where)
+            engine.accountant.configure(
+                geometry=geometry_for(cfg), model=model, neighboring_relation=method.relation, **where
+            )
             kwargs = engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=CLIP_NORM)
         model, optimizer, loader = engine.make_private_with_epsilon(
-            target_epsilon=target_epsilon, target_delta=DELTA, epochs=cfg.epochs, **common, **kwargs)
+            target_epsilon=target_epsilon, target_delta=DELTA, epochs=cfg.epochs, **common, **kwargs
+        )
     else:
         model, optimizer, loader = engine.make_private(noise_multiplier=noise_multiplier, **common)
     hook = hso.ProjectionHook(optimizer, radius=cfg.radius, l2_regularization=cfg.l2)
     if method.hidden_state:
-        engine.accountant.configure(geometry=hook.logistic_regression_geometry(FEATURE_NORM), model=model,
-                                    optimizer=optimizer, neighboring_relation=method.relation, **where)
+        engine.accountant.configure(
+            geometry=hook.logistic_regression_geometry(FEATURE_NORM),
+            model=model,
+            optimizer=optimizer,
+            neighboring_relation=method.relation,
+            **where,
+        )
     return model, optimizer, loader, engine
 
 
@@ -434,8 +540,10 @@ def train_run(data: Data, method: Method, cfg: Config, z: float, seed: int, *, a
             nn.functional.cross_entropy(model(xb), yb).backward()
             optimizer.step()
     model.eval()
-    out: Dict[str, object] = {"val": _accuracy(model, data.x_val, data.y_val),
-                              "test": _accuracy(model, data.x_test, data.y_test)}
+    out: Dict[str, object] = {
+        "val": _accuracy(model, data.x_val, data.y_val),
+        "test": _accuracy(model, data.x_test, data.y_test),
+    }
     if account and method is not NON_PRIVATE:
         if method.accountant == "prv":
             out.update(epsilon=float(engine.get_epsilon(DELTA)), analysis="opacus prv", relation="ADD_OR_REMOVE_ONE")
@@ -517,8 +625,7 @@ class Runner:
         keys = [self.key(t) for t in tasks]
         todo = {k: t for k, t in zip(keys, tasks) if k not in self.done}
         bar = tqdm(total=len(todo), desc=desc, file=sys.stderr, disable=not self.progress, dynamic_ncols=True)
-        results = (map(_task, todo.values()) if self.pool is None
-                   else self.pool.map(_task, todo.values()))
+        results = map(_task, todo.values()) if self.pool is None else self.pool.map(_task, todo.values())
         for k, result in zip(todo, results):
             self.done[k] = result
             if self.cache_path:
@@ -567,9 +674,15 @@ def _task_of(data: Data, method: Method, cfg: Config, **fields) -> Dict[str, obj
     return {"dataset": data.name, "method": method.key, "config": asdict(cfg), **version, **fields}
 
 
-def benchmark_dataset(runner: Runner, data: Data, grid: Grid, methods: Sequence[Method], budgets: Sequence[float],
-                      select_seeds: Sequence[int], test_seeds: Sequence[int]
-                      ) -> Tuple[List[Row], List[Dict[str, object]]]:
+def benchmark_dataset(
+    runner: Runner,
+    data: Data,
+    grid: Grid,
+    methods: Sequence[Method],
+    budgets: Sequence[float],
+    select_seeds: Sequence[int],
+    test_seeds: Sequence[int],
+) -> Tuple[List[Row], List[Dict[str, object]]]:
     """Search, select on validation and evaluate on test, for every method and budget; and the reference.
     Returns the rows and every configuration searched (method, budget, z, validation accuracy)."""
     configs = {m.key: grid.configs(m.samplers(grid)) for m in methods}
@@ -596,8 +709,9 @@ def benchmark_dataset(runner: Runner, data: Data, grid: Grid, methods: Sequence[
             for cfg in configs[m.key]:
                 for s in select_seeds:
                     where[(m.key, eps, cfg, s)] = len(run_tasks)
-                    run_tasks.append(_task_of(data, m, cfg, kind="run", z=noise[(m.key, eps, cfg)]["z"], seed=s,
-                                              account=False))
+                    run_tasks.append(
+                        _task_of(data, m, cfg, kind="run", z=noise[(m.key, eps, cfg)]["z"], seed=s, account=False)
+                    )
     plain = grid.configs()
     for cfg in plain:
         for s in select_seeds:
@@ -606,20 +720,34 @@ def benchmark_dataset(runner: Runner, data: Data, grid: Grid, methods: Sequence[
     runs = runner.map(run_tasks, f"{data.name}: search")
 
     def best(key, eps, candidates) -> Tuple[Config, float]:
-        scored = [(statistics.fmean(runs[where[(key, eps, c, s)]]["val"] for s in select_seeds), -i, c)
-                  for i, c in enumerate(candidates)]
+        scored = [
+            (statistics.fmean(runs[where[(key, eps, c, s)]]["val"] for s in select_seeds), -i, c)
+            for i, c in enumerate(candidates)
+        ]
         val, _, cfg = max(scored, key=lambda t: t[:2])
         return cfg, val
 
     winners = {(m.key, eps): best(m.key, eps, configs[m.key]) for m in methods for eps in budgets}
-    search = [dict(dataset=data.name, method=m.key, epsilon=eps, config=asdict(cfg), z=noise[(m.key, eps, cfg)]["z"],
-                   analysis=noise[(m.key, eps, cfg)].get("analysis"),
-                   val=statistics.fmean(runs[where[(m.key, eps, cfg, s)]]["val"] for s in select_seeds))
-              for m in methods for eps in budgets for cfg in configs[m.key]]
+    search = [
+        dict(
+            dataset=data.name,
+            method=m.key,
+            epsilon=eps,
+            config=asdict(cfg),
+            z=noise[(m.key, eps, cfg)]["z"],
+            analysis=noise[(m.key, eps, cfg)].get("analysis"),
+            val=statistics.fmean(runs[where[(m.key, eps, cfg, s)]]["val"] for s in select_seeds),
+        )
+        for m in methods
+        for eps in budgets
+        for cfg in configs[m.key]
+    ]
     # 3. the winners of (B) and (C): Opacus' calibration through the adapter, next to the core's z
     adapter_keys = [(m, eps) for m in methods for eps in budgets if m.hidden_state]
-    adapter = runner.map([_task_of(data, m, winners[(m.key, eps)][0], kind="opacus", epsilon=eps)
-                          for m, eps in adapter_keys], f"{data.name}: adapter calibration")
+    adapter = runner.map(
+        [_task_of(data, m, winners[(m.key, eps)][0], kind="opacus", epsilon=eps) for m, eps in adapter_keys],
+        f"{data.name}: adapter calibration",
+    )
     rows: List[Row] = []
     for m in methods:
         for eps in budgets:
@@ -637,18 +765,32 @@ def benchmark_dataset(runner: Runner, data: Data, grid: Grid, methods: Sequence[
                     z, source = z_adapter, "adapter (make_private_with_epsilon)"
                 else:
                     source = "core (the adapter's calibration disagrees)"
-                    note = (f"make_private_with_epsilon chose z = {z_adapter:.3f} (the core: {z_core:.3f}, "
-                            f"{found['analysis']}); trained with the core's z")
-            rows.append(Row(data.name, m.key, m.label, m.relation, eps, cfg, z, z_core, z_adapter, source, val, [],
-                            note=note))
+                    note = (
+                        f"make_private_with_epsilon chose z = {z_adapter:.3f} (the core: {z_core:.3f}, "
+                        f"{found['analysis']}); trained with the core's z"
+                    )
+            rows.append(
+                Row(data.name, m.key, m.label, m.relation, eps, cfg, z, z_core, z_adapter, source, val, [], note=note)
+            )
     cfg, val = best(NON_PRIVATE.key, None, plain)
     rows.append(Row(data.name, NON_PRIVATE.key, NON_PRIVATE.label, "-", None, cfg, 0.0, None, None, "-", val, []))
     # 4. the winners on fresh seeds: test accuracy, and what the engine reports for the trained run
-    final = [_task_of(data, NON_PRIVATE if r.method == NON_PRIVATE.key else METHODS[r.method], r.config, kind="run",
-                      z=r.z, seed=s, account=True) for r in rows for s in test_seeds]
+    final = [
+        _task_of(
+            data,
+            NON_PRIVATE if r.method == NON_PRIVATE.key else METHODS[r.method],
+            r.config,
+            kind="run",
+            z=r.z,
+            seed=s,
+            account=True,
+        )
+        for r in rows
+        for s in test_seeds
+    ]
     results = runner.map(final, f"{data.name}: test")
     for i, r in enumerate(rows):
-        mine = results[i * len(test_seeds):(i + 1) * len(test_seeds)]
+        mine = results[i * len(test_seeds) : (i + 1) * len(test_seeds)]
         r.test = [x["test"] for x in mine]
         if r.method != NON_PRIVATE.key:
             r.reported_epsilon = max(x["epsilon"] for x in mine)
@@ -671,26 +813,35 @@ def format_row(r: Row) -> str:
     if r.z_core is not None and r.z_adapter is not None:
         z_both = f"{r.z_core:.3f} / {r.z_adapter:.3f}"
     z = "-" if r.method == NON_PRIVATE.key else f"{r.z:.3f}"
-    return (f"| {r.label} | {budget} | {acc} | {r.validation:.3f} | {z} | {z_both} | {reported} | "
-            f"{r.analysis or '-'} | {r.config.describe()} | {r.note} |")
+    return (
+        f"| {r.label} | {budget} | {acc} | {r.validation:.3f} | {z} | {z_both} | {reported} | "
+        f"{r.analysis or '-'} | {r.config.describe()} | {r.note} |"
+    )
 
 
-HEADER = ("| method | eps | test accuracy: mean ± std [min, max] | val | z | z core / adapter | "
-          "reported eps | analysis | configuration | note |")
+HEADER = (
+    "| method | eps | test accuracy: mean ± std [min, max] | val | z | z core / adapter | "
+    "reported eps | analysis | configuration | note |"
+)
 
 
 def summary_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
     """Test accuracy (mean ± std) per dataset, method and budget: the README's table."""
-    lines = ["| dataset | method | " + " | ".join(f"eps = {e:g}" for e in budgets) + " | non-private |",
-             "|---|---|" + "---:|" * (len(budgets) + 1)]
+    lines = [
+        "| dataset | method | " + " | ".join(f"eps = {e:g}" for e in budgets) + " | non-private |",
+        "|---|---|" + "---:|" * (len(budgets) + 1),
+    ]
     for name in dict.fromkeys(r.dataset for r in rows):
         mine = [r for r in rows if r.dataset == name]
         ref = next(r for r in mine if r.method == NON_PRIVATE.key)
         for key in dict.fromkeys(r.method for r in mine if r.method != NON_PRIVATE.key):
             by = {r.epsilon_budget: r for r in mine if r.method == key}
             cells = [f"{by[e].mean:.3f} ± {by[e].std:.3f}" if e in by else "-" for e in budgets]
-            lines.append(f"| {name} | {by[budgets[0]].label} ({by[budgets[0]].relation}) | " + " | ".join(cells)
-                         + f" | {ref.mean:.3f} |")
+            lines.append(
+                f"| {name} | {by[budgets[0]].label} ({by[budgets[0]].relation}) | "
+                + " | ".join(cells)
+                + f" | {ref.mean:.3f} |"
+            )
     return lines
 
 
@@ -703,8 +854,13 @@ def plot(rows: List[Row], path: str) -> None:
 
     names = list(dict.fromkeys(r.dataset for r in rows))
     fig, axes = plt.subplots(1, len(names), figsize=(max(8.0, 5.0 * len(names)), 4.8), squeeze=False)
-    styles = {"A": ("tab:gray", "o"), "B": ("tab:blue", "s"), "D": ("tab:purple", "v"), "A'": ("tab:orange", "^"),
-              "C": ("tab:green", "D")}
+    styles = {
+        "A": ("tab:gray", "o"),
+        "B": ("tab:blue", "s"),
+        "D": ("tab:purple", "v"),
+        "A'": ("tab:orange", "^"),
+        "C": ("tab:green", "D"),
+    }
     for ax, name in zip(axes[0], names):
         mine = [r for r in rows if r.dataset == name]
         budgets = sorted({r.epsilon_budget for r in mine if r.epsilon_budget is not None})
@@ -714,8 +870,7 @@ def plot(rows: List[Row], path: str) -> None:
                 label = next(r for r in mine if r.method == key).label + f" ({METHODS[key].relation.lower()})"
                 e, mean, std = zip(*pts)
                 dodge = 1.04 ** (i - 2)  # side by side, so equal results stay visible
-                ax.errorbar([x * dodge for x in e], mean, yerr=std, color=color, marker=marker, capsize=3,
-                            label=label)
+                ax.errorbar([x * dodge for x in e], mean, yerr=std, color=color, marker=marker, capsize=3, label=label)
         ref = next(r for r in mine if r.method == NON_PRIVATE.key)
         ax.axhline(ref.mean, color="black", linestyle="--", linewidth=1, label="non-private")
         bayes = dataset(name).bayes_accuracy
@@ -731,8 +886,7 @@ def plot(rows: List[Row], path: str) -> None:
     for ax in axes[0]:  # every method and reference line once
         for h, l in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(l, h)
-    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=2 if len(names) == 1 else 3,
-               fontsize=8)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=2 if len(names) == 1 else 3, fontsize=8)
     fig.tight_layout(rect=(0, 0.2, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -755,8 +909,10 @@ def machine() -> str:
         load = f", load average {os.getloadavg()[0]:.1f} at the end"
     from importlib.metadata import version
 
-    return (f"{os.cpu_count()} cores ({cpu}){load}; Python {platform.python_version()}, torch {torch.__version__}, "
-            f"opacus {opacus.__version__}, dp-accounting {version('dp-accounting')}, numpy {np.__version__}")
+    return (
+        f"{os.cpu_count()} cores ({cpu}){load}; Python {platform.python_version()}, torch {torch.__version__}, "
+        f"opacus {opacus.__version__}, dp-accounting {version('dp-accounting')}, numpy {np.__version__}"
+    )
 
 
 def _best_val(records: List[Dict[str, object]]) -> str:
@@ -776,8 +932,11 @@ def noise_table(search: List[Dict[str, object]], budgets: Sequence[float]) -> Li
     """How much less noise each hidden-state calibration needs than its baseline over the whole grid,
     and what the configurations where it needs at least 10% less score on validation."""
     pairs = _pairs_present({r["method"] for r in search})
-    lines = ["| dataset | eps | pair | z(base) / z(hidden state): median, max | configs with ratio >= 1.1 | "
-             "best val: base, hidden state, hidden state where ratio >= 1.1 |", "|---|---:|---|---|---:|---|"]
+    lines = [
+        "| dataset | eps | pair | z(base) / z(hidden state): median, max | configs with ratio >= 1.1 | "
+        "best val: base, hidden state, hidden state where ratio >= 1.1 |",
+        "|---|---:|---|---|---:|---|",
+    ]
 
     def strip(cfg):
         return json.dumps({k: v for k, v in cfg.items() if k != "sampler"}, sort_keys=True)
@@ -788,16 +947,19 @@ def noise_table(search: List[Dict[str, object]], budgets: Sequence[float]) -> Li
                 here = [r for r in search if r["dataset"] == name and r["epsilon"] == eps]
                 bases = [r for r in here if r["method"] == base]
                 z = {strip(r["config"]): r["z"] for r in bases}
-                ratios = [(z[strip(r["config"])] / r["z"], r) for r in here
-                          if r["method"] == key and strip(r["config"]) in z]
+                ratios = [
+                    (z[strip(r["config"])] / r["z"], r) for r in here if r["method"] == key and strip(r["config"]) in z
+                ]
                 if not ratios:
                     continue
                 top, where = max(ratios, key=lambda t: t[0])
                 gains = [r for x, r in ratios if x >= 1.1]
-                lines.append(f"| {name} | {eps:g} | ({base}) / ({key}) | "
-                             f"{statistics.median(x for x, _ in ratios):.2f}, {top:.2f} "
-                             f"({Config(**where['config']).describe()}) | {len(gains)} / {len(ratios)} | "
-                             f"{_best_val(bases)}, {_best_val([r for _, r in ratios])}, {_best_val(gains)} |")
+                lines.append(
+                    f"| {name} | {eps:g} | ({base}) / ({key}) | "
+                    f"{statistics.median(x for x, _ in ratios):.2f}, {top:.2f} "
+                    f"({Config(**where['config']).describe()}) | {len(gains)} / {len(ratios)} | "
+                    f"{_best_val(bases)}, {_best_val([r for _, r in ratios])}, {_best_val(gains)} |"
+                )
     return lines
 
 
@@ -805,8 +967,11 @@ def comparison_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
     """Per dataset and budget: each hidden-state method against its composition baseline, test accuracy
     (mean ± std), the difference, the winners' noise ``z/b`` and the analysis that gave the
     hidden-state winner's epsilon."""
-    lines = ["| dataset | eps | pair | base | hidden state | difference | noise z/b: base, hidden state | "
-             "analysis, sampler |", "|---|---:|---|---:|---:|---:|---|---|"]
+    lines = [
+        "| dataset | eps | pair | base | hidden state | difference | noise z/b: base, hidden state | "
+        "analysis, sampler |",
+        "|---|---:|---|---:|---:|---:|---|---|",
+    ]
     pairs = _pairs_present({r.method for r in rows})
     for name in dict.fromkeys(r.dataset for r in rows):
         by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
@@ -815,9 +980,11 @@ def comparison_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
                 x, y = by.get((base, eps)), by.get((key, eps))
                 if x is None or y is None:
                     continue
-                lines.append(f"| {name} | {eps:g} | ({base}) / ({key}) | {x.mean:.3f} ± {x.std:.3f} | "
-                             f"{y.mean:.3f} ± {y.std:.3f} | {y.mean - x.mean:+.3f} | {_noise(x)}, {_noise(y)} | "
-                             f"{y.analysis}, {y.config.sampler or 'poisson'} |")
+                lines.append(
+                    f"| {name} | {eps:g} | ({base}) / ({key}) | {x.mean:.3f} ± {x.std:.3f} | "
+                    f"{y.mean:.3f} ± {y.std:.3f} | {y.mean - x.mean:+.3f} | {_noise(x)}, {_noise(y)} | "
+                    f"{y.analysis}, {y.config.sampler or 'poisson'} |"
+                )
     return lines
 
 
@@ -847,18 +1014,24 @@ def findings(rows: List[Row], budgets: Sequence[float]) -> List[str]:
                 if x is None or y is None:
                     continue
                 diff = y.mean - x.mean
-                se = math.sqrt((x.std ** 2 + y.std ** 2) / max(1, min(len(x.test), len(y.test))))
+                se = math.sqrt((x.std**2 + y.std**2) / max(1, min(len(x.test), len(y.test))))
                 verdict = "better" if diff > 2 * se else "worse" if diff < -2 * se else "no clear difference"
                 verdicts.append(verdict)
-                how = (f"hidden state ({y.analysis}), noise z/b {_noise(x)} -> {_noise(y)}"
-                       if _is_hidden_state(y.analysis)
-                       else f"composition ({y.analysis})")
+                how = (
+                    f"hidden state ({y.analysis}), noise z/b {_noise(x)} -> {_noise(y)}"
+                    if _is_hidden_state(y.analysis)
+                    else f"composition ({y.analysis})"
+                )
                 cells.append(f"eps {eps:g}: {diff:+.3f} ({verdict}; {how})")
             if cells:
-                count = ", ".join(f"{verdicts.count(v)} {v}" for v in ("better", "worse", "no clear difference")
-                                  if v in verdicts)
-                lines.append(f"* **{name}, ({key}) against ({base})** ({METHODS[key].relation}; {count}): "
-                             + "; ".join(cells) + ".")
+                count = ", ".join(
+                    f"{verdicts.count(v)} {v}" for v in ("better", "worse", "no clear difference") if v in verdicts
+                )
+                lines.append(
+                    f"* **{name}, ({key}) against ({base})** ({METHODS[key].relation}; {count}): "
+                    + "; ".join(cells)
+                    + "."
+                )
     return lines
 
 
@@ -897,39 +1070,72 @@ def _doc_paragraphs() -> List[str]:
     return [what, "", "* " + methods.replace("\n(", "\n* ("), "", reference, "", data]
 
 
-def report(rows: List[Row], search: List[Dict[str, object]], args, command: str, cost: Tuple[float, float],
-           grids: Dict[str, Grid]) -> str:
+def report(
+    rows: List[Row],
+    search: List[Dict[str, object]],
+    args,
+    command: str,
+    cost: Tuple[float, float],
+    grids: Dict[str, Grid],
+) -> str:
     """The markdown page: command, machine, date, the summary, the comparisons and the rows."""
     wall, tasks = cost
     picture = os.path.relpath(args.plot, os.path.dirname(os.path.abspath(args.out)))
-    lines = ["# Accuracy at a fixed budget (issue 20)", "",
-             *_doc_paragraphs(), "",
-             f"Produced by `{command}` on {datetime.date.today().isoformat()}: {machine()}. The work took "
-             f"{tasks / 3600:.1f} process-hours, summed over every calibration and run whether this invocation "
-             f"computed it or read it from --cache (this invocation: {wall / 60:.0f} minutes of wall time, {args.jobs} "
-             f"worker process(es); a shared machine, so times are upper ends). Seeds: search "
-             f"{list(args.select_seed_list)}, test {list(args.test_seed_list)}; delta = {DELTA:g}, C = {CLIP_NORM:g}, "
-             f"features clipped to norm R = {FEATURE_NORM:g} (FeatureClip).", "",
-             f"![test accuracy against epsilon]({picture})", ""]
+    lines = [
+        "# Accuracy at a fixed budget (issue 20)",
+        "",
+        *_doc_paragraphs(),
+        "",
+        f"Produced by `{command}` on {datetime.date.today().isoformat()}: {machine()}. The work took "
+        f"{tasks / 3600:.1f} process-hours, summed over every calibration and run whether this invocation "
+        f"computed it or read it from --cache (this invocation: {wall / 60:.0f} minutes of wall time, {args.jobs} "
+        f"worker process(es); a shared machine, so times are upper ends). Seeds: search "
+        f"{list(args.select_seed_list)}, test {list(args.test_seed_list)}; delta = {DELTA:g}, C = {CLIP_NORM:g}, "
+        f"features clipped to norm R = {FEATURE_NORM:g} (FeatureClip).",
+        "",
+        f"![test accuracy against epsilon]({picture})",
+        "",
+    ]
     lines += ["## Test accuracy, mean ± std over the test seeds", ""] + summary_table(rows, args.budgets)
-    lines += ["", "## Hidden-state accounting against its composition baseline", "",
-              "Test accuracy of the selected configurations (same relation in each pair):", ""]
+    lines += [
+        "",
+        "## Hidden-state accounting against its composition baseline",
+        "",
+        "Test accuracy of the selected configurations (same relation in each pair):",
+        "",
+    ]
     lines += comparison_table(rows, args.budgets)
-    lines += ["", "Where hidden-state accounting changes the selected model (test mean difference against twice "
-              "its standard error over the test seeds; the analysis that gave the hidden-state winner's epsilon "
-              "and the two winners' noise z/b on the averaged gradient):", ""] + findings(rows, args.budgets)
-    lines += ["", "Over the whole grid: how much less noise the hidden-state calibration needs for the same "
-              "configuration (z(A)/z(B), z(A)/z(D): Opacus' PRV; z(A')/z(C): Poisson composition against the "
-              "fixed-size sampler with hidden state, both REPLACE_ONE, below 1 where the sampler needs more), and "
-              "the best validation accuracy overall and where the saving is at least 10%:", ""]
+    lines += [
+        "",
+        "Where hidden-state accounting changes the selected model (test mean difference against twice "
+        "its standard error over the test seeds; the analysis that gave the hidden-state winner's epsilon "
+        "and the two winners' noise z/b on the averaged gradient):",
+        "",
+    ] + findings(rows, args.budgets)
+    lines += [
+        "",
+        "Over the whole grid: how much less noise the hidden-state calibration needs for the same "
+        "configuration (z(A)/z(B), z(A)/z(D): Opacus' PRV; z(A')/z(C): Poisson composition against the "
+        "fixed-size sampler with hidden state, both REPLACE_ONE, below 1 where the sampler needs more), and "
+        "the best validation accuracy overall and where the saving is at least 10%:",
+        "",
+    ]
     lines += noise_table(search, args.budgets)
     for name in dict.fromkeys(r.dataset for r in rows):
         data, grid = dataset(name), grids[name]
-        lines += ["", f"## {name}", "", data.description + ".", "",
-                  f"Search space (every method): batch size {list(grid.batch_sizes)}, epochs {list(grid.epochs)}, "
-                  f"lr {list(grid.lrs)}, L2 {list(grid.l2s)}, projection radius "
-                  f"{['none' if r is None else r for r in grid.radii]}; (C) also the sampler {list(grid.samplers)}.",
-                  "", HEADER, "|---" * 10 + "|"]
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            data.description + ".",
+            "",
+            f"Search space (every method): batch size {list(grid.batch_sizes)}, epochs {list(grid.epochs)}, "
+            f"lr {list(grid.lrs)}, L2 {list(grid.l2s)}, projection radius "
+            f"{['none' if r is None else r for r in grid.radii]}; (C) also the sampler {list(grid.samplers)}.",
+            "",
+            HEADER,
+            "|---" * 10 + "|",
+        ]
         lines += [format_row(r) for r in rows if r.dataset == name]
     return "\n".join(lines) + "\n\n" + NOTES
 
@@ -945,22 +1151,38 @@ def _radii(text: str) -> Tuple[Optional[float], ...]:
 def parse_args(argv: Optional[List[str]]):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="digits, eps 1 and 4, a small grid (minutes)")
-    p.add_argument("--grid", choices=("full", "reduced"), default="full",
-                   help="the full mode's grids, or the reduced ones (REDUCED_GRIDS); flags below override either")
+    p.add_argument(
+        "--grid",
+        choices=("full", "reduced"),
+        default="full",
+        help="the full mode's grids, or the reduced ones (REDUCED_GRIDS); flags below override either",
+    )
     p.add_argument("--datasets", default=None, help=f"comma-separated, from {', '.join(DATASETS)}")
     p.add_argument("--budgets", type=_floats, default=None, help="comma-separated epsilons (default 0.5,1,2,4)")
     p.add_argument("--methods", default="A,B,A',C,D", help="comma-separated, from A, B, A', C, D")
     p.add_argument("--seeds", type=int, default=3, help="test seeds per winning configuration (>= 1)")
     p.add_argument("--select-seeds", type=int, default=1, help="seeds per configuration in the search (>= 1)")
-    for flag, kind in (("--batch-sizes", "int"), ("--epochs", "int"), ("--lrs", "float"), ("--l2s", "float"),
-                       ("--radii", "float or none"), ("--samplers", "name")):
+    for flag, kind in (
+        ("--batch-sizes", "int"),
+        ("--epochs", "int"),
+        ("--lrs", "float"),
+        ("--l2s", "float"),
+        ("--radii", "float or none"),
+        ("--samplers", "name"),
+    ):
         p.add_argument(flag, default=None, help=f"override the grid: comma-separated {kind}s")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--cache", default=None, help="JSON-lines file of finished work, to resume an interrupted run")
-    p.add_argument("--out", default=None, help="markdown report (default: docs/benchmark_utility.md; with "
-                   "--quick outputs/utility_at_budget_quick.md)")
-    p.add_argument("--plot", default=None, help="plot (default: docs/benchmark_utility.png; with --quick "
-                   "outputs/utility_at_budget_quick.png)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="markdown report (default: docs/benchmark_utility.md; with --quick outputs/utility_at_budget_quick.md)",
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="plot (default: docs/benchmark_utility.png; with --quick outputs/utility_at_budget_quick.png)",
+    )
     p.add_argument("--json", default=None, help="the rows as JSON")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -991,8 +1213,12 @@ def grids_for(p, args) -> Dict[str, Grid]:
     for name in args.dataset_list:
         grid = QUICK_GRID if args.quick else (REDUCED_GRIDS if args.grid == "reduced" else FULL_GRIDS)[name]
         changes = {}
-        for field, flag, parse in (("batch_sizes", "batch_sizes", int), ("epochs", "epochs", int),
-                                   ("lrs", "lrs", float), ("l2s", "l2s", float)):
+        for field, flag, parse in (
+            ("batch_sizes", "batch_sizes", int),
+            ("epochs", "epochs", int),
+            ("lrs", "lrs", float),
+            ("l2s", "l2s", float),
+        ):
             if getattr(args, flag):
                 changes[field] = tuple(parse(x) for x in getattr(args, flag).split(","))
         if args.radii:
@@ -1019,8 +1245,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, object]:
     p, args = parse_args(argv)
     for module in ("torch", "opacus", "sklearn"):
         if importlib.util.find_spec(module) is None:
-            p.error(f"needs {module}: install the package with its extras, pip install -e '.[all]' "
-                    "(scripts/test.sh does)")
+            p.error(
+                f"needs {module}: install the package with its extras, pip install -e '.[all]' (scripts/test.sh does)"
+            )
     _quiet()
     grids = grids_for(p, args)
     command = "python benchmarks/utility_at_budget.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -1033,8 +1260,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, object]:
         for name in args.dataset_list:
             data = dataset(name)
             print(f"\n{name}: {data.description}", flush=True)
-            mine, searched = benchmark_dataset(runner, data, grids[name], methods, args.budgets, args.select_seed_list,
-                                     args.test_seed_list)
+            mine, searched = benchmark_dataset(
+                runner, data, grids[name], methods, args.budgets, args.select_seed_list, args.test_seed_list
+            )
             print(HEADER + "\n" + "|---" * 10 + "|")
             for r in mine:
                 print(format_row(r), flush=True)
@@ -1055,8 +1283,13 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, object]:
     if args.plot:
         plot(rows, args.plot)
         print(f"plot written to {args.plot}")
-    result = {"rows": [dict(asdict(r), mean=r.mean, std=r.std) for r in rows], "search": search, "seconds": seconds,
-              "command": command, "machine": machine()}
+    result = {
+        "rows": [dict(asdict(r), mean=r.mean, std=r.std) for r in rows],
+        "search": search,
+        "seconds": seconds,
+        "command": command,
+        "machine": machine(),
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

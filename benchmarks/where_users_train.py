@@ -77,11 +77,22 @@ def geometry() -> LossGeometry:
 
 def run_for(sampling: str, epochs: int) -> TrainingRunDpEvent:
     """The run of issue 19 after ``epochs`` epochs (Poisson: Opacus' loader, q = 1/235, divisor 255)."""
-    common = dict(noise_multiplier=Z, clip_norm=1.0, learning_rate=LR, sampling=sampling, geometry=geometry(),
-                  l2_regularization=L2)
+    common = dict(
+        noise_multiplier=Z,
+        clip_norm=1.0,
+        learning_rate=LR,
+        sampling=sampling,
+        geometry=geometry(),
+        l2_regularization=L2,
+    )
     if sampling == "poisson":
-        return TrainingRunDpEvent(dataset_size=N, batch_size=N // POISSON_LOADER, steps=epochs * POISSON_LOADER,
-                                  sampling_probability=1.0 / POISSON_LOADER, **common)
+        return TrainingRunDpEvent(
+            dataset_size=N,
+            batch_size=N // POISSON_LOADER,
+            steps=epochs * POISSON_LOADER,
+            sampling_probability=1.0 / POISSON_LOADER,
+            **common,
+        )
     return TrainingRunDpEvent.from_epochs(dataset_size=N, batch_size=B, epochs=epochs, **common)
 
 
@@ -110,12 +121,22 @@ def measure(row: Row, epochs: int) -> dict:
     start = time.process_time()
     lower = report.lower_bound
     lower_seconds = time.process_time() - start
-    asymptotic = (shuffled_lower_bound(run, DELTA, relation=row.relation)
-                  if row.sampling in ("cyclic", "shuffle_partition", "reshuffle") else None)
+    asymptotic = (
+        shuffled_lower_bound(run, DELTA, relation=row.relation)
+        if row.sampling in ("cyclic", "shuffle_partition", "reshuffle")
+        else None
+    )
     hidden = next(a.hidden_state for a in report.analyses if a.name == report.analysis)
-    return dict(run=run, report=report, seconds=seconds, lower=lower, lower_seconds=lower_seconds,
-                asymptotic=asymptotic, opacus=opacus_prints(run) if row.relation == ADD or row.sampling != "poisson"
-                else math.nan, hidden=hidden)
+    return dict(
+        run=run,
+        report=report,
+        seconds=seconds,
+        lower=lower,
+        lower_seconds=lower_seconds,
+        asymptotic=asymptotic,
+        opacus=opacus_prints(run) if row.relation == ADD or row.sampling != "poisson" else math.nan,
+        hidden=hidden,
+    )
 
 
 def _num(x: Optional[float], digits: int = PRECISION) -> str:
@@ -128,9 +149,11 @@ def below(x: float, y: float) -> bool:
 
 
 def table(epochs: int) -> List[str]:
-    lines = ["| run | relation | Opacus prints | ours | ours / lower | best known lower bound | lower bound, "
-             "curvature up to M (asymptotic) | composition | query, CPU s | lower bound, CPU s |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| run | relation | Opacus prints | ours | ours / lower | best known lower bound | lower bound, "
+        "curvature up to M (asymptotic) | composition | query, CPU s | lower bound, CPU s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     print("\n".join(lines), flush=True)
     for row in ROWS:
         r = measure(row, epochs)
@@ -139,38 +162,52 @@ def table(epochs: int) -> List[str]:
             opacus += " (as Poisson: not valid here)"
         report = r["report"]
         ratio = f"{report.epsilon / r['lower']:.1f}x" if r["lower"] else "-"
-        lines.append(f"| {row.label} | {row.relation} | {opacus} | {_num(report.epsilon)} (`{report.analysis}`) | "
-                     f"{ratio} | {_num(r['lower'])} | {_num(r['asymptotic'])} | {_num(report.composition_epsilon)} | "
-                     f"{r['seconds']:.2f} | "
-                     f"{r['lower_seconds']:.2f} |")
+        lines.append(
+            f"| {row.label} | {row.relation} | {opacus} | {_num(report.epsilon)} (`{report.analysis}`) | "
+            f"{ratio} | {_num(r['lower'])} | {_num(r['asymptotic'])} | {_num(report.composition_epsilon)} | "
+            f"{r['seconds']:.2f} | "
+            f"{r['lower_seconds']:.2f} |"
+        )
         print(lines[-1], flush=True)
     return lines
 
 
 def per_epoch(epochs: List[int]) -> List[str]:
-    lines = ["| epoch | run | relation | Opacus prints | ours | analysis | composition | lower bound |",
-             "| ---: | --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    lines = [
+        "| epoch | run | relation | Opacus prints | ours | analysis | composition | lower bound |",
+        "| ---: | --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
     print("\n".join(lines), flush=True)
     wins = {}
     for e in epochs:
         for row in ROWS:
             r = measure(row, e)
             report = r["report"]
-            lines.append(f"| {e} | {row.label} | {row.relation} | {_num(r['opacus'])} | {_num(report.epsilon)} | "
-                         f"{report.analysis} | {_num(report.composition_epsilon)} | {_num(r['lower'])} |")
+            lines.append(
+                f"| {e} | {row.label} | {row.relation} | {_num(r['opacus'])} | {_num(report.epsilon)} | "
+                f"{report.analysis} | {_num(report.composition_epsilon)} | {_num(r['lower'])} |"
+            )
             print(lines[-1], flush=True)
             if row.sampling == "poisson" and row.relation == ADD:
-                win = r["hidden"] and below(report.epsilon, report.composition_epsilon) and below(report.epsilon,
-                                                                                                   r["opacus"])
+                win = (
+                    r["hidden"]
+                    and below(report.epsilon, report.composition_epsilon)
+                    and below(report.epsilon, r["opacus"])
+                )
                 wins[e] = win
     # from which epoch on (among those measured) the hidden-state number stays strictly below both
     first = None
     for e in epochs:
         first = (first or e) if wins[e] else None
-    lines.append("\nPoisson, ADD_OR_REMOVE_ONE: " + (
-        f"a hidden-state bound is strictly below both Opacus' PRV and the composition (at {PRECISION} digits) from "
-        f"epoch {first} on (of those measured)" if first is not None else
-        "no hidden-state bound below both Opacus' PRV and the composition at the last epoch measured"))
+    lines.append(
+        "\nPoisson, ADD_OR_REMOVE_ONE: "
+        + (
+            f"a hidden-state bound is strictly below both Opacus' PRV and the composition (at {PRECISION} digits) from "
+            f"epoch {first} on (of those measured)"
+            if first is not None
+            else "no hidden-state bound below both Opacus' PRV and the composition at the last epoch measured"
+        )
+    )
     print(lines[-1])
     return lines
 
@@ -178,16 +215,25 @@ def per_epoch(epochs: List[int]) -> List[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--per-epoch", type=int, nargs="*", default=None, metavar="E",
-                   help="also print the rows after each of these epochs")
+    p.add_argument(
+        "--per-epoch",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="E",
+        help="also print the rows after each of these epochs",
+    )
     p.add_argument("--output", help="also write what is printed to this file")
     args = p.parse_args(argv)
     if args.output:
         from _tee import Tee
+
         sys.stdout = Tee(args.output)
     g = geometry()
-    print(f"n = {N}, z = {Z:g}, C = 1, lr = {LR:g}, L2 {L2:g} once per step outside clipping, logistic geometry "
-          f"m = {g.strong_convexity:g}, M = {g.smoothness:g}; {args.epochs} epochs; delta = {DELTA:g}\n")
+    print(
+        f"n = {N}, z = {Z:g}, C = 1, lr = {LR:g}, L2 {L2:g} once per step outside clipping, logistic geometry "
+        f"m = {g.strong_convexity:g}, M = {g.smoothness:g}; {args.epochs} epochs; delta = {DELTA:g}\n"
+    )
     start = time.perf_counter()
     table(args.epochs)
     if args.per_epoch:

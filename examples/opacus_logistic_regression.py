@@ -107,12 +107,21 @@ def train(
 
     engine = PrivacyEngine(accountant="hidden_state")  # the one-line switch
     model, optimizer, loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
-        max_grad_norm=max_grad_norm, poisson_sampling=False,  # keep our sampler's schedule
-        noise_generator=torch.Generator(device=dev).manual_seed(seed + rank) if reproducible else None)
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        poisson_sampling=False,  # keep our sampler's schedule
+        noise_generator=torch.Generator(device=dev).manual_seed(seed + rank) if reproducible else None,
+    )
     hook = hso.ProjectionHook(optimizer, radius=radius, l2_regularization=l2_regularization)
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(feature_norm_bound), sampler=sampler,
-                                model=model, optimizer=optimizer)
+    engine.accountant.configure(
+        geometry=hook.logistic_regression_geometry(feature_norm_bound),
+        sampler=sampler,
+        model=model,
+        optimizer=optimizer,
+    )
 
     history: List[Dict[str, float]] = []
     bar = tqdm(range(1, epochs + 1), desc=f"DP-SGD ({sampling})", disable=not progress, file=sys.stdout)
@@ -132,9 +141,11 @@ def train(
         history.append(row)
         bar.set_postfix(eps=f"{row['hidden_state_epsilon']:.3f}", acc=f"{row['test_accuracy']:.3f}")
         if progress:
-            tqdm.write(f"epoch {epoch:3d}  hidden-state eps {row['hidden_state_epsilon']:.4f}  "
-                       f"composition eps {row['composition_epsilon']:.4f}  test acc {row['test_accuracy']:.4f}",
-                       file=sys.stdout)
+            tqdm.write(
+                f"epoch {epoch:3d}  hidden-state eps {row['hidden_state_epsilon']:.4f}  "
+                f"composition eps {row['composition_epsilon']:.4f}  test acc {row['test_accuracy']:.4f}",
+                file=sys.stdout,
+            )
     report = engine.accountant.explain(delta)
     return {
         "relation": report.neighboring_relation,
@@ -219,34 +230,57 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, object]:
     p.add_argument("--sampling", choices=sorted(SAMPLERS), default="shuffle_partition")
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--seed", type=int, default=0, help="data split and initial model")
-    p.add_argument("--reproducible", action="store_true",
-                   help="also seed the batch schedule and the noise (experiments only: a known seed is no secret)")
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="also seed the batch schedule and the noise (experiments only: a known seed is no secret)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--output", default="outputs/opacus_logistic_regression.png")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
-    p.add_argument("--distributed", type=int, default=1, metavar="N",
-                   help="train on N CPU processes of this machine (gloo, Opacus DPDDP); the same epsilon as one")
+    p.add_argument(
+        "--distributed",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train on N CPU processes of this machine (gloo, Opacus DPDDP); the same epsilon as one",
+    )
     a = p.parse_args(argv)
     if a.distributed < 1:
         p.error(f"--distributed: must be >= 1, got {a.distributed}")
     if a.distributed > 1 and a.device != "cpu":
         p.error("--distributed: runs on CPU processes (gloo); pass --device cpu")
     _quiet()
-    kwargs = dict(epochs=a.epochs, batch_size=a.batch_size, noise_multiplier=a.noise_multiplier,
-                  max_grad_norm=a.max_grad_norm, learning_rate=a.learning_rate, l2_regularization=a.l2,
-                  radius=a.radius, sampling=a.sampling, delta=a.delta, seed=a.seed, device=a.device,
-                  reproducible=a.reproducible)
+    kwargs = dict(
+        epochs=a.epochs,
+        batch_size=a.batch_size,
+        noise_multiplier=a.noise_multiplier,
+        max_grad_norm=a.max_grad_norm,
+        learning_rate=a.learning_rate,
+        l2_regularization=a.l2,
+        radius=a.radius,
+        sampling=a.sampling,
+        delta=a.delta,
+        seed=a.seed,
+        device=a.device,
+        reproducible=a.reproducible,
+    )
     res = train_distributed(a.distributed, **kwargs) if a.distributed > 1 else train(**kwargs)
     print(f"run: {res['run']}")
-    print(f"final: hidden-state epsilon {res['epsilon']:.4f} ({res['analysis']}), composition epsilon "
-          f"{res['composition_epsilon']:.4f} at delta={a.delta:g} ({res['relation']}); "
-          f"test accuracy {res['final_accuracy']:.4f} on {a.device}"
-          + (f" ({a.distributed} processes)" if a.distributed > 1 else ""))
+    print(
+        f"final: hidden-state epsilon {res['epsilon']:.4f} ({res['analysis']}), composition epsilon "
+        f"{res['composition_epsilon']:.4f} at delta={a.delta:g} ({res['relation']}); "
+        f"test accuracy {res['final_accuracy']:.4f} on {a.device}"
+        + (f" ({a.distributed} processes)" if a.distributed > 1 else "")
+    )
     plot(res["history"], a.output, a.delta)
     print(f"plot saved to {a.output}")
     if a.json:
-        print(json.dumps({k: res[k] for k in ("epsilon", "composition_epsilon", "final_accuracy", "analysis",
-                                              "relation")}))
+        print(
+            json.dumps(
+                {k: res[k] for k in ("epsilon", "composition_epsilon", "final_accuracy", "analysis", "relation")}
+            )
+        )
     return res
 
 

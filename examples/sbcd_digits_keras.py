@@ -49,10 +49,12 @@ def data(seed: int = 0):
 
 def network(seed: int):
     tf.keras.utils.set_random_seed(seed)
-    model = tf.keras.Sequential([
-        tf.keras.layers.Dense(HIDDEN, activation="relu", use_bias=False),
-        tf.keras.layers.Dense(10, use_bias=False),
-    ])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.layers.Dense(HIDDEN, activation="relu", use_bias=False),
+            tf.keras.layers.Dense(10, use_bias=False),
+        ]
+    )
     model.build((None, 64))
     return model
 
@@ -60,8 +62,18 @@ def network(seed: int):
 def run_sbcd(Xtr, ytr, Xte, yte, b, o, lam, epochs, seed, progress=True):
     # seed=seed makes the table reproducible; a real run leaves seed=None (a secret draw) or
     # keeps its seed as secret as the data (it fixes the partition and the noise)
-    opt = DPSBCD(network(seed), Xtr, ytr, batch_size=b, step_size=2.0, noise=o, rho=1.0,
-                 regularizer="l2", regularization=lam, seed=seed)
+    opt = DPSBCD(
+        network(seed),
+        Xtr,
+        ytr,
+        batch_size=b,
+        step_size=2.0,
+        noise=o,
+        rho=1.0,
+        regularizer="l2",
+        regularization=lam,
+        seed=seed,
+    )
     opt.fit(epochs, progress=progress, desc=f"DP-SBCD (Keras) b={b} o={o:g} seed={seed}")
     acc = float((opt.predict(Xte).argmax(1) == yte).mean())
     with warnings.catch_warnings():
@@ -76,8 +88,9 @@ def tfp_statement(n, b, epochs, z):
 
     # used_microbatching=False: num_microbatches=None clips every example separately, so one
     # record moves the clipped sum by at most the clip norm (TF-Privacy doubles it otherwise)
-    text = tfp.compute_dp_sgd_privacy_statement(number_of_examples=n, batch_size=b, num_epochs=epochs,
-                                                noise_multiplier=z, delta=DELTA, used_microbatching=False)
+    text = tfp.compute_dp_sgd_privacy_statement(
+        number_of_examples=n, batch_size=b, num_epochs=epochs, noise_multiplier=z, delta=DELTA, used_microbatching=False
+    )
     once = float(re.search(r"once per epoch:\s+([0-9.]+)", text).group(1))
     poisson = float(re.search(r"Poisson sampling \(\*\):\s+([0-9.]+)", text).group(1))
     return once, poisson
@@ -102,8 +115,9 @@ def run_dpsgd(Xtr, ytr, Xte, yte, z, epochs, seed, b=128, lr=0.1, clip=1.0, prog
     from tensorflow_privacy import DPKerasSGDOptimizer
 
     model = network(seed)
-    opt = DPKerasSGDOptimizer(l2_norm_clip=clip, noise_multiplier=z, num_microbatches=None,
-                              learning_rate=lr, momentum=0.9)
+    opt = DPKerasSGDOptimizer(
+        l2_norm_clip=clip, noise_multiplier=z, num_microbatches=None, learning_rate=lr, momentum=0.9
+    )
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.losses.Reduction.NONE)
     model.compile(optimizer=opt, loss=loss)
     for _ in tqdm(range(epochs), desc=f"DP-SGD (TF-Privacy) seed={seed}", disable=not progress):
@@ -134,27 +148,55 @@ def main():
         zp = calibrate(len(Xtr), dp_b, epochs, eps, which=1)
         sg = [run_dpsgd(Xtr, ytr, Xte, yte, z, epochs, s, b=dp_b, progress=progress) for s in seeds]
         sp = [run_dpsgd(Xtr, ytr, Xte, yte, zp, epochs, s, b=dp_b, progress=progress) for s in seeds]
-        rows.append(dict(b=b, o=o, lam=lam, epochs=epochs, eps=eps, eps_comp=sb[0][2], eps_thm=sb[0][3],
-                         acc_sbcd=np.mean([r[0] for r in sb]), sd_sbcd=np.std([r[0] for r in sb]),
-                         acc_sgd=np.mean(sg), sd_sgd=np.std(sg), z=z,
-                         acc_p=np.mean(sp), sd_p=np.std(sp), zp=zp, secs=time.time() - t0))
+        rows.append(
+            dict(
+                b=b,
+                o=o,
+                lam=lam,
+                epochs=epochs,
+                eps=eps,
+                eps_comp=sb[0][2],
+                eps_thm=sb[0][3],
+                acc_sbcd=np.mean([r[0] for r in sb]),
+                sd_sbcd=np.std([r[0] for r in sb]),
+                acc_sgd=np.mean(sg),
+                sd_sgd=np.std(sg),
+                z=z,
+                acc_p=np.mean(sp),
+                sd_p=np.std(sp),
+                zp=zp,
+                secs=time.time() - t0,
+            )
+        )
     print()
-    print(f"digits: n_train = {len(Xtr)}, n_test = {len(Xte)}; MLP 64-{HIDDEN}-10 (ReLU, no bias); "
-          f"delta = {DELTA:g}; {len(seeds)} seed(s); Keras")
-    print("| DP-SBCD setting (b, o, lambda, epochs) | DP-SBCD acc | DP-SBCD eps: Thm 4.5 (hidden state) "
-          "| DP-SBCD eps: composition | DP-SGD acc, TF-Privacy eps 'once per epoch' = same (z) "
-          "| DP-SGD acc, TF-Privacy eps 'if Poisson' = same (z) |")
+    print(
+        f"digits: n_train = {len(Xtr)}, n_test = {len(Xte)}; MLP 64-{HIDDEN}-10 (ReLU, no bias); "
+        f"delta = {DELTA:g}; {len(seeds)} seed(s); Keras"
+    )
+    print(
+        "| DP-SBCD setting (b, o, lambda, epochs) | DP-SBCD acc | DP-SBCD eps: Thm 4.5 (hidden state) "
+        "| DP-SBCD eps: composition | DP-SGD acc, TF-Privacy eps 'once per epoch' = same (z) "
+        "| DP-SGD acc, TF-Privacy eps 'if Poisson' = same (z) |"
+    )
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['b']}, {r['o']:g}, {r['lam']:g}, {r['epochs']} | {100 * r['acc_sbcd']:.1f} +- {100 * r['sd_sbcd']:.1f} "
-              f"| {r['eps_thm']:.2f} | {r['eps_comp']:.2f} | {100 * r['acc_sgd']:.1f} +- {100 * r['sd_sgd']:.1f} "
-              f"(z = {r['z']:.3f}) | {100 * r['acc_p']:.1f} +- {100 * r['sd_p']:.1f} (z = {r['zp']:.3f}) |")
-    print(f"\nDP-SBCD: eta = 2, rho = 1, gamma = 1, L2 prox, shuffle_partition; DP-SGD: batch {dp_b} "
-          "(reshuffled every epoch), lr 0.1, momentum 0.9, clip 1.0, cross-entropy.")
-    print("TF-Privacy's 'if Poisson' epsilon assumes Poisson sampling, which Keras' fit does not do "
-          "(TF-Privacy's own caveat); the 'once per epoch' one holds for the reshuffled batches.")
-    print("Caveat (paper, App. B.1 / Sec. 5): the epsilons rest on different assumptions (hidden state vs "
-          "every iterate released) and are not directly comparable.")
+        print(
+            f"| {r['b']}, {r['o']:g}, {r['lam']:g}, {r['epochs']} | {100 * r['acc_sbcd']:.1f} +- {100 * r['sd_sbcd']:.1f} "
+            f"| {r['eps_thm']:.2f} | {r['eps_comp']:.2f} | {100 * r['acc_sgd']:.1f} +- {100 * r['sd_sgd']:.1f} "
+            f"(z = {r['z']:.3f}) | {100 * r['acc_p']:.1f} +- {100 * r['sd_p']:.1f} (z = {r['zp']:.3f}) |"
+        )
+    print(
+        f"\nDP-SBCD: eta = 2, rho = 1, gamma = 1, L2 prox, shuffle_partition; DP-SGD: batch {dp_b} "
+        "(reshuffled every epoch), lr 0.1, momentum 0.9, clip 1.0, cross-entropy."
+    )
+    print(
+        "TF-Privacy's 'if Poisson' epsilon assumes Poisson sampling, which Keras' fit does not do "
+        "(TF-Privacy's own caveat); the 'once per epoch' one holds for the reshuffled batches."
+    )
+    print(
+        "Caveat (paper, App. B.1 / Sec. 5): the epsilons rest on different assumptions (hidden state vs "
+        "every iterate released) and are not directly comparable."
+    )
 
 
 if __name__ == "__main__":

@@ -57,15 +57,26 @@ def data(seed: int = 0):
 def network(seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     # no biases: with one, DP-SBCD's sensitivity is gamma * sqrt(rho^2 + 1) instead of gamma * rho
-    return torch.nn.Sequential(torch.nn.Linear(64, HIDDEN, bias=False), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, 10, bias=False))
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, HIDDEN, bias=False), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 10, bias=False)
+    )
 
 
 def run_sbcd(Xtr, ytr, Xte, yte, b, o, lam, epochs, seed, progress=True):
     # seed=seed makes the table reproducible; a real run leaves seed=None (a secret draw) or
     # keeps its seed as secret as the data (it fixes the partition and the noise)
-    opt = DPSBCD(network(seed), Xtr, ytr, batch_size=b, step_size=2.0, noise=o, rho=1.0,
-                 regularizer="l2", regularization=lam, seed=seed)
+    opt = DPSBCD(
+        network(seed),
+        Xtr,
+        ytr,
+        batch_size=b,
+        step_size=2.0,
+        noise=o,
+        rho=1.0,
+        regularizer="l2",
+        regularization=lam,
+        seed=seed,
+    )
     opt.fit(epochs, progress=progress, desc=f"DP-SBCD b={b} o={o:g} seed={seed}")
     acc = float((opt.predict(Xte).argmax(1) == yte).float().mean())
     with warnings.catch_warnings():
@@ -85,8 +96,14 @@ def run_dpsgd(Xtr, ytr, Xte, yte, target_eps, epochs, seed, b=128, lr=0.1, clip=
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, opt, loader = engine.make_private_with_epsilon(
-            module=model, optimizer=opt, data_loader=loader, target_epsilon=target_eps,
-            target_delta=DELTA, epochs=epochs, max_grad_norm=clip)
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            target_epsilon=target_eps,
+            target_delta=DELTA,
+            epochs=epochs,
+            max_grad_norm=clip,
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus' secure-RNG and backward-hook notices
         for _ in tqdm(range(epochs), desc=f"DP-SGD (Opacus) seed={seed}", disable=not progress):
@@ -104,9 +121,16 @@ def run_dpsgd(Xtr, ytr, Xte, yte, target_eps, epochs, seed, b=128, lr=0.1, clip=
     q = 1.0 / len(loader)  # Opacus' sampling rate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)  # DP-SGD on a network: composition, as intended
-        run = TrainingRunDpEvent(dataset_size=len(Xtr), batch_size=max(1, round(q * len(Xtr))), steps=steps,
-                                 noise_multiplier=z, clip_norm=clip, learning_rate=lr, sampling=POISSON,
-                                 sampling_probability=q)
+        run = TrainingRunDpEvent(
+            dataset_size=len(Xtr),
+            batch_size=max(1, round(q * len(Xtr))),
+            steps=steps,
+            noise_multiplier=z,
+            clip_norm=clip,
+            learning_rate=lr,
+            sampling=POISSON,
+            sampling_probability=q,
+        )
         eps_replace = HiddenStateAccountant().compose(run).get_epsilon(DELTA)
     return acc, eps_opacus, eps_replace, z
 
@@ -129,26 +153,50 @@ def main():
         sb = [run_sbcd(Xtr, ytr, Xte, yte, b, o, lam, epochs, s, progress) for s in seeds]
         eps = sb[0][1]  # the same for every seed (data-independent)
         sg = [run_dpsgd(Xtr, ytr, Xte, yte, eps, epochs, s, progress=progress) for s in seeds]
-        rows.append(dict(
-            b=b, o=o, lam=lam, epochs=epochs, eps=eps, eps_comp=sb[0][2], eps_thm=sb[0][3],
-            acc_sbcd=np.mean([r[0] for r in sb]), sd_sbcd=np.std([r[0] for r in sb]),
-            acc_sgd=np.mean([r[0] for r in sg]), sd_sgd=np.std([r[0] for r in sg]),
-            eps_opacus=sg[0][1], eps_sgd_replace=sg[0][2], z=sg[0][3], secs=time.time() - t0))
+        rows.append(
+            dict(
+                b=b,
+                o=o,
+                lam=lam,
+                epochs=epochs,
+                eps=eps,
+                eps_comp=sb[0][2],
+                eps_thm=sb[0][3],
+                acc_sbcd=np.mean([r[0] for r in sb]),
+                sd_sbcd=np.std([r[0] for r in sb]),
+                acc_sgd=np.mean([r[0] for r in sg]),
+                sd_sgd=np.std([r[0] for r in sg]),
+                eps_opacus=sg[0][1],
+                eps_sgd_replace=sg[0][2],
+                z=sg[0][3],
+                secs=time.time() - t0,
+            )
+        )
     print()
-    print(f"digits: n_train = {len(Xtr)}, n_test = {len(Xte)}; MLP 64-{HIDDEN}-10 (ReLU, no bias); "
-          f"delta = {DELTA:g}; {len(seeds)} seed(s); PyTorch")
-    print("| DP-SBCD setting (b, o, lambda, epochs) | DP-SBCD acc | DP-SBCD eps: Thm 4.5 (hidden state) "
-          "| DP-SBCD eps: composition | DP-SGD acc (Opacus, same eps) | DP-SGD z | DP-SGD eps (Opacus RDP, add/remove) "
-          "| DP-SGD eps (replace-one, hsa core) |")
+    print(
+        f"digits: n_train = {len(Xtr)}, n_test = {len(Xte)}; MLP 64-{HIDDEN}-10 (ReLU, no bias); "
+        f"delta = {DELTA:g}; {len(seeds)} seed(s); PyTorch"
+    )
+    print(
+        "| DP-SBCD setting (b, o, lambda, epochs) | DP-SBCD acc | DP-SBCD eps: Thm 4.5 (hidden state) "
+        "| DP-SBCD eps: composition | DP-SGD acc (Opacus, same eps) | DP-SGD z | DP-SGD eps (Opacus RDP, add/remove) "
+        "| DP-SGD eps (replace-one, hsa core) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['b']}, {r['o']:g}, {r['lam']:g}, {r['epochs']} | {100 * r['acc_sbcd']:.1f} +- {100 * r['sd_sbcd']:.1f} "
-              f"| {r['eps_thm']:.2f} | {r['eps_comp']:.2f} | {100 * r['acc_sgd']:.1f} +- {100 * r['sd_sgd']:.1f} "
-              f"| {r['z']:.3f} | {r['eps_opacus']:.2f} | {r['eps_sgd_replace']:.2f} |")
-    print("\nDP-SBCD: eta = 2, rho = 1, gamma = 1, L2 prox, shuffle_partition; DP-SGD: batch 128 (Poisson), "
-          "lr 0.1, momentum 0.9, clip 1.0, cross-entropy.")
-    print("Caveat (paper, App. B.1 / Sec. 5): the epsilons rest on different assumptions (hidden state vs "
-          "every iterate released) and are not directly comparable.")
+        print(
+            f"| {r['b']}, {r['o']:g}, {r['lam']:g}, {r['epochs']} | {100 * r['acc_sbcd']:.1f} +- {100 * r['sd_sbcd']:.1f} "
+            f"| {r['eps_thm']:.2f} | {r['eps_comp']:.2f} | {100 * r['acc_sgd']:.1f} +- {100 * r['sd_sgd']:.1f} "
+            f"| {r['z']:.3f} | {r['eps_opacus']:.2f} | {r['eps_sgd_replace']:.2f} |"
+        )
+    print(
+        "\nDP-SBCD: eta = 2, rho = 1, gamma = 1, L2 prox, shuffle_partition; DP-SGD: batch 128 (Poisson), "
+        "lr 0.1, momentum 0.9, clip 1.0, cross-entropy."
+    )
+    print(
+        "Caveat (paper, App. B.1 / Sec. 5): the epsilons rest on different assumptions (hidden state vs "
+        "every iterate released) and are not directly comparable."
+    )
 
 
 if __name__ == "__main__":

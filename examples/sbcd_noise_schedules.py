@@ -30,9 +30,17 @@ EPOCHS = (1, 5, 10, 15, 20, 25, 30)
 def rdp(schedule, epochs, lam):
     l = N // B
     vals = schedule.values(ETA, epochs * l, l)
-    ev = sbcd.DpSbcdRunDpEvent.from_epochs(dataset_size=N, batch_size=B, epochs=epochs, num_layers=1, step_size=ETA,
-                                           rho=1.0, noise=sbcd.compress_noise(vals, l), regularizer="l2",
-                                           regularization=lam)
+    ev = sbcd.DpSbcdRunDpEvent.from_epochs(
+        dataset_size=N,
+        batch_size=B,
+        epochs=epochs,
+        num_layers=1,
+        step_size=ETA,
+        rho=1.0,
+        noise=sbcd.compress_noise(vals, l),
+        regularizer="l2",
+        regularization=lam,
+    )
     return sbcd.thm_4_5_rdp(ev, [ORDER])[0], sbcd.composition_rdp(ev, [ORDER])[0]
 
 
@@ -50,7 +58,7 @@ def main():
     print("| --- | --- |" + " --- |" * len(EPOCHS))
     for (lam, name), vals in table.items():
         print(f"| {name} | {lam:g} | " + " | ".join(f"{h:.4f}" for h, _ in vals) + " |")
-    print("| constant, composition | any | " + " | ".join(f"{c:.4f}" for _, c in table[(1.0, 'constant')]) + " |")
+    print("| constant, composition | any | " + " | ".join(f"{c:.4f}" for _, c in table[(1.0, "constant")]) + " |")
     if args.plot:
         import matplotlib
 

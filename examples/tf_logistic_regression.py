@@ -57,16 +57,25 @@ def main(argv=None) -> dict:
     p.add_argument("--sampling", default="shuffle_partition", choices=DATASET_SAMPLINGS)
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--target-epsilon", type=float, default=None)
-    p.add_argument("--distributed", action="store_true",
-                   help="train under MirroredStrategy on two logical CPU devices")
-    p.add_argument("--backup-dir", default=None,
-                   help="back up after every epoch (BackupAndRestore); the same command resumes an interrupted "
-                        "run, with the callback's ledger and batch schedule (keep DIR as private as the data)")
-    p.add_argument("--keras-shuffle", action="store_true",
-                   help="train with model.fit(x, y, batch_size=b, shuffle=True), accounted as 'reshuffle'")
-    p.add_argument("--seed", type=int, default=None,
-                   help="fix every seed for a reproducible demo; a known seed voids the guarantee "
-                        "(the noise and the partition become predictable), so the default draws secret ones")
+    p.add_argument("--distributed", action="store_true", help="train under MirroredStrategy on two logical CPU devices")
+    p.add_argument(
+        "--backup-dir",
+        default=None,
+        help="back up after every epoch (BackupAndRestore); the same command resumes an interrupted "
+        "run, with the callback's ledger and batch schedule (keep DIR as private as the data)",
+    )
+    p.add_argument(
+        "--keras-shuffle",
+        action="store_true",
+        help="train with model.fit(x, y, batch_size=b, shuffle=True), accounted as 'reshuffle'",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="fix every seed for a reproducible demo; a known seed voids the guarantee "
+        "(the noise and the partition become predictable), so the default draws secret ones",
+    )
     args = p.parse_args(argv)
     if args.keras_shuffle:
         args.sampling = "reshuffle"
@@ -96,13 +105,18 @@ def main(argv=None) -> dict:
         model.compile(
             optimizer=optimizer,
             loss=tf.keras.losses.SparseCategoricalCrossentropy(
-                from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+                from_logits=True, reduction=tf.keras.losses.Reduction.NONE
+            ),
             metrics=["accuracy"],
         )
     geometry = LossGeometry.logistic_regression(feature_norm_bound=radius, l2_regularization=args.l2)
     privacy = HiddenStatePrivacyCallback(
-        geometry=geometry, sampling=args.sampling, dataset_size=n, batch_size=batch_size,
-        delta=args.delta, target_epsilon=args.target_epsilon,
+        geometry=geometry,
+        sampling=args.sampling,
+        dataset_size=n,
+        batch_size=batch_size,
+        delta=args.delta,
+        target_epsilon=args.target_epsilon,
     )
     # a random schedule draws a secret seed unless --seed fixes it (then the statement says so)
     seed = args.seed if args.sampling in RANDOM else None
@@ -110,8 +124,15 @@ def main(argv=None) -> dict:
     if args.backup_dir:  # listed after the privacy callback, so its history is backed up too
         callbacks.append(tf.keras.callbacks.BackupAndRestore(args.backup_dir))
     if args.keras_shuffle:  # Keras' own shuffle; public if --seed set TensorFlow's random seed
-        history = model.fit(x_train.astype(np.float32), y_train, batch_size=batch_size, shuffle=True,
-                            epochs=args.epochs, callbacks=callbacks, verbose=2)
+        history = model.fit(
+            x_train.astype(np.float32),
+            y_train,
+            batch_size=batch_size,
+            shuffle=True,
+            epochs=args.epochs,
+            callbacks=callbacks,
+            verbose=2,
+        )
     else:
         train = batched_dataset(x_train, y_train, batch_size, args.sampling, seed=seed)
         history = model.fit(train, epochs=args.epochs, callbacks=callbacks, verbose=2)
@@ -120,14 +141,23 @@ def main(argv=None) -> dict:
     eps = history.history["epsilon"][-1]
     comp = history.history["epsilon_composition"][-1]
     print(f"\nfinal test accuracy: {accuracy:.4f}")
-    print(f"epsilon (final model only): {eps:.3f} via {privacy.report.analysis}; "
-          f"composition (every checkpoint): {comp:.3f}; delta = {args.delta:g}")
+    print(
+        f"epsilon (final model only): {eps:.3f} via {privacy.report.analysis}; "
+        f"composition (every checkpoint): {comp:.3f}; delta = {args.delta:g}"
+    )
     print()
     print(privacy.privacy_statement())  # states the reasons and notes the claim rests on
-    return {"accuracy": accuracy, "epsilon": eps, "epsilon_composition": comp,
-            "epochs": len(history.history["epsilon"]), "replicas": strategy.num_replicas_in_sync,
-            "analysis": privacy.report.analysis, "steps": privacy.steps,
-            "last_batch": privacy.run_event().last_batch, "secret_batches": privacy.run_event().secret_batches}
+    return {
+        "accuracy": accuracy,
+        "epsilon": eps,
+        "epsilon_composition": comp,
+        "epochs": len(history.history["epsilon"]),
+        "replicas": strategy.num_replicas_in_sync,
+        "analysis": privacy.report.analysis,
+        "steps": privacy.steps,
+        "last_batch": privacy.run_event().last_batch,
+        "secret_batches": privacy.run_event().secret_batches,
+    }
 
 
 def two_cpu_strategy() -> tf.distribute.Strategy:

@@ -22,7 +22,12 @@ from hidden_state_accountants.calibration import (
     max_epochs_within_budget,
 )
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
-from hidden_state_accountants.errors import CalibrationWarning, CompositionFallbackWarning, HiddenStateWarning, ParameterError
+from hidden_state_accountants.errors import (
+    CalibrationWarning,
+    CompositionFallbackWarning,
+    HiddenStateWarning,
+    ParameterError,
+)
 from hidden_state_accountants.schedules import SAMPLINGS, BatchSchedule
 
 __version__ = "0.1.0.dev0"  # single source: pyproject.toml reads it (CHANGELOG.md)

@@ -123,7 +123,8 @@ class PrivacyReport:
     notes: List[str] = field(default_factory=list)
     # the best known lower bound, or a query giving it when first asked for (never part of the epsilon)
     lower_bound_source: Union[None, LowerBound, Callable[[], LowerBound]] = field(
-        default=None, repr=False, compare=False)
+        default=None, repr=False, compare=False
+    )
 
     @property
     def best_known_lower_bound(self) -> LowerBound:
@@ -147,8 +148,10 @@ class PrivacyReport:
         """The lower bound's construction and caveat, or why there is none."""
         lower = self.best_known_lower_bound
         if lower.epsilon is not None and lower.epsilon > self.epsilon * (1 + 1e-6) + 1e-9:
-            return (f"{lower.note}; ABOVE the reported bound {self.epsilon:.6g}: one of the two is wrong, "
-                    "please report this")
+            return (
+                f"{lower.note}; ABOVE the reported bound {self.epsilon:.6g}: one of the two is wrong, "
+                "please report this"
+            )
         return lower.note
 
     @property
@@ -192,8 +195,10 @@ class PrivacyReport:
     def _lower_bound_line(self) -> str:
         if self.lower_bound is None:
             return f"best known lower bound: none ({self.lower_bound_note})"
-        return (f"best known lower bound: {_fmt(self.lower_bound)} ({self.lower_bound_note}): the true epsilon of "
-                "the declared class is at least this; the guarantee is the bound above")
+        return (
+            f"best known lower bound: {_fmt(self.lower_bound)} ({self.lower_bound_note}): the true epsilon of "
+            "the declared class is at least this; the guarantee is the bound above"
+        )
 
 
 def _delta_or_one(delta: float) -> float:
@@ -217,11 +222,16 @@ def geometry_note(geometry: LossGeometry) -> str:
     g = geometry
     inputs = "" if g.feature_norm_bound is None else f", for inputs of norm <= {g.feature_norm_bound:g}"
     domain = "unconstrained" if g.diameter is None else f"D = {g.diameter:g}"
-    projected = ("" if g.diameter is None else
-                 ", and the parameters are projected onto a convex set of diameter D after every step")
-    return (f"the geometry (m = {g.strong_convexity:g}, M = {g.smoothness:g}, {domain}{inputs}) is declared, not "
-            f"verified: the accountant takes it as given, and every hidden-state bound holds only if each "
-            f"per-example update clip(grad l_i) + m_reg theta is m-strongly convex and M-smooth{projected}")
+    projected = (
+        ""
+        if g.diameter is None
+        else ", and the parameters are projected onto a convex set of diameter D after every step"
+    )
+    return (
+        f"the geometry (m = {g.strong_convexity:g}, M = {g.smoothness:g}, {domain}{inputs}) is declared, not "
+        f"verified: the accountant takes it as given, and every hidden-state bound holds only if each "
+        f"per-example update clip(grad l_i) + m_reg theta is m-strongly convex and M-smooth{projected}"
+    )
 
 
 RELATION_NOTES = {
@@ -320,8 +330,12 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     def _add(self, event, count):
         if count <= 0:
             return
-        if (isinstance(event, TrainingRunDpEvent) and event.geometry is None
-                and not event.hidden_state_refusal and not self._warned):
+        if (
+            isinstance(event, TrainingRunDpEvent)
+            and event.geometry is None
+            and not event.hidden_state_refusal
+            and not self._warned
+        ):
             self._warned = True
             warnings.warn(
                 f"{NO_GEOMETRY}; reporting the composition bound for sampling={event.sampling!r}",
@@ -359,8 +373,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         v.probability("target_delta", target_delta, allow_zero=True, allow_one=True)
         notes = [RELATION_NOTES[self.neighboring_relation]]
         if not self._components:
-            return PrivacyReport(0.0, target_delta, "none", self._relation_name, [], notes,
-                                 LowerBound(None, "nothing composed"))
+            return PrivacyReport(
+                0.0, target_delta, "none", self._relation_name, [], notes, LowerBound(None, "nothing composed")
+            )
         single = self._single()
         if single is not None:
             report = self._explain_single(single, target_delta, notes)
@@ -427,12 +442,25 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             if eps is None:
                 rows.append(AnalysisReport(b.name, b.citation, None, b.reason, b.hidden_state, b.kind))
             else:
-                rows.append(AnalysisReport(b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta),
-                                           b.monotone_in_steps))
+                rows.append(
+                    AnalysisReport(
+                        b.name, b.citation, eps, None, b.hidden_state, b.kind, b.detail(delta), b.monotone_in_steps
+                    )
+                )
         p = best.pointwise
         if p is not None:
-            rows.append(AnalysisReport(RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, p.epsilon, None, p.hidden_state,
-                                       "rdp", f"order {p.order:g} from {p.winner}", p.monotone_in_steps))
+            rows.append(
+                AnalysisReport(
+                    RDP_POINTWISE_MIN,
+                    RDP_POINTWISE_MIN_CITATION,
+                    p.epsilon,
+                    None,
+                    p.hidden_state,
+                    "rdp",
+                    f"order {p.order:g} from {p.winner}",
+                    p.monotone_in_steps,
+                )
+            )
         return PrivacyReport(best.epsilon, delta, best.analysis, self._relation_name, rows, notes)
 
     def _explain_composed(self, delta: float, notes: List[str]) -> PrivacyReport:
@@ -442,11 +470,21 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             prefix = f"event{i}" + (f"x{c.count}" if c.count > 1 else "")
             for b in c.bounds:
                 if b.applicable:
-                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, bound_epsilon(b, delta),
-                                               None, b.hidden_state, b.kind, b.detail(delta)))
+                    rows.append(
+                        AnalysisReport(
+                            f"{prefix}.{b.name}",
+                            b.citation,
+                            bound_epsilon(b, delta),
+                            None,
+                            b.hidden_state,
+                            b.kind,
+                            b.detail(delta),
+                        )
+                    )
                 else:
-                    rows.append(AnalysisReport(f"{prefix}.{b.name}", b.citation, None, b.reason,
-                                               b.hidden_state, b.kind))
+                    rows.append(
+                        AnalysisReport(f"{prefix}.{b.name}", b.citation, None, b.reason, b.hidden_state, b.kind)
+                    )
         eps_rdp = rdp_tools.rdp_to_epsilon(self._ctx.orders, self.get_rdp(), delta)[0]
         parts = self._composed_fdp(delta)
         eps_pld = math.inf
@@ -454,9 +492,17 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             mu, pld, _ = parts
             eps_pld = fdp.gdp_epsilon(mu, delta) if pld is None else fdp.pld_epsilon(pld, delta)
         rows.append(AnalysisReport("composed_rdp", "RDP curves added over events", eps_rdp, None, True, "rdp"))
-        rows.append(AnalysisReport("composed_fdp", "PLDs composed over events (Gaussian parts exactly: "
-                                   "mu = sqrt(sum mu_i^2), Dong, Roth & Su 2022, Cor. 3.3)",
-                                   eps_pld, None, True, "fdp"))
+        rows.append(
+            AnalysisReport(
+                "composed_fdp",
+                "PLDs composed over events (Gaussian parts exactly: "
+                "mu = sqrt(sum mu_i^2), Dong, Roth & Su 2022, Cor. 3.3)",
+                eps_pld,
+                None,
+                True,
+                "fdp",
+            )
+        )
         notes.append("several events: each event contributes its best bound to each composition")
         if eps_pld < eps_rdp:
             return PrivacyReport(eps_pld, delta, "composed_fdp", self._relation_name, rows, notes)
@@ -529,7 +575,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 if b.kind == "gdp":
                     out = np.minimum(out, fdp.gdp_delta(b.mu, eps))
                 elif b.kind == "fdp":
-                    out = np.minimum(out, np.asarray(b.pld(delta_hint, self._ctx.discretization).get_delta_for_epsilon(eps)))
+                    out = np.minimum(
+                        out, np.asarray(b.pld(delta_hint, self._ctx.discretization).get_delta_for_epsilon(eps))
+                    )
                 else:
                     out = np.minimum(out, [b.delta(e) for e in eps])
             return np.clip(out, 0.0, 1.0)

@@ -139,7 +139,9 @@ def work(run: TrainingRunDpEvent, construction: str, repetitions: int) -> float:
     reps = 2.0 * repetitions
     if construction == "constrained":
         per_step = 2 if run.sampling in ("poisson", "without_replacement") else 1
-        return reps * (run.steps * per_step + (-(-run.steps // run.steps_per_epoch) if run.sampling in _PER_EPOCH else 0))
+        return reps * (
+            run.steps * per_step + (-(-run.steps // run.steps_per_epoch) if run.sampling in _PER_EPOCH else 0)
+        )
     if run.sampling in _PER_EPOCH:
         return reps * (_epoch_window(run, _contraction(run, construction)) + 1)
     if run.sampling in ("poisson", "without_replacement"):
@@ -172,8 +174,7 @@ def _batch_of_slot(run: TrainingRunDpEvent, rng: np.random.Generator, size: int)
     return np.where(j < run.steps_per_epoch, j, -1)
 
 
-def _inclusion_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.random.Generator,
-                   bar) -> np.ndarray:
+def _inclusion_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.random.Generator, bar) -> np.ndarray:
     """``S = sum_t a^{T-1-t} s_t I_t`` for every repetition, ``I_t`` the differing record's
     inclusion, ``s_t`` the scale of a short batch divided by its own size (1 otherwise)."""
     T = run.steps
@@ -231,8 +232,7 @@ def _inclusion_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.
     return total
 
 
-def _reshuffle_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.random.Generator,
-                   bar) -> np.ndarray:
+def _reshuffle_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.random.Generator, bar) -> np.ndarray:
     """The inclusion sum of ``reshuffle``: in every epoch a fresh uniform slot; epochs whose uses
     are all discounted below ``2^-60`` are skipped."""
     T, spe = run.steps, run.steps_per_epoch
@@ -250,8 +250,14 @@ def _reshuffle_sum(run: TrainingRunDpEvent, a: float, repetitions: int, rng: np.
     return total
 
 
-def simulate(run: TrainingRunDpEvent, sign: float, repetitions: int, construction: str,
-             rng: np.random.Generator, progress: bool = False) -> np.ndarray:
+def simulate(
+    run: TrainingRunDpEvent,
+    sign: float,
+    repetitions: int,
+    construction: str,
+    rng: np.random.Generator,
+    progress: bool = False,
+) -> np.ndarray:
     """Final coordinate of ``repetitions`` independent runs; ``sign`` = +1 for D, -1 for D'.
 
     ``"strongly_convex"`` (no projection) in closed form: the step is the affine map
@@ -272,7 +278,11 @@ def simulate(run: TrainingRunDpEvent, sign: float, repetitions: int, constructio
     noise = run.noise_multiplier * C / b
     a = _contraction(run, construction)
     draws = work(run, construction, repetitions)
-    with _bar(repetitions * run.steps if construction == "constrained" else draws / 2, progress, f"audit ({'D' if sign > 0 else 'D prime'})") as bar:
+    with _bar(
+        repetitions * run.steps if construction == "constrained" else draws / 2,
+        progress,
+        f"audit ({'D' if sign > 0 else 'D prime'})",
+    ) as bar:
         if construction == "strongly_convex":
             s = _inclusion_sum(run, a, repetitions, rng, bar)
             sd = lr * noise * math.sqrt(Linear(run, a).variance())
@@ -357,8 +367,10 @@ def check_work(run: TrainingRunDpEvent, construction: str, repetitions: int) -> 
         least = work(run, construction, 100)
         name = "steps" if least > MAX_DRAWS / 10 else "repetitions"
         raise v.ParameterError(
-            name, f"the audit would draw {draws:.3g} random numbers ({repetitions} repetitions x {run.steps} steps), "
-                  f"more than the limit {MAX_DRAWS:.0e}; lower {name}")
+            name,
+            f"the audit would draw {draws:.3g} random numbers ({repetitions} repetitions x {run.steps} steps), "
+            f"more than the limit {MAX_DRAWS:.0e}; lower {name}",
+        )
 
 
 def _cp_upper(k: int, n: int, confidence: float) -> float:
@@ -403,9 +415,12 @@ def audit(
     v.probability("confidence", confidence)
     relation = parse_relation(accountant_kwargs.get("neighboring_relation", REPLACE_ONE))
     if relation != REPLACE_ONE:
-        raise v.ParameterError("neighboring_relation", "the audit's constructions simulate a replaced record "
-                               "(a REPLACE_ONE pair), whose empirical epsilon is no lower bound under "
-                               f"{relation.name}; audit with REPLACE_ONE")
+        raise v.ParameterError(
+            "neighboring_relation",
+            "the audit's constructions simulate a replaced record "
+            "(a REPLACE_ONE pair), whose empirical epsilon is no lower bound under "
+            f"{relation.name}; audit with REPLACE_ONE",
+        )
     if run.geometry is None:
         raise v.ParameterError("geometry", "the audit constructions need the run's declared geometry")
     if not run.is_constant:
@@ -413,7 +428,9 @@ def audit(
     if construction == "constrained" and run.geometry.diameter is None:
         raise v.ParameterError("diameter", "the constrained construction projects onto [-D/2, D/2]; declare D")
     if construction == "strongly_convex" and run.geometry.diameter is not None:
-        raise v.ParameterError("diameter", "the strongly convex construction is unconstrained; use construction='constrained'")
+        raise v.ParameterError(
+            "diameter", "the strongly convex construction is unconstrained; use construction='constrained'"
+        )
     if construction == "constrained" and run.last_batch != DROPPED:
         raise v.ParameterError("last_batch", "the constrained construction simulates dropped short batches only")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
@@ -423,21 +440,27 @@ def audit(
     show = draws >= PROGRESS_DRAWS if progress is None else bool(progress)
 
     rng = np.random.default_rng(seed)
-    on_d = simulate(run, +1.0, repetitions, construction, rng, show)       # drifts negative
+    on_d = simulate(run, +1.0, repetitions, construction, rng, show)  # drifts negative
     on_d_prime = simulate(run, -1.0, repetitions, construction, rng, show)  # drifts positive
     half = repetitions // 2
     one_sided = 1 - (1 - confidence) / 2
     threshold = _choose_threshold(on_d[:half], on_d_prime[:half], delta, one_sided)
     n_eval = repetitions - half
-    false_pos = int(np.sum(on_d[half:] > threshold))        # said D' on D
+    false_pos = int(np.sum(on_d[half:] > threshold))  # said D' on D
     false_neg = int(np.sum(on_d_prime[half:] <= threshold))  # said D on D'
     fpr_hi, fnr_hi = _cp_upper(false_pos, n_eval, one_sided), _cp_upper(false_neg, n_eval, one_sided)
     report = HiddenStateAccountant(**accountant_kwargs).compose(run).explain(delta)
     return AuditResult(
-        epsilon_lower=_lower_bound(fpr_hi, fnr_hi, delta), epsilon_reported=report.epsilon,
-        analysis=report.analysis, delta=delta, confidence=confidence, construction=construction,
-        repetitions=repetitions, threshold=float(threshold),
-        false_positive_rate=false_pos / n_eval, false_negative_rate=false_neg / n_eval,
+        epsilon_lower=_lower_bound(fpr_hi, fnr_hi, delta),
+        epsilon_reported=report.epsilon,
+        analysis=report.analysis,
+        delta=delta,
+        confidence=confidence,
+        construction=construction,
+        repetitions=repetitions,
+        threshold=float(threshold),
+        false_positive_rate=false_pos / n_eval,
+        false_negative_rate=false_neg / n_eval,
     )
 
 

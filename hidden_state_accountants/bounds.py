@@ -161,8 +161,14 @@ class MixtureGdpBound(Bound):
     def __post_init__(self):
         probs = np.asarray(self.probs, dtype=float)
         mus = np.asarray(self.mus, dtype=float)
-        if probs.shape != mus.shape or probs.size == 0 or np.any(probs < 0) or np.any(np.isnan(mus)) \
-                or np.any(mus < 0) or not abs(float(np.sum(probs)) - 1.0) <= 1e-9:
+        if (
+            probs.shape != mus.shape
+            or probs.size == 0
+            or np.any(probs < 0)
+            or np.any(np.isnan(mus))
+            or np.any(mus < 0)
+            or not abs(float(np.sum(probs)) - 1.0) <= 1e-9
+        ):
             raise ValueError("MixtureGdpBound: probabilities summing to 1 and one mu >= 0 each")
         self.probs, self.mus = tuple(probs.tolist()), tuple(mus.tolist())
 
@@ -217,8 +223,9 @@ PLD_COMPONENTS = 256
 """Components a mixture's pessimistic PLD is built from (``mu`` rounded up beyond that)."""
 
 
-def mixture_components(probs: Sequence[float], mus: Sequence[float], max_components: int = 16384,
-                       floor: float = 1e-6) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+def mixture_components(
+    probs: Sequence[float], mus: Sequence[float], max_components: int = 16384, floor: float = 1e-6
+) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
     """``(probs, mus)`` with equal parameters merged, zero weights dropped and the weights
     normalised; beyond ``max_components`` distinct values every ``mu`` is rounded *up* onto a
     geometric grid from ``floor`` times the largest (``delta_{G(mu)}`` grows with ``mu``, so the
@@ -235,7 +242,7 @@ def mixture_components(probs: Sequence[float], mus: Sequence[float], max_compone
         ratio = (top / floor) ** (1.0 / (max_components - 2))
         with np.errstate(divide="ignore", invalid="ignore"):
             k = np.ceil(np.log(np.maximum(m, floor) / floor) / math.log(ratio) - 1e-12)
-            rounded = np.where(np.isfinite(m), np.minimum(floor * ratio ** k, top), m)
+            rounded = np.where(np.isfinite(m), np.minimum(floor * ratio**k, top), m)
         rounded = np.where(np.isfinite(m), np.maximum(rounded, m), m)  # never below the value
         values, inverse = np.unique(rounded, return_inverse=True)
     weights = np.bincount(inverse.ravel(), weights=p, minlength=values.size)
@@ -302,10 +309,19 @@ def with_failure(pld: fdp.PLD, p: float) -> fdp.PLD:
     def scale(pmf):
         inf_mass = pmf._infinity_mass * (1 - p) + p  # noqa: SLF001
         if isinstance(pmf, pld_pmf.DensePLDPmf):
-            return pld_pmf.DensePLDPmf(pmf._discretization, pmf._lower_loss, pmf._probs * (1 - p),  # noqa: SLF001
-                                       inf_mass, pmf._pessimistic_estimate)  # noqa: SLF001
-        return pld_pmf.SparsePLDPmf({k: w * (1 - p) for k, w in pmf._loss_probs.items()},  # noqa: SLF001
-                                    pmf._discretization, inf_mass, pmf._pessimistic_estimate)  # noqa: SLF001
+            return pld_pmf.DensePLDPmf(
+                pmf._discretization,
+                pmf._lower_loss,
+                pmf._probs * (1 - p),  # noqa: SLF001
+                inf_mass,
+                pmf._pessimistic_estimate,
+            )  # noqa: SLF001
+        return pld_pmf.SparsePLDPmf(
+            {k: w * (1 - p) for k, w in pmf._loss_probs.items()},  # noqa: SLF001
+            pmf._discretization,
+            inf_mass,
+            pmf._pessimistic_estimate,
+        )  # noqa: SLF001
 
     remove = scale(pld._pmf_remove)  # noqa: SLF001
     if pld._symmetric:  # noqa: SLF001
@@ -370,8 +386,7 @@ class CappedBound(Bound):
         return math.inf if best is None else best[1].epsilon(best[2])
 
     def delta(self, epsilon: float) -> float:
-        return min([(1 - c.p) * inner.delta(epsilon) + c.p for c, inner in self.candidates if inner.applicable]
-                   + [1.0])
+        return min([(1 - c.p) * inner.delta(epsilon) + c.p for c, inner in self.candidates if inner.applicable] + [1.0])
 
     def rdp(self, orders: Sequence[float]) -> Optional[np.ndarray]:
         exact = [inner.rdp(orders) for c, inner in self.candidates if c.p == 0.0 and inner.applicable]
@@ -391,8 +406,10 @@ class CappedBound(Bound):
         if best is None:
             return "no batch-size cap leaves a failure probability below delta"
         cap, inner, d = best
-        text = (f"cap {cap.cap} other records per batch (P(exceeded) = {cap.p:.3g}, step Lipschitz "
-                f"{math.exp(cap.log_c):.6g})")
+        text = (
+            f"cap {cap.cap} other records per batch (P(exceeded) = {cap.p:.3g}, step Lipschitz "
+            f"{math.exp(cap.log_c):.6g})"
+        )
         return "; ".join(s for s in (text, inner.detail(d), self.relation) if s)
 
 

@@ -29,8 +29,20 @@ from hidden_state_accountants.bounds import Bound
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.errors import CalibrationWarning  # re-exported
 from hidden_state_accountants.relations import schedule_reason
-from hidden_state_accountants.selection import NONE, RDP_POINTWISE_MIN, bound_epsilon, pointwise_rdp_minimum, select_best
-from hidden_state_accountants.schedules import EPOCH_ORDERS, FULL, MAX_STEPS, UNBOUNDED_STEPS, visits_per_record  # re-exported
+from hidden_state_accountants.selection import (
+    NONE,
+    RDP_POINTWISE_MIN,
+    bound_epsilon,
+    pointwise_rdp_minimum,
+    select_best,
+)
+from hidden_state_accountants.schedules import (
+    EPOCH_ORDERS,
+    FULL,
+    MAX_STEPS,
+    UNBOUNDED_STEPS,
+    visits_per_record,
+)  # re-exported
 
 
 @dataclass
@@ -102,8 +114,11 @@ class _Candidates:
         self.run = normalised(run.replace(noise_multiplier=1.0))
         self.delta, self.ctx = delta, ctx
         # only the analyses proved for the accountant's neighbouring relation (as analyze_training_run)
-        self.infos = [i for i in registry.analyses_for(run.sampling)
-                      if not i.relation_reason(ctx.neighboring_relation, run.sampling)]
+        self.infos = [
+            i
+            for i in registry.analyses_for(run.sampling)
+            if not i.relation_reason(ctx.neighboring_relation, run.sampling)
+        ]
         self.bounds: Dict[Tuple[str, float], Bound] = {}
         self.seconds: Dict[str, float] = {}
         self.noises = set()
@@ -159,6 +174,7 @@ def noise_estimate(run: TrainingRunDpEvent, target_epsilon: float, target_delta:
         z = 2.0 * math.sqrt(visits_per_record(run.steps, run.steps_per_epoch)) / mu
     else:
         q = run.sampling_rate
+
         def h(log_z):
             clt = float(fdp.subsampled_gaussian_clt_mu(2.0 / math.exp(log_z), q, run.steps))
             return min(700.0, math.log(max(clt, 1e-300)) - math.log(mu)) if not math.isnan(clt) else 700.0
@@ -182,11 +198,15 @@ def _check_run(run) -> TrainingRunDpEvent:
 def check_relation(run: TrainingRunDpEvent, ctx: Context) -> None:
     """The refusal when no analysis holds for the run's schedule under the accountant's relation
     (the fixed-size schedules under ADD_OR_REMOVE_ONE), the same for every calibration helper."""
-    if not any(not i.relation_reason(ctx.neighboring_relation, run.sampling)
-               for i in registry.analyses_for(run.sampling)):
+    if not any(
+        not i.relation_reason(ctx.neighboring_relation, run.sampling) for i in registry.analyses_for(run.sampling)
+    ):
         relation = ctx.neighboring_relation
-        raise v.ParameterError("neighboring_relation", f"no analysis holds for sampling={run.sampling!r} under "
-                               f"{relation.name}: {schedule_reason(relation, run.sampling)}")
+        raise v.ParameterError(
+            "neighboring_relation",
+            f"no analysis holds for sampling={run.sampling!r} under "
+            f"{relation.name}: {schedule_reason(relation, run.sampling)}",
+        )
 
 
 def calibrate_noise_multiplier(
@@ -311,7 +331,8 @@ def calibrate_noise_multiplier(
             raise v.ParameterError(
                 "target_epsilon",
                 f"not reached with noise multipliers up to {max(cands.noises):.4g} "
-                f"({max_evaluations} evaluations per analysis)")
+                f"({max_evaluations} evaluations per analysis)",
+            )
         candidates = [n for n in order if n != first]
     else:
         # an analysis that misses the target at z0 misses it at every smaller noise: skipped
@@ -331,13 +352,18 @@ def calibrate_noise_multiplier(
     lower = min(below.values(), default=0.0)
     converged = best_z <= lower * (1.0 + rel_tol) * (1.0 + 1e-12)
     if not converged:
-        warnings.warn(CalibrationWarning(
-            f"calibration stopped by max_evaluations={max_evaluations} before closing the bracket: noise "
-            f"multiplier {best_z:.6g} meets the target (epsilon {eps:.6g} <= {target_epsilon:g}) but the smallest "
-            f"that does lies somewhere in ({lower:.6g}, {best_z:.6g}], not certified within rel_tol={rel_tol:g}; "
-            "raise max_evaluations"), stacklevel=2)
-    return NoiseCalibration(noise_multiplier=best_z, epsilon=eps, analysis=name, evaluations=len(cands.noises),
-                            converged=converged)
+        warnings.warn(
+            CalibrationWarning(
+                f"calibration stopped by max_evaluations={max_evaluations} before closing the bracket: noise "
+                f"multiplier {best_z:.6g} meets the target (epsilon {eps:.6g} <= {target_epsilon:g}) but the smallest "
+                f"that does lies somewhere in ({lower:.6g}, {best_z:.6g}], not certified within rel_tol={rel_tol:g}; "
+                "raise max_evaluations"
+            ),
+            stacklevel=2,
+        )
+    return NoiseCalibration(
+        noise_multiplier=best_z, epsilon=eps, analysis=name, evaluations=len(cands.noises), converged=converged
+    )
 
 
 class _Budget(Exception):
@@ -345,14 +371,18 @@ class _Budget(Exception):
 
 
 def _accountant(ctx: Context) -> HiddenStateAccountant:
-    return HiddenStateAccountant(orders=ctx.orders, neighboring_relation=ctx.neighboring_relation,
-                                 pld_discretization=ctx.discretization)
+    return HiddenStateAccountant(
+        orders=ctx.orders, neighboring_relation=ctx.neighboring_relation, pld_discretization=ctx.discretization
+    )
 
 
 def _monotone_epsilon(report: PrivacyReport) -> Tuple[float, str]:
     """The smallest epsilon among the report's analyses flagged ``monotone_in_steps``."""
-    values = [(a.epsilon, a.name) for a in report.analyses
-              if a.monotone_in_steps and a.epsilon is not None and not math.isnan(a.epsilon)]
+    values = [
+        (a.epsilon, a.name)
+        for a in report.analyses
+        if a.monotone_in_steps and a.epsilon is not None and not math.isnan(a.epsilon)
+    ]
     return min(values, default=(math.inf, "none"))
 
 
@@ -412,8 +442,11 @@ def max_epochs_within_budget(
     check_relation(run, ctx)
     spe = run.steps_per_epoch
     if max_epochs * spe > MAX_STEPS:
-        raise v.ParameterError("max_epochs", f"must be at most {MAX_STEPS // spe} ({spe} steps per epoch, at most "
-                               f"{MAX_STEPS:.0e} steps in all), got {max_epochs}")
+        raise v.ParameterError(
+            "max_epochs",
+            f"must be at most {MAX_STEPS // spe} ({spe} steps per epoch, at most "
+            f"{MAX_STEPS:.0e} steps in all), got {max_epochs}",
+        )
     limit = limit_report(run, target_delta, ctx)
     lim, lim_name = _monotone_epsilon(limit)
     if lim <= target_epsilon:
@@ -451,10 +484,14 @@ def max_epochs_within_budget(
         if good + 1 not in cache:
             if scanned >= MAX_SCAN:
                 complete = False
-                warnings.warn(CalibrationWarning(
-                    f"every run of up to {good} epochs fits epsilon {target_epsilon:g}; longer runs may fit too, "
-                    f"but the bound that allows them is not monotone in the number of steps, so each epoch is "
-                    f"checked separately and the check stopped after {MAX_SCAN} epochs"), stacklevel=2)
+                warnings.warn(
+                    CalibrationWarning(
+                        f"every run of up to {good} epochs fits epsilon {target_epsilon:g}; longer runs may fit too, "
+                        f"but the bound that allows them is not monotone in the number of steps, so each epoch is "
+                        f"checked separately and the check stopped after {MAX_SCAN} epochs"
+                    ),
+                    stacklevel=2,
+                )
                 break
             scanned += 1
         if evaluate(good + 1)[0] > target_epsilon:
@@ -462,5 +499,15 @@ def max_epochs_within_budget(
         good += 1
     eps, name = (evaluate(good)[:2]) if good else (0.0, "none")
     nxt = cache[good + 1][0] if good + 1 in cache else None
-    return EpochBudget(good, eps, False, lim, name, len(cache) + 1, next_epsilon=nxt,
-                       report=evaluate(max(good, 1))[3], limit_analysis=lim_name, complete=complete)
+    return EpochBudget(
+        good,
+        eps,
+        False,
+        lim,
+        name,
+        len(cache) + 1,
+        next_epsilon=nxt,
+        report=evaluate(max(good, 1))[3],
+        limit_analysis=lim_name,
+        complete=complete,
+    )

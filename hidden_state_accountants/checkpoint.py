@@ -50,8 +50,19 @@ from hidden_state_accountants.recording import (
 )
 from hidden_state_accountants.schedules import RANDOM, BatchSchedule
 
-CLAIM_KEYS = ("schedule", "seed_is_secret", "geometry", "model", "assume_convex_model", "gaussian_initialization",
-              "dataset_size", "neighboring_relation", "default_relation", "feature_unobservable", "loss")
+CLAIM_KEYS = (
+    "schedule",
+    "seed_is_secret",
+    "geometry",
+    "model",
+    "assume_convex_model",
+    "gaussian_initialization",
+    "dataset_size",
+    "neighboring_relation",
+    "default_relation",
+    "feature_unobservable",
+    "loss",
+)
 """The fields of a sealed state's ``claim`` (:func:`encode_claim`)."""
 
 RUN_KEYS = ("steps", "ledger", "claim", "largest_feature_norm", "weights_digest")
@@ -107,8 +118,10 @@ def unseal_state(state: Any, what: str = "state") -> Dict[str, Any]:
         raise v.ParameterError(what, "has no digest (not written by this package, or edited); it cannot be trusted")
     payload = {k: x for k, x in state.items() if k != "digest"}
     if hashlib.sha256(_canonical(payload, what)).hexdigest() != state["digest"]:
-        raise v.ParameterError(what, "its digest does not match its content (edited or corrupted after it was "
-                                     "written); it cannot be trusted")
+        raise v.ParameterError(
+            what,
+            "its digest does not match its content (edited or corrupted after it was written); it cannot be trusted",
+        )
     return payload
 
 
@@ -127,8 +140,11 @@ def open_state(state: Any, *, subject: str, fmt: str, version: int, keys: Sequen
     """
     payload = unseal_state(state, "checkpoint")
     if payload.get("format") != fmt or payload.get("version") != version:
-        raise refusal(subject, f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this "
-                                f"version of the package reads {fmt!r} version {version}")
+        raise refusal(
+            subject,
+            f"is of format {payload.get('format')!r} version {payload.get('version')!r}; this "
+            f"version of the package reads {fmt!r} version {version}",
+        )
     missing = sorted((set(keys) | {"steps"}) - set(payload))
     if missing:
         raise refusal(subject, f"lacks {', '.join(missing)}")
@@ -200,18 +216,30 @@ class RunState:
     hidden_state_accountants.errors.ParameterError: checkpoint: the run's state says 4 steps were taken but its ledger accounts 3
     """
 
-    def __init__(self, claim: Claim, *, ledger: Sequence[Sequence[Any]] = (), steps: int = 0,
-                 largest_feature_norm: Optional[float] = None, weights_digest: Optional[str] = None,
-                 subject: str = "the run's state") -> None:
+    def __init__(
+        self,
+        claim: Claim,
+        *,
+        ledger: Sequence[Sequence[Any]] = (),
+        steps: int = 0,
+        largest_feature_norm: Optional[float] = None,
+        weights_digest: Optional[str] = None,
+        subject: str = "the run's state",
+    ) -> None:
         if not isinstance(claim, Claim):
             raise v.ParameterError("claim", f"must be a Claim, got {type(claim).__name__}")
         steps = _check_steps(steps, subject)
-        if weights_digest is not None and not (isinstance(weights_digest, str) and len(weights_digest) == 64
-                                               and set(weights_digest) <= _HEX):
+        if weights_digest is not None and not (
+            isinstance(weights_digest, str) and len(weights_digest) == 64 and set(weights_digest) <= _HEX
+        ):
             raise refusal(subject, f"has weights_digest={weights_digest!r}; must be a SHA-256 hex digest or null")
         largest = largest_feature_norm
-        if largest is not None and (isinstance(largest, bool) or not isinstance(largest, (int, float))
-                                    or not math.isfinite(largest) or largest < 0):
+        if largest is not None and (
+            isinstance(largest, bool)
+            or not isinstance(largest, (int, float))
+            or not math.isfinite(largest)
+            or largest < 0
+        ):
             raise refusal(subject, f"has largest_feature_norm={largest!r}; must be a number >= 0 or null")
         recorder = claim.recorder()
         try:
@@ -231,8 +259,9 @@ class RunState:
         self.recorder, self.weights_digest, self.subject = recorder, weights_digest, subject
 
     @classmethod
-    def of(cls, recorder: RunRecorder, *, weights_digest: Optional[str] = None,
-           subject: str = "the run's state") -> "RunState":
+    def of(
+        cls, recorder: RunRecorder, *, weights_digest: Optional[str] = None, subject: str = "the run's state"
+    ) -> "RunState":
         """The state of a live recorder (checked as it recorded: nothing is replayed)."""
         if not isinstance(recorder, RunRecorder):
             raise v.ParameterError("recorder", f"must be a RunRecorder, got {type(recorder).__name__}")
@@ -260,61 +289,103 @@ class RunState:
         what ``claim`` leaves open (the schedule, the model, the dataset size, the relation) is the
         run's. The ledger is replayed under the result."""
         stored = self.claim
-        check_continues(stored, geometry=claim.geometry, assume_convex_model=claim.assume_convex_model,
-                        gaussian_initialization=claim.gaussian_initialization, schedule=claim.schedule,
-                        dataset_size=claim.dataset_size, model=claim.model,
-                        neighboring_relation=claim.neighboring_relation)
-        resumed = attr.evolve(claim, **{name: getattr(stored, name) for name in (
-            "schedule", "model", "dataset_size", "neighboring_relation") if getattr(claim, name) is None})
-        return RunState(resumed, ledger=self.recorder.ledger_state(), steps=self.steps,
-                        largest_feature_norm=self.recorder.largest_feature_norm, weights_digest=self.weights_digest,
-                        subject=self.subject)
+        check_continues(
+            stored,
+            geometry=claim.geometry,
+            assume_convex_model=claim.assume_convex_model,
+            gaussian_initialization=claim.gaussian_initialization,
+            schedule=claim.schedule,
+            dataset_size=claim.dataset_size,
+            model=claim.model,
+            neighboring_relation=claim.neighboring_relation,
+        )
+        resumed = attr.evolve(
+            claim,
+            **{
+                name: getattr(stored, name)
+                for name in ("schedule", "model", "dataset_size", "neighboring_relation")
+                if getattr(claim, name) is None
+            },
+        )
+        return RunState(
+            resumed,
+            ledger=self.recorder.ledger_state(),
+            steps=self.steps,
+            largest_feature_norm=self.recorder.largest_feature_norm,
+            weights_digest=self.weights_digest,
+            subject=self.subject,
+        )
 
     def check_weights(self, digest: str, what: str) -> None:
         """Raises unless the state was saved with the weights whose :func:`weights_digest` is
         ``digest`` (``what`` names them in the error)."""
         if self.weights_digest is None:
-            raise refusal(self.subject, f"is not bound to model weights (it was not written with them, e.g. by "
-                                        f"save_checkpoint), so it cannot be shown to describe {what}")
+            raise refusal(
+                self.subject,
+                f"is not bound to model weights (it was not written with them, e.g. by "
+                f"save_checkpoint), so it cannot be shown to describe {what}",
+            )
         if self.weights_digest != digest:
-            raise refusal(self.subject, f"was saved with other model weights than {what} (spliced from another "
-                                        "checkpoint?): its ledger is not the run of these weights")
+            raise refusal(
+                self.subject,
+                f"was saved with other model weights than {what} (spliced from another "
+                "checkpoint?): its ledger is not the run of these weights",
+            )
 
 
-def check_continues(stored: Claim, *, geometry: Optional[LossGeometry], assume_convex_model: bool,
-                    gaussian_initialization: bool = False, schedule: Optional[BatchSchedule] = None,
-                    dataset_size: Optional[int] = None, model: Optional[ModelFacts] = None,
-                    neighboring_relation=None) -> None:
+def check_continues(
+    stored: Claim,
+    *,
+    geometry: Optional[LossGeometry],
+    assume_convex_model: bool,
+    gaussian_initialization: bool = False,
+    schedule: Optional[BatchSchedule] = None,
+    dataset_size: Optional[int] = None,
+    model: Optional[ModelFacts] = None,
+    neighboring_relation=None,
+) -> None:
     """Raises :class:`~hidden_state_accountants.ParameterError` naming the parameter where a resuming
     process's configuration differs from the claim ``stored`` of the run it resumes: the geometry and
     the flags always; the schedule, the dataset size, the model's structure (:meth:`ModelFacts.structure
     <hidden_state_accountants.recording.ModelFacts.structure>`) and the relation where the configuration
     names them (``None``: the run's). The one comparison of every adapter."""
+
     def differs(name: str, mine, theirs) -> None:
-        raise v.ParameterError(name, f"the checkpoint was taken with {name}={theirs}, this run is configured with "
-                                     f"{name}={mine}")
+        raise v.ParameterError(
+            name, f"the checkpoint was taken with {name}={theirs}, this run is configured with {name}={mine}"
+        )
 
     if schedule is not None and stored.schedule is not None and not schedule.same_schedule(stored.schedule):
         differs("schedule", repr(schedule), repr(stored.schedule))
     if None not in (dataset_size, stored.dataset_size) and dataset_size != stored.dataset_size:
         differs("dataset_size", dataset_size, stored.dataset_size)
     if geometry != stored.geometry:
-        if None not in (geometry, stored.geometry) and stored.geometry.feature_norm_bound is None \
-                and geometry.feature_norm_bound is not None:
+        if (
+            None not in (geometry, stored.geometry)
+            and stored.geometry.feature_norm_bound is None
+            and geometry.feature_norm_bound is not None
+        ):
             raise v.ParameterError(
-                "geometry", "the checkpoint's geometry has no feature_norm_bound (it was declared by its "
+                "geometry",
+                "the checkpoint's geometry has no feature_norm_bound (it was declared by its "
                 "constants), so its steps are not known to respect "
                 f"feature_norm_bound={geometry.feature_norm_bound:g}; train again, or configure the "
                 "geometry by its constants (LossGeometry(smoothness=..., strong_convexity=..., ...), "
-                "reported as your claim)")
+                "reported as your claim)",
+            )
         differs("geometry", geometry, stored.geometry)
-    for name, mine in (("assume_convex_model", assume_convex_model),
-                       ("gaussian_initialization", gaussian_initialization)):
+    for name, mine in (
+        ("assume_convex_model", assume_convex_model),
+        ("gaussian_initialization", gaussian_initialization),
+    ):
         if mine != getattr(stored, name):
             differs(name, mine, getattr(stored, name))
     if None not in (model, stored.model) and model.structure() != stored.model.structure():
-        raise v.ParameterError("model", f"the checkpoint was taken with {stored.model.description or 'a model'} "
-                                        "of another structure than the configured one")
+        raise v.ParameterError(
+            "model",
+            f"the checkpoint was taken with {stored.model.description or 'a model'} "
+            "of another structure than the configured one",
+        )
     relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
     if None not in (relation, stored.neighboring_relation) and relation != stored.neighboring_relation:
         differs("neighboring_relation", relation.name, stored.neighboring_relation.name)
@@ -327,9 +398,14 @@ def encode_claim(claim: Claim) -> Dict[str, Any]:
         "schedule": None if s is None else s.describe(),
         "seed_is_secret": bool(s is not None and s.seed_is_secret),
         "geometry": None if claim.geometry is None else attr.asdict(claim.geometry),
-        "model": None if m is None else {"layers": [layer.to_dict() for layer in m.layers],
-                                         "complete": m.complete, "description": m.description,
-                                         "feature_clip_norm": m.feature_clip_norm},
+        "model": None
+        if m is None
+        else {
+            "layers": [layer.to_dict() for layer in m.layers],
+            "complete": m.complete,
+            "description": m.description,
+            "feature_clip_norm": m.feature_clip_norm,
+        },
         "assume_convex_model": claim.assume_convex_model,
         "gaussian_initialization": claim.gaussian_initialization,
         "dataset_size": claim.dataset_size,
@@ -349,13 +425,19 @@ def seal_run(run: Optional[RunState], *, fmt: str, version: int, **extra: Any) -
     if run is None:
         fields = {"steps": 0, "ledger": [], "claim": None, "largest_feature_norm": None, "weights_digest": None}
     else:
-        fields = {"steps": run.steps, "ledger": run.recorder.ledger_state(), "claim": encode_claim(run.claim),
-                  "largest_feature_norm": run.recorder.largest_feature_norm, "weights_digest": run.weights_digest}
+        fields = {
+            "steps": run.steps,
+            "ledger": run.recorder.ledger_state(),
+            "claim": encode_claim(run.claim),
+            "largest_feature_norm": run.recorder.largest_feature_norm,
+            "weights_digest": run.weights_digest,
+        }
     return seal_state({"format": fmt, "version": version, **fields, **extra})
 
 
-def open_run(state: Any, *, fmt: str, version: int, subject: str = "the run's state",
-             extra: Sequence[str] = ()) -> Tuple[Optional[RunState], Dict[str, Any]]:
+def open_run(
+    state: Any, *, fmt: str, version: int, subject: str = "the run's state", extra: Sequence[str] = ()
+) -> Tuple[Optional[RunState], Dict[str, Any]]:
     """The :class:`RunState` of a :func:`seal_run` result (``None`` if nothing was recorded) and
     the adapter's ``extra`` fields (present, not checked: the adapter checks them), after every
     check of :func:`open_state` and :class:`RunState`."""
@@ -365,13 +447,22 @@ def open_run(state: Any, *, fmt: str, version: int, subject: str = "the run's st
         raise refusal(subject, f"has unknown fields {', '.join(unknown)}")
     extras = {k: payload[k] for k in extra}
     if payload["claim"] is None:
-        if payload["steps"] or payload["ledger"] or payload["weights_digest"] is not None \
-                or payload["largest_feature_norm"] is not None:
+        if (
+            payload["steps"]
+            or payload["ledger"]
+            or payload["weights_digest"] is not None
+            or payload["largest_feature_norm"] is not None
+        ):
             raise refusal(subject, f"accounts {payload['steps']} steps without a claim (no batch schedule)")
         return None, extras
-    run = RunState(decode_claim(payload["claim"], subject), ledger=payload["ledger"], steps=payload["steps"],
-                   largest_feature_norm=payload["largest_feature_norm"], weights_digest=payload["weights_digest"],
-                   subject=subject)
+    run = RunState(
+        decode_claim(payload["claim"], subject),
+        ledger=payload["ledger"],
+        steps=payload["steps"],
+        largest_feature_norm=payload["largest_feature_norm"],
+        weights_digest=payload["weights_digest"],
+        subject=subject,
+    )
     return run, extras
 
 
@@ -386,8 +477,12 @@ def decode_claim(claim: Any, subject: str) -> Claim:
             raise refusal(subject, f"has {flag}={claim[flag]!r}; must be true or false")
     schedule = claim["schedule"]
     if schedule is not None:
-        if isinstance(schedule, dict) and schedule.get("seed") is None and schedule.get("sampling") in RANDOM \
-                and not schedule.get("external", False):
+        if (
+            isinstance(schedule, dict)
+            and schedule.get("seed") is None
+            and schedule.get("sampling") in RANDOM
+            and not schedule.get("external", False)
+        ):
             raise refusal(subject, f"has a {schedule['sampling']} schedule without its seed")
         try:
             schedule = BatchSchedule.from_description(schedule, seed_is_secret=claim["seed_is_secret"])
@@ -399,8 +494,12 @@ def decode_claim(claim: Any, subject: str) -> Claim:
     why, loss = claim["feature_unobservable"], claim["loss"]
     if why is not None and not isinstance(why, str):
         raise refusal(subject, f"has feature_unobservable={why!r}; must be a reason or null")
-    if loss is not None and not (isinstance(loss, list) and len(loss) == 2 and isinstance(loss[1], str)
-                                 and (loss[0] is None or isinstance(loss[0], str))):
+    if loss is not None and not (
+        isinstance(loss, list)
+        and len(loss) == 2
+        and isinstance(loss[1], str)
+        and (loss[0] is None or isinstance(loss[0], str))
+    ):
         raise refusal(subject, f"has loss={loss!r}; must be [kind or null, description] or null")
     try:
         geometry = None if claim["geometry"] is None else LossGeometry(**claim["geometry"])
@@ -408,30 +507,50 @@ def decode_claim(claim: Any, subject: str) -> Claim:
     except (TypeError, ValueError, KeyError) as err:  # ParameterError included
         raise refusal(subject, f"has an invalid geometry or model ({err})") from None
     try:
-        return Claim(schedule=schedule, geometry=geometry, model=model,
-                     assume_convex_model=claim["assume_convex_model"],
-                     gaussian_initialization=claim["gaussian_initialization"], dataset_size=size,
-                     neighboring_relation=claim["neighboring_relation"], default_relation=claim["default_relation"],
-                     feature_unobservable=why, loss=None if loss is None else tuple(loss))
+        return Claim(
+            schedule=schedule,
+            geometry=geometry,
+            model=model,
+            assume_convex_model=claim["assume_convex_model"],
+            gaussian_initialization=claim["gaussian_initialization"],
+            dataset_size=size,
+            neighboring_relation=claim["neighboring_relation"],
+            default_relation=claim["default_relation"],
+            feature_unobservable=why,
+            loss=None if loss is None else tuple(loss),
+        )
     except v.ParameterError as err:
         raise refusal(subject, f"has a claim that does not hold ({err})") from None
 
 
 def _decode_model(d: Dict[str, Any]) -> ModelFacts:
-    if not isinstance(d, dict) or set(d) != {"layers", "complete", "description", "feature_clip_norm"} \
-            or not isinstance(d["layers"], list) or not isinstance(d["complete"], bool) \
-            or not isinstance(d["description"], str):
-        raise ValueError(f"a model must be {{layers: [...], complete: bool, description: str, feature_clip_norm: "
-                         f"number or null}}, got {d!r}")
+    if (
+        not isinstance(d, dict)
+        or set(d) != {"layers", "complete", "description", "feature_clip_norm"}
+        or not isinstance(d["layers"], list)
+        or not isinstance(d["complete"], bool)
+        or not isinstance(d["description"], str)
+    ):
+        raise ValueError(
+            f"a model must be {{layers: [...], complete: bool, description: str, feature_clip_norm: "
+            f"number or null}}, got {d!r}"
+        )
     layers: List[LayerFacts] = []
     for layer in d["layers"]:
-        if not isinstance(layer, dict) or not isinstance(layer.get("name"), str) \
-                or not isinstance(layer.get("trainable"), bool):
+        if (
+            not isinstance(layer, dict)
+            or not isinstance(layer.get("name"), str)
+            or not isinstance(layer.get("trainable"), bool)
+        ):
             raise ValueError(f"a layer must be {{name: str, kind: str, trainable: bool}}, got {layer!r}")
         layers.append(LayerFacts(**layer))
     clip = d["feature_clip_norm"]  # a bool or a string would pass ModelFacts' float converter
-    return ModelFacts(layers=layers, complete=d["complete"], description=d["description"],
-                      feature_clip_norm=None if clip is None else v.positive_float("feature_clip_norm", clip))
+    return ModelFacts(
+        layers=layers,
+        complete=d["complete"],
+        description=d["description"],
+        feature_clip_norm=None if clip is None else v.positive_float("feature_clip_norm", clip),
+    )
 
 
 # -------------------------------------------------------------------------- files

@@ -110,15 +110,28 @@ FLAG_FOR_PARAMETER = {
 # The embedded default: MNIST-scale L2-regularised logistic regression, the setting of
 # Bok et al. (2024) Table 1 (n = 60000, b = 1500, L/(b sigma) = 2/3, c = 0.9999).
 DEMO = dict(
-    dataset_size=60000, batch_size=1500, noise_multiplier=3.0, clip_norm=1.0,
-    learning_rate=0.05, sampling="cyclic", feature_norm_bound=1.0, l2_regularization=0.002,
+    dataset_size=60000,
+    batch_size=1500,
+    noise_multiplier=3.0,
+    clip_norm=1.0,
+    learning_rate=0.05,
+    sampling="cyclic",
+    feature_norm_bound=1.0,
+    l2_regularization=0.002,
     delta=1e-5,
 )
 # What an Opacus user runs on MNIST (Opacus' examples/mnist.py pattern with a logistic-regression
 # model): the default Poisson loader, weight decay outside clipping; Opacus reports add/remove.
 DEMO_OPACUS = dict(
-    dataset_size=60000, batch_size=256, noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.5,
-    feature_norm_bound=1.0, l2_regularization=0.01, delta=1e-5, epochs=(1, 2, 3, 5, 10, 20, 50),
+    dataset_size=60000,
+    batch_size=256,
+    noise_multiplier=1.0,
+    clip_norm=1.0,
+    learning_rate=0.5,
+    feature_norm_bound=1.0,
+    l2_regularization=0.01,
+    delta=1e-5,
+    epochs=(1, 2, 3, 5, 10, 20, 50),
 )
 # `hsa epochs` searches up to this many epochs unless --max-epochs says otherwise.
 DEFAULT_MAX_EPOCHS = 100_000
@@ -163,27 +176,52 @@ def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bo
     p.add_argument("--clip-norm", type=number, required=True, metavar="C")
     p.add_argument("--learning-rate", type=number, required=True, metavar="LR")
     p.add_argument("--sampling", choices=SAMPLINGS, required=True)
-    p.add_argument("--last-batch", choices=LAST_BATCHES, default=DROPPED,
-                   help="reshuffle: drop the short last batch of each epoch (DataLoader(drop_last=True)), or keep it "
-                        "divided by its own size (Keras fit) or by the batch size (Opacus, expected_batch_size=B)")
-    p.add_argument("--public-batches", action="store_true",
-                   help="the batches' randomness is known to the adversary (e.g. a published seed)")
-    p.add_argument("--strong-convexity", type=number, metavar="M_LOW",
-                   help="strong convexity m of the per-example update (default: --l2-regularization when given, "
-                        "a convex loss plus the L2 term outside clipping; else 0)")
-    p.add_argument("--smoothness", type=number, metavar="M_HIGH",
-                   help="smoothness M; declaring it makes hidden-state analyses possible")
-    p.add_argument("--diameter", type=number, metavar="D",
-                   help="diameter of the convex set the parameters are projected onto")
+    p.add_argument(
+        "--last-batch",
+        choices=LAST_BATCHES,
+        default=DROPPED,
+        help="reshuffle: drop the short last batch of each epoch (DataLoader(drop_last=True)), or keep it "
+        "divided by its own size (Keras fit) or by the batch size (Opacus, expected_batch_size=B)",
+    )
+    p.add_argument(
+        "--public-batches",
+        action="store_true",
+        help="the batches' randomness is known to the adversary (e.g. a published seed)",
+    )
+    p.add_argument(
+        "--strong-convexity",
+        type=number,
+        metavar="M_LOW",
+        help="strong convexity m of the per-example update (default: --l2-regularization when given, "
+        "a convex loss plus the L2 term outside clipping; else 0)",
+    )
+    p.add_argument(
+        "--smoothness",
+        type=number,
+        metavar="M_HIGH",
+        help="smoothness M; declaring it makes hidden-state analyses possible",
+    )
+    p.add_argument(
+        "--diameter", type=number, metavar="D", help="diameter of the convex set the parameters are projected onto"
+    )
     p.add_argument("--lsi-constant", type=number, help="declared log-Sobolev constant (Chourasia Thm 2)")
-    p.add_argument("--gaussian-init", action="store_true",
-                   help="theta_0 ~ N(0, 2 sigma^2/m I) as Chourasia Cor. 1 requires")
-    p.add_argument("--l2-regularization", type=number, metavar="M_REG",
-                   help="L2 strength applied once per step outside clipping (weight decay); the Poisson "
-                        "hidden-state analyses need it. With --smoothness and no --strong-convexity it is also "
-                        "taken as the strong convexity")
-    p.add_argument("--neighboring-relation", choices=RELATION_CHOICES, default="replace_one",
-                   help="replace_one (default, the papers') or add_or_remove_one (Opacus' convention)")
+    p.add_argument(
+        "--gaussian-init", action="store_true", help="theta_0 ~ N(0, 2 sigma^2/m I) as Chourasia Cor. 1 requires"
+    )
+    p.add_argument(
+        "--l2-regularization",
+        type=number,
+        metavar="M_REG",
+        help="L2 strength applied once per step outside clipping (weight decay); the Poisson "
+        "hidden-state analyses need it. With --smoothness and no --strong-convexity it is also "
+        "taken as the strong convexity",
+    )
+    p.add_argument(
+        "--neighboring-relation",
+        choices=RELATION_CHOICES,
+        default="replace_one",
+        help="replace_one (default, the papers') or add_or_remove_one (Opacus' convention)",
+    )
     p.add_argument("--delta", type=number, required=True)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -198,8 +236,11 @@ def _accountant_kwargs(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hsa", description="Hidden-state privacy accounting for DP-SGD "
-                                             "(REPLACE_ONE by default; --neighboring-relation add_or_remove_one).")
+    parser = _Parser(
+        prog="hsa",
+        description="Hidden-state privacy accounting for DP-SGD "
+        "(REPLACE_ONE by default; --neighboring-relation add_or_remove_one).",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("epsilon", help="best valid epsilon of a run, with every analysis")
@@ -210,17 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("epochs", help="largest number of epochs within a budget (every shorter run fits too)")
     _add_run_flags(p, length=False)
     p.add_argument("--target-epsilon", type=number, required=True)
-    p.add_argument("--max-epochs", type=integer, default=None,
-                   help=f"search at most this many epochs (default {DEFAULT_MAX_EPOCHS}, fewer where that "
-                        f"would exceed {MAX_STEPS:.0e} steps)")
+    p.add_argument(
+        "--max-epochs",
+        type=integer,
+        default=None,
+        help=f"search at most this many epochs (default {DEFAULT_MAX_EPOCHS}, fewer where that "
+        f"would exceed {MAX_STEPS:.0e} steps)",
+    )
     p = sub.add_parser("plot", help="epsilon against epochs per analysis, saved as an image")
     _add_run_flags(p, length=False)
     p.add_argument("--max-epochs", type=number, default=1000, help="the last epoch plotted (at least 1)")
     p.add_argument("--output", default="hsa_epsilon_vs_epochs.png")
     p = sub.add_parser("audit", help="empirical lower bound on epsilon from simulated training runs")
     _add_run_flags(p)
-    p.add_argument("--construction", choices=("strongly_convex", "constrained"), default=None,
-                   help="default: constrained when --diameter is given, else strongly_convex")
+    p.add_argument(
+        "--construction",
+        choices=("strongly_convex", "constrained"),
+        default=None,
+        help="default: constrained when --diameter is given, else strongly_convex",
+    )
     p.add_argument("--repetitions", type=integer, default=100_000)
     p.add_argument("--confidence", type=number, default=0.95)
     p.add_argument("--seed", type=integer, default=0)
@@ -237,8 +286,11 @@ def _strong_convexity_from_l2(args) -> bool:
 
 def _geometry(args) -> Optional[LossGeometry]:
     if args.smoothness is None:
-        for flag, value in (("--strong-convexity", args.strong_convexity), ("--diameter", args.diameter),
-                            ("--lsi-constant", args.lsi_constant)):
+        for flag, value in (
+            ("--strong-convexity", args.strong_convexity),
+            ("--diameter", args.diameter),
+            ("--lsi-constant", args.lsi_constant),
+        ):
             if value is not None:
                 raise v.ParameterError("smoothness", f"{flag} needs --smoothness as well")
         return None
@@ -247,8 +299,11 @@ def _geometry(args) -> Optional[LossGeometry]:
         m = v.nonnegative_float("l2_regularization", args.l2_regularization)
         smoothness = v.positive_float("smoothness", args.smoothness)
         if m > smoothness:
-            raise v.ParameterError("l2_regularization", f"taken as the strong convexity (no --strong-convexity), "
-                                   f"must be <= --smoothness {smoothness:g}, got {m:g}")
+            raise v.ParameterError(
+                "l2_regularization",
+                f"taken as the strong convexity (no --strong-convexity), "
+                f"must be <= --smoothness {smoothness:g}, got {m:g}",
+            )
     return LossGeometry(
         smoothness=args.smoothness,
         strong_convexity=0.0 if m is None else m,
@@ -260,9 +315,11 @@ def _geometry(args) -> Optional[LossGeometry]:
 def _notes(args) -> List[str]:
     """What the command line assumed on the user's behalf, said in every report."""
     if _strong_convexity_from_l2(args):
-        return [f"strong convexity taken from --l2-regularization: m = {args.l2_regularization:g}, assuming the clipped "
-                "per-example loss is convex (the L2 term applied outside clipping adds m); pass --strong-convexity "
-                "to declare another value"]
+        return [
+            f"strong convexity taken from --l2-regularization: m = {args.l2_regularization:g}, assuming the clipped "
+            "per-example loss is convex (the L2 term applied outside clipping adds m); pass --strong-convexity "
+            "to declare another value"
+        ]
     return []
 
 
@@ -277,22 +334,33 @@ def _checked_length(args, epochs: float, flag_parameter: str) -> int:
     steps than any run takes: the dataset size when one epoch already is, else ``flag_parameter``."""
     spe = _steps_per_epoch(args)
     if spe > MAX_STEPS:
-        raise v.ParameterError("dataset_size", f"one epoch of {args.dataset_size:.3g} records in batches of "
-                               f"{args.batch_size} is {spe:.3g} steps, more than any training run takes "
-                               f"(at most {MAX_STEPS:.0e})")
+        raise v.ParameterError(
+            "dataset_size",
+            f"one epoch of {args.dataset_size:.3g} records in batches of "
+            f"{args.batch_size} is {spe:.3g} steps, more than any training run takes "
+            f"(at most {MAX_STEPS:.0e})",
+        )
     if epochs * spe > MAX_STEPS:
-        raise v.ParameterError(flag_parameter, f"{epochs:g} epochs of {spe} steps is {epochs * spe:.3g} steps, more "
-                               f"than any training run takes (at most {MAX_STEPS:.0e})")
+        raise v.ParameterError(
+            flag_parameter,
+            f"{epochs:g} epochs of {spe} steps is {epochs * spe:.3g} steps, more "
+            f"than any training run takes (at most {MAX_STEPS:.0e})",
+        )
     return spe
 
 
 def _run(args, *, noise: Optional[float] = None, steps: Optional[int] = None) -> TrainingRunDpEvent:
     common = dict(
-        dataset_size=args.dataset_size, batch_size=args.batch_size,
+        dataset_size=args.dataset_size,
+        batch_size=args.batch_size,
         noise_multiplier=args.noise_multiplier if noise is None else noise,
-        clip_norm=args.clip_norm, learning_rate=args.learning_rate, sampling=args.sampling,
-        geometry=_geometry(args), gaussian_initialization=args.gaussian_init,
-        last_batch=args.last_batch, secret_batches=not args.public_batches,
+        clip_norm=args.clip_norm,
+        learning_rate=args.learning_rate,
+        sampling=args.sampling,
+        geometry=_geometry(args),
+        gaussian_initialization=args.gaussian_init,
+        last_batch=args.last_batch,
+        secret_batches=not args.public_batches,
         l2_regularization=args.l2_regularization,
     )
     if steps is not None:
@@ -330,20 +398,36 @@ def cmd_noise(args) -> int:
     v.positive_float("target_epsilon", args.target_epsilon)
     run = _run(args, noise=1.0)
     result = calibrate_noise_multiplier(run, args.target_epsilon, delta, **_accountant_kwargs(args))
-    report = HiddenStateAccountant(**_accountant_kwargs(args)).compose(
-        run.replace(noise_multiplier=result.noise_multiplier)).explain(delta)
+    report = (
+        HiddenStateAccountant(**_accountant_kwargs(args))
+        .compose(run.replace(noise_multiplier=result.noise_multiplier))
+        .explain(delta)
+    )
     notes = report.notes + _notes(args)
     if args.json:
-        print(json.dumps({"noise_multiplier": result.noise_multiplier, "epsilon": result.epsilon, "delta": delta,
-                          "analysis": result.analysis, "evaluations": result.evaluations,
-                          "converged": result.converged, "neighboring_relation": _relation(args),
-                          "analyses": _analyses(report), "notes": notes,
-                          "lower_bound": _finite(report.lower_bound) if report.lower_bound is not None else None,
-                          "lower_bound_note": report.lower_bound_note}))
+        print(
+            json.dumps(
+                {
+                    "noise_multiplier": result.noise_multiplier,
+                    "epsilon": result.epsilon,
+                    "delta": delta,
+                    "analysis": result.analysis,
+                    "evaluations": result.evaluations,
+                    "converged": result.converged,
+                    "neighboring_relation": _relation(args),
+                    "analyses": _analyses(report),
+                    "notes": notes,
+                    "lower_bound": _finite(report.lower_bound) if report.lower_bound is not None else None,
+                    "lower_bound_note": report.lower_bound_note,
+                }
+            )
+        )
     else:
-        print(f"noise multiplier {result.noise_multiplier:.4f} gives epsilon {result.epsilon:.4f} "
-              f"at delta {delta:g} ({_relation(args)}), from {result.analysis} "
-              f"[{result.evaluations} evaluations]")
+        print(
+            f"noise multiplier {result.noise_multiplier:.4f} gives epsilon {result.epsilon:.4f} "
+            f"at delta {delta:g} ({_relation(args)}), from {result.analysis} "
+            f"[{result.evaluations} evaluations]"
+        )
         print("\nat that noise multiplier:\n" + report.to_table())
         for note in _notes(args):
             print(f"note: {note}")
@@ -360,35 +444,56 @@ def cmd_epochs(args) -> int:
         max_epochs = v.positive_int("max_epochs", args.max_epochs)
         _checked_length(args, max_epochs, "max_epochs")
     run = _run(args, steps=spe)
-    budget = max_epochs_within_budget(run, args.target_epsilon, delta, max_epochs=max_epochs,
-                                      **_accountant_kwargs(args))
+    budget = max_epochs_within_budget(
+        run, args.target_epsilon, delta, max_epochs=max_epochs, **_accountant_kwargs(args)
+    )
     report = budget.report
     notes = report.notes + _notes(args)
     if args.json:
-        print(json.dumps({
-            "epochs": budget.epochs, "unlimited": budget.unlimited, "epsilon": budget.epsilon,
-            "next_epsilon": budget.next_epsilon, "limit_epsilon": _finite(budget.limit_epsilon),
-            "limit_analysis": budget.limit_analysis, "max_epochs": max_epochs, "complete": budget.complete,
-            "delta": delta,
-            "analysis": budget.analysis, "neighboring_relation": _relation(args),
-            "analyses": _analyses(report), "notes": notes}))
+        print(
+            json.dumps(
+                {
+                    "epochs": budget.epochs,
+                    "unlimited": budget.unlimited,
+                    "epsilon": budget.epsilon,
+                    "next_epsilon": budget.next_epsilon,
+                    "limit_epsilon": _finite(budget.limit_epsilon),
+                    "limit_analysis": budget.limit_analysis,
+                    "max_epochs": max_epochs,
+                    "complete": budget.complete,
+                    "delta": delta,
+                    "analysis": budget.analysis,
+                    "neighboring_relation": _relation(args),
+                    "analyses": _analyses(report),
+                    "notes": notes,
+                }
+            )
+        )
         return 0
     rel = f"at delta {delta:g} ({_relation(args)})"
     if budget.unlimited:
-        print(f"unlimited: {budget.analysis} stays at or below epsilon {budget.limit_epsilon:.4f} "
-              f"(<= {args.target_epsilon:g}) {rel} however long the run trains")
+        print(
+            f"unlimited: {budget.analysis} stays at or below epsilon {budget.limit_epsilon:.4f} "
+            f"(<= {args.target_epsilon:g}) {rel} however long the run trains"
+        )
     else:
         if budget.epochs == 0:
-            print(f"no whole epoch fits in epsilon {args.target_epsilon:g} {rel}: one epoch costs "
-                  f"{report.epsilon:.4f} (from {report.analysis})")
+            print(
+                f"no whole epoch fits in epsilon {args.target_epsilon:g} {rel}: one epoch costs "
+                f"{report.epsilon:.4f} (from {report.analysis})"
+            )
         elif budget.epochs == max_epochs or not budget.complete:
             why = "the --max-epochs searched" if budget.epochs == max_epochs else "checked epoch by epoch"
-            print(f"at least {budget.epochs} epochs ({why}) fit in epsilon {args.target_epsilon:g} {rel} "
-                  f"(epsilon {budget.epsilon:.4f}, from {budget.analysis})")
+            print(
+                f"at least {budget.epochs} epochs ({why}) fit in epsilon {args.target_epsilon:g} {rel} "
+                f"(epsilon {budget.epsilon:.4f}, from {budget.analysis})"
+            )
         else:
-            print(f"{budget.epochs} epochs fit in epsilon {args.target_epsilon:g} {rel} "
-                  f"(epsilon {budget.epsilon:.4f}, from {budget.analysis}; "
-                  f"{budget.epochs + 1} epochs would cost {_fmt(budget.next_epsilon)})")
+            print(
+                f"{budget.epochs} epochs fit in epsilon {args.target_epsilon:g} {rel} "
+                f"(epsilon {budget.epsilon:.4f}, from {budget.analysis}; "
+                f"{budget.epochs + 1} epochs would cost {_fmt(budget.next_epsilon)})"
+            )
         print(_limit_sentence(budget, report))
     for note in _notes(args):
         print(f"note: {note}")
@@ -402,10 +507,14 @@ def _limit_sentence(budget, report: PrivacyReport) -> str:
     if math.isinf(lim):
         return "no analysis valid for every length bounds an unbounded run"
     if hidden.get(budget.limit_analysis, True) and budget.limit_analysis != "none":
-        return (f"for unbounded training {budget.limit_analysis} converges to epsilon {lim:.4f}, above the target "
-                "(an analysis valid for every length)")
-    return (f"no hidden-state analysis valid for every length converges below the target; "
-            f"the best for an unbounded run is {budget.limit_analysis} at {lim:.4g}, which grows without limit")
+        return (
+            f"for unbounded training {budget.limit_analysis} converges to epsilon {lim:.4f}, above the target "
+            "(an analysis valid for every length)"
+        )
+    return (
+        f"no hidden-state analysis valid for every length converges below the target; "
+        f"the best for an unbounded run is {budget.limit_analysis} at {lim:.4g}, which grows without limit"
+    )
 
 
 def _fmt(x: Optional[float]) -> str:
@@ -448,15 +557,24 @@ def cmd_audit(args) -> int:
     delta = _check_delta(args)
     run = _run(args)
     construction = args.construction or ("constrained" if args.diameter is not None else "strongly_convex")
-    result = audit(run, construction=construction, repetitions=args.repetitions, delta=delta,
-                   confidence=args.confidence, seed=args.seed, **_accountant_kwargs(args))
+    result = audit(
+        run,
+        construction=construction,
+        repetitions=args.repetitions,
+        delta=delta,
+        confidence=args.confidence,
+        seed=args.seed,
+        **_accountant_kwargs(args),
+    )
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
         verdict = "consistent" if result.consistent else "INCONSISTENT: the reported bound is below the audit"
-        print(f"audited lower bound {result.epsilon_lower:.4f} (confidence {result.confidence:g}, "
-              f"{result.repetitions} runs per dataset, {construction} construction) <= reported "
-              f"{result.epsilon_reported:.4f} from {result.analysis} at delta {delta:g}: {verdict}")
+        print(
+            f"audited lower bound {result.epsilon_lower:.4f} (confidence {result.confidence:g}, "
+            f"{result.repetitions} runs per dataset, {construction} construction) <= reported "
+            f"{result.epsilon_reported:.4f} from {result.analysis} at delta {delta:g}: {verdict}"
+        )
     return 0 if result.consistent else 1
 
 
@@ -467,34 +585,59 @@ def _demo_opacus_rows() -> List[dict]:
     rows = []
     for epochs in d["epochs"]:
         run = TrainingRunDpEvent.from_epochs(
-            dataset_size=d["dataset_size"], batch_size=d["batch_size"], epochs=epochs,
-            noise_multiplier=d["noise_multiplier"], clip_norm=d["clip_norm"], learning_rate=d["learning_rate"],
-            sampling=POISSON, geometry=geometry, l2_regularization=d["l2_regularization"])
+            dataset_size=d["dataset_size"],
+            batch_size=d["batch_size"],
+            epochs=epochs,
+            noise_multiplier=d["noise_multiplier"],
+            clip_norm=d["clip_norm"],
+            learning_rate=d["learning_rate"],
+            sampling=POISSON,
+            geometry=geometry,
+            l2_regularization=d["l2_regularization"],
+        )
         add_remove = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run).explain(d["delta"])
         replace_one = HiddenStateAccountant(neighboring_relation="REPLACE_ONE").compose(run).explain(d["delta"])
-        rows.append({"epochs": epochs, "steps": run.steps, "composition_add_or_remove": add_remove.composition_epsilon,
-                     "epsilon_add_or_remove": add_remove.epsilon, "analysis_add_or_remove": add_remove.analysis,
-                     "epsilon_replace_one": replace_one.epsilon, "analysis_replace_one": replace_one.analysis})
+        rows.append(
+            {
+                "epochs": epochs,
+                "steps": run.steps,
+                "composition_add_or_remove": add_remove.composition_epsilon,
+                "epsilon_add_or_remove": add_remove.epsilon,
+                "analysis_add_or_remove": add_remove.analysis,
+                "epsilon_replace_one": replace_one.epsilon,
+                "analysis_replace_one": replace_one.analysis,
+            }
+        )
     return rows
 
 
 def _print_demo_opacus(rows: List[dict]) -> None:
     d = DEMO_OPACUS
     print("What an Opacus user sees: MNIST-scale logistic regression with Opacus' default Poisson loader")
-    print(f"  n = {d['dataset_size']}, expected batch {d['batch_size']}, noise multiplier {d['noise_multiplier']}, "
-          f"clip {d['clip_norm']}, lr {d['learning_rate']}, weight decay {d['l2_regularization']} outside "
-          f"clipping, features clipped to norm {d['feature_norm_bound']}, delta = {d['delta']:g}\n")
-    print(f"{'epochs':>6}  {'composition (add/remove)':>24}  {'hidden state (add/remove)':>25}  "
-          f"{'hidden state (replace-one)':>26}")
+    print(
+        f"  n = {d['dataset_size']}, expected batch {d['batch_size']}, noise multiplier {d['noise_multiplier']}, "
+        f"clip {d['clip_norm']}, lr {d['learning_rate']}, weight decay {d['l2_regularization']} outside "
+        f"clipping, features clipped to norm {d['feature_norm_bound']}, delta = {d['delta']:g}\n"
+    )
+    print(
+        f"{'epochs':>6}  {'composition (add/remove)':>24}  {'hidden state (add/remove)':>25}  "
+        f"{'hidden state (replace-one)':>26}"
+    )
     for r in rows:
-        print(f"{r['epochs']:>6}  {r['composition_add_or_remove']:>24.3f}  {r['epsilon_add_or_remove']:>25.3f}  "
-              f"{r['epsilon_replace_one']:>26.3f}")
+        print(
+            f"{r['epochs']:>6}  {r['composition_add_or_remove']:>24.3f}  {r['epsilon_add_or_remove']:>25.3f}  "
+            f"{r['epsilon_replace_one']:>26.3f}"
+        )
     first = next((r["epochs"] for r in rows if r["epsilon_add_or_remove"] < r["composition_add_or_remove"]), None)
-    print("\nThe composition column is what Opacus' PRV accountant prints for this run (equal within its "
-          "discretisation, about 0.01).")
+    print(
+        "\nThe composition column is what Opacus' PRV accountant prints for this run (equal within its "
+        "discretisation, about 0.01)."
+    )
     if first is not None:
-        print(f"The hidden-state bound (the same relation) is smaller from epoch {first} on and stays at "
-              f"{rows[-1]['epsilon_add_or_remove']:.3f}; before that the two are equal.\n")
+        print(
+            f"The hidden-state bound (the same relation) is smaller from epoch {first} on and stays at "
+            f"{rows[-1]['epsilon_add_or_remove']:.3f}; before that the two are equal.\n"
+        )
 
 
 def cmd_demo(args) -> int:
@@ -503,33 +646,61 @@ def cmd_demo(args) -> int:
     opacus_rows = _demo_opacus_rows()
     geometry = LossGeometry.logistic_regression(d["feature_norm_bound"], d["l2_regularization"])
     run = TrainingRunDpEvent(
-        dataset_size=d["dataset_size"], batch_size=d["batch_size"], steps=1,
-        noise_multiplier=d["noise_multiplier"], clip_norm=d["clip_norm"],
-        learning_rate=d["learning_rate"], sampling=d["sampling"], geometry=geometry)
+        dataset_size=d["dataset_size"],
+        batch_size=d["batch_size"],
+        steps=1,
+        noise_multiplier=d["noise_multiplier"],
+        clip_norm=d["clip_norm"],
+        learning_rate=d["learning_rate"],
+        sampling=d["sampling"],
+        geometry=geometry,
+    )
     epochs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
     curves = epsilon_curves(run, epochs, d["delta"])
     if args.json:
-        print(json.dumps({"epochs": curves.epochs, "best": curves.best, "analyses": curves.epsilon,
-                          "delta": curves.delta, "neighboring_relation": "REPLACE_ONE",
-                          "opacus_poisson": opacus_rows}))
+        print(
+            json.dumps(
+                {
+                    "epochs": curves.epochs,
+                    "best": curves.best,
+                    "analyses": curves.epsilon,
+                    "delta": curves.delta,
+                    "neighboring_relation": "REPLACE_ONE",
+                    "opacus_poisson": opacus_rows,
+                }
+            )
+        )
         plot_epsilon_curves(curves, output)
         return 0
     _print_demo_opacus(opacus_rows)
-    print("Bok, Su & Altschuler (ICML 2024), Table 1: MNIST-scale L2-regularised logistic regression trained with DP-SGD")
-    print(f"  n = {d['dataset_size']}, batch {d['batch_size']} in a fixed cyclic order, noise multiplier "
-          f"{d['noise_multiplier']}, clip {d['clip_norm']}, lr {d['learning_rate']}, features clipped to "
-          f"norm {d['feature_norm_bound']}, L2 {d['l2_regularization']}")
-    print(f"  geometry (Ye & Shokri Prop. 5.2): m = {geometry.strong_convexity:g}, M = {geometry.smoothness:g}; "
-          f"delta = {d['delta']:g}, REPLACE_ONE\n")
+    print(
+        "Bok, Su & Altschuler (ICML 2024), Table 1: MNIST-scale L2-regularised logistic regression trained with DP-SGD"
+    )
+    print(
+        f"  n = {d['dataset_size']}, batch {d['batch_size']} in a fixed cyclic order, noise multiplier "
+        f"{d['noise_multiplier']}, clip {d['clip_norm']}, lr {d['learning_rate']}, features clipped to "
+        f"norm {d['feature_norm_bound']}, L2 {d['l2_regularization']}"
+    )
+    print(
+        f"  geometry (Ye & Shokri Prop. 5.2): m = {geometry.strong_convexity:g}, M = {geometry.smoothness:g}; "
+        f"delta = {d['delta']:g}, REPLACE_ONE\n"
+    )
     print(curves.table())
-    print("\nComposition (bok_thm4.4) charges every released iterate and keeps growing; the "
-          "hidden-state bounds converge.")
+    print(
+        "\nComposition (bok_thm4.4) charges every released iterate and keeps growing; the hidden-state bounds converge."
+    )
     print(f"plot saved to {plot_epsilon_curves(curves, output, 'Embedded default: MNIST-scale logistic regression')}")
     return 0
 
 
-COMMANDS = {"epsilon": cmd_epsilon, "noise": cmd_noise, "epochs": cmd_epochs, "plot": cmd_plot,
-            "audit": cmd_audit, "demo": cmd_demo}
+COMMANDS = {
+    "epsilon": cmd_epsilon,
+    "noise": cmd_noise,
+    "epochs": cmd_epochs,
+    "plot": cmd_plot,
+    "audit": cmd_audit,
+    "demo": cmd_demo,
+}
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):

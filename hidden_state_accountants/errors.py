@@ -50,8 +50,7 @@ class SbcdAssumptionWarning(HiddenStateWarning):
 
 
 NO_GEOMETRY = (
-    "no loss geometry declared: without strong convexity/smoothness or a bounded domain "
-    "no hidden-state claim is made"
+    "no loss geometry declared: without strong convexity/smoothness or a bounded domain no hidden-state claim is made"
 )
 """Why a run without a declared geometry gets no hidden-state claim (reports, notes, warnings)."""
 

@@ -40,7 +40,8 @@ CROSS_ENTROPY_ON_LOGITS = "cross_entropy_on_logits"
 LOSSES: Dict[str, str] = {
     CROSS_ENTROPY_ON_LOGITS: (
         "softmax cross-entropy with one-hot or integer labels, or sigmoid cross-entropy, on the trainable "
-        "layer's outputs (logits), one unweighted loss per example"),
+        "layer's outputs (logits), one unweighted loss per example"
+    ),
 }
 """The losses a :class:`LossGeometry` can be derived from (``LossGeometry.loss``), with what each
 assumes. An adapter that can see the training loss compares it with this; where it cannot, the
@@ -60,8 +61,10 @@ def cross_entropy_smoothness(feature_norm_bound: float) -> float:
     beta = (r * r + 1.0) / 2.0
     if not math.isfinite(beta):
         raise v.ParameterError(
-            "feature_norm_bound", f"must be at most {math.sqrt(sys.float_info.max):.4g} (R^2 and the smoothness "
-            f"(R^2 + 1)/2 must be a finite number), got {feature_norm_bound!r}")
+            "feature_norm_bound",
+            f"must be at most {math.sqrt(sys.float_info.max):.4g} (R^2 and the smoothness "
+            f"(R^2 + 1)/2 must be a finite number), got {feature_norm_bound!r}",
+        )
     return beta
 
 
@@ -108,24 +111,27 @@ class LossGeometry:
         if self.diameter is not None:
             object.__setattr__(self, "diameter", v.positive_float("diameter", self.diameter))
         if self.lsi_constant is not None:
-            object.__setattr__(
-                self, "lsi_constant", v.positive_float("lsi_constant", self.lsi_constant)
-            )
+            object.__setattr__(self, "lsi_constant", v.positive_float("lsi_constant", self.lsi_constant))
         if self.feature_norm_bound is not None:
-            object.__setattr__(self, "feature_norm_bound",
-                               v.nonnegative_float("feature_norm_bound", self.feature_norm_bound))
+            object.__setattr__(
+                self, "feature_norm_bound", v.nonnegative_float("feature_norm_bound", self.feature_norm_bound)
+            )
         if self.loss is not None:
             if self.loss not in LOSSES:
                 raise v.ParameterError("loss", f"must be None or one of {', '.join(LOSSES)}, got {self.loss!r}")
             if self.feature_norm_bound is None:
-                raise v.ParameterError("feature_norm_bound", f"is needed with loss={self.loss!r} (its smoothness "
-                                                             "depends on the feature norm)")
+                raise v.ParameterError(
+                    "feature_norm_bound",
+                    f"is needed with loss={self.loss!r} (its smoothness depends on the feature norm)",
+                )
             needed = self.loss_smoothness + self.strong_convexity
             if self.smoothness < needed * (1 - 1e-12):
                 raise v.ParameterError(
-                    "smoothness", f"{self.smoothness:g} is below {needed:g}, what loss={self.loss!r} with "
+                    "smoothness",
+                    f"{self.smoothness:g} is below {needed:g}, what loss={self.loss!r} with "
                     f"feature_norm_bound={self.feature_norm_bound:g} and strong_convexity={self.strong_convexity:g} "
-                    "gives")
+                    "gives",
+                )
 
     @property
     def loss_smoothness(self) -> Optional[float]:
@@ -157,8 +163,10 @@ class LossGeometry:
         m_reg = v.nonnegative_float("l2_regularization", l2_regularization)
         smoothness = beta + m_reg
         if not math.isfinite(smoothness):
-            raise v.ParameterError("l2_regularization", f"makes the smoothness (R^2 + 1)/2 + l2_regularization "
-                                                        f"overflow, got {l2_regularization!r}")
+            raise v.ParameterError(
+                "l2_regularization",
+                f"makes the smoothness (R^2 + 1)/2 + l2_regularization overflow, got {l2_regularization!r}",
+            )
         return cls(
             smoothness=smoothness,
             strong_convexity=m_reg,
@@ -194,8 +202,10 @@ def check_learning_rate(learning_rate: float, geometry: LossGeometry) -> None:
     for an event and for a recorded step before training."""
     if learning_rate >= 2.0 / geometry.smoothness:
         raise v.ParameterError(
-            "learning_rate", f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
-            f"(a gradient step is not contractive otherwise), got {learning_rate:.6g}")
+            "learning_rate",
+            f"must be < 2/smoothness = {2.0 / geometry.smoothness:.6g} for the declared geometry "
+            f"(a gradient step is not contractive otherwise), got {learning_rate:.6g}",
+        )
 
 
 Schedule = Union[float, Tuple[float, ...]]
@@ -270,8 +280,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
             raise v.ParameterError("secret_batches", f"must be True or False, got {self.secret_batches!r}")
         if not self.secret_batches and self.sampling in (WITHOUT_REPLACEMENT, POISSON):
             raise v.ParameterError(
-                "secret_batches", f"{self.sampling} with public batches is not covered (its analyses rest on the "
-                "draw being secret)")
+                "secret_batches",
+                f"{self.sampling} with public batches is not covered (its analyses rest on the draw being secret)",
+            )
         t = v.positive_int("steps", self.steps, maximum=MAX_STEPS, why=" (more than any training run takes)")
         object.__setattr__(self, "dataset_size", n)
         object.__setattr__(self, "batch_size", b)
@@ -279,18 +290,24 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         object.__setattr__(self, "clip_norm", v.positive_float("clip_norm", self.clip_norm))
         if self.sampling_probability is not None:
             if self.sampling != POISSON:
-                raise v.ParameterError("sampling_probability", f"applies to sampling='poisson' only, not {self.sampling!r}")
+                raise v.ParameterError(
+                    "sampling_probability", f"applies to sampling='poisson' only, not {self.sampling!r}"
+                )
             q = v.real("sampling_probability", self.sampling_probability)
             if not 0 < q <= 1:
                 raise v.ParameterError("sampling_probability", f"must lie in (0, 1], got {self.sampling_probability!r}")
             object.__setattr__(self, "sampling_probability", q)
         if self.l2_regularization is not None:
-            object.__setattr__(self, "l2_regularization",
-                               v.nonnegative_float("l2_regularization", self.l2_regularization))
+            object.__setattr__(
+                self, "l2_regularization", v.nonnegative_float("l2_regularization", self.l2_regularization)
+            )
         if not isinstance(self.gaussian_initialization, bool):
-            raise v.ParameterError("gaussian_initialization", f"must be True or False, got {self.gaussian_initialization!r}")
+            raise v.ParameterError(
+                "gaussian_initialization", f"must be True or False, got {self.gaussian_initialization!r}"
+            )
         if self.hidden_state_refusal is not None and not (
-                isinstance(self.hidden_state_refusal, str) and self.hidden_state_refusal.strip()):
+            isinstance(self.hidden_state_refusal, str) and self.hidden_state_refusal.strip()
+        ):
             raise v.ParameterError("hidden_state_refusal", "must be None or a non-empty reason")
         if self.geometry is not None and not isinstance(self.geometry, LossGeometry):
             raise v.ParameterError("geometry", f"must be a LossGeometry or None, got {self.geometry!r}")
@@ -298,9 +315,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
             value = getattr(self, name)
             if isinstance(value, tuple):
                 if len(value) != t:
-                    raise v.ParameterError(
-                        name, f"per-step schedule has {len(value)} entries, expected steps={t}"
-                    )
+                    raise v.ParameterError(name, f"per-step schedule has {len(value)} entries, expected steps={t}")
                 for x in value:
                     v.positive_float(name, x)
                 if len(set(value)) == 1:  # a constant schedule is a constant
@@ -308,7 +323,11 @@ class TrainingRunDpEvent(dp_event.DpEvent):
             else:
                 object.__setattr__(self, name, v.positive_float(name, value))
         # a claim that cannot hold is an error; a varying rate already rules out the analyses
-        if self.geometry is not None and self.hidden_state_refusal is None and not isinstance(self.learning_rate, tuple):
+        if (
+            self.geometry is not None
+            and self.hidden_state_refusal is None
+            and not isinstance(self.learning_rate, tuple)
+        ):
             check_learning_rate(self.learning_rate, self.geometry)
 
     @classmethod
@@ -320,9 +339,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         spe = steps_per_epoch(n, b, kwargs.get("sampling", CYCLIC), kwargs.get("last_batch", DROPPED))
         steps = e * spe
         if not float(steps).is_integer():
-            raise v.ParameterError(
-                "epochs", f"{e:g} epochs of {spe} steps is not a whole number of steps"
-            )
+            raise v.ParameterError("epochs", f"{e:g} epochs of {spe} steps is not a whole number of steps")
         return cls(dataset_size=n, batch_size=b, steps=int(steps), **kwargs)
 
     # -- derived quantities ------------------------------------------------------------
@@ -357,5 +374,11 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         return attr.evolve(self, **changes)
 
 
-
-__all__ = ["TrainingRunDpEvent", "LossGeometry", "check_learning_rate", "LOSSES", "CROSS_ENTROPY_ON_LOGITS", "cross_entropy_smoothness"]
+__all__ = [
+    "TrainingRunDpEvent",
+    "LossGeometry",
+    "check_learning_rate",
+    "LOSSES",
+    "CROSS_ENTROPY_ON_LOGITS",
+    "cross_entropy_smoothness",
+]

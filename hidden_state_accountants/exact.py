@@ -54,8 +54,15 @@ from hidden_state_accountants import validation as v
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.mixture_pair import EPS_PAD, MixturePair
 from hidden_state_accountants.schedule_laws import GRID_POINTS, MAX_ENUM, Law, Linear, schedule_law
-from hidden_state_accountants.schedules import (BALLS_IN_BINS, CYCLIC, FULL, POISSON, RESHUFFLE, SHUFFLE_PARTITION,
-                                                WITHOUT_REPLACEMENT)
+from hidden_state_accountants.schedules import (
+    BALLS_IN_BINS,
+    CYCLIC,
+    FULL,
+    POISSON,
+    RESHUFFLE,
+    SHUFFLE_PARTITION,
+    WITHOUT_REPLACEMENT,
+)
 
 CONSTRUCTIONS = ("worst", "mirror", "half")
 
@@ -80,8 +87,11 @@ def constructions_for(sampling: str, relation: str = "REPLACE_ONE") -> Tuple[str
     sums, is not valid for them)."""
     if relation == "ADD_OR_REMOVE_ONE":
         if sampling not in (FULL, CYCLIC, POISSON, BALLS_IN_BINS):
-            raise v.ParameterError("neighboring_relation", f"no exact ADD_OR_REMOVE_ONE pair for sampling={sampling!r}"
-                                   " (the package's fixed-size samplers place records by position)")
+            raise v.ParameterError(
+                "neighboring_relation",
+                f"no exact ADD_OR_REMOVE_ONE pair for sampling={sampling!r}"
+                " (the package's fixed-size samplers place records by position)",
+            )
         return ("half",)
     return ("mirror", "half") if sampling in (POISSON, BALLS_IN_BINS) else ("worst",)
 
@@ -130,13 +140,21 @@ def _in_noise_units(run: TrainingRunDpEvent, init_variance: float) -> float:
     """An initial variance in units of one step's noise variance ``nu^2``, ``nu = lr z C / b``."""
     if not init_variance:
         return 0.0
-    return float(init_variance) / (float(run.learning_rate) * float(run.noise_multiplier) * run.clip_norm
-                                   / run.batch_size) ** 2
+    return (
+        float(init_variance)
+        / (float(run.learning_rate) * float(run.noise_multiplier) * run.clip_norm / run.batch_size) ** 2
+    )
 
 
-def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_variance: float = 0.0,
-               construction: Optional[str] = None, grid_points: int = GRID_POINTS,
-               relation: str = "REPLACE_ONE") -> ExactPair:
+def exact_pair(
+    run: TrainingRunDpEvent,
+    *,
+    position: Optional[int] = None,
+    init_variance: float = 0.0,
+    construction: Optional[str] = None,
+    grid_points: int = GRID_POINTS,
+    relation: str = "REPLACE_ONE",
+) -> ExactPair:
     """The worst known neighbouring pair of ``run`` under the linear model (module docstring).
 
     ``m`` is the run's declared ``strong_convexity`` (0 without a geometry), the contraction
@@ -169,13 +187,24 @@ def exact_pair(run: TrainingRunDpEvent, *, position: Optional[int] = None, init_
     return ExactPair([pair_for(lo, kappa, k) for k in kinds], [pair_for(hi, kappa, k) for k in kinds], enumerated)
 
 
-__all__ = ["ExactPair", "MixturePair", "Law", "exact_pair", "schedule_law", "pair_for", "constructions_for",
-           "CONSTRUCTIONS", "MAX_ENUM", "GRID_POINTS"]
+__all__ = [
+    "ExactPair",
+    "MixturePair",
+    "Law",
+    "exact_pair",
+    "schedule_law",
+    "pair_for",
+    "constructions_for",
+    "CONSTRUCTIONS",
+    "MAX_ENUM",
+    "GRID_POINTS",
+]
 
 
 # ------------------------------------------------- brute force for Poisson sampling (issue 12)
 def _grid_epsilon(p: np.ndarray, qd: np.ndarray, delta: float) -> float:
     """``epsilon(delta)`` of two discrete laws on the same grid, the larger direction."""
+
     def one(a, b):
         f = lambda e: float(np.sum(np.maximum(a - math.exp(e) * b, 0.0))) - delta
         if f(0.0) <= 0:
@@ -186,11 +215,25 @@ def _grid_epsilon(p: np.ndarray, qd: np.ndarray, delta: float) -> float:
             if hi > 1e3:
                 return math.inf
         return optimize.brentq(f, 0.0, hi, xtol=1e-9)
+
     return max(one(p, qd), one(qd, p))
 
 
-def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: float, C: float, lr: float,
-                          m_reg: float, h: float, relation: str, delta: float, grid: int = 1601) -> float:
+def poisson_huber_epsilon(
+    *,
+    n_others: int,
+    q: float,
+    b: float,
+    steps: int,
+    z: float,
+    C: float,
+    lr: float,
+    m_reg: float,
+    h: float,
+    relation: str,
+    delta: float,
+    grid: int = 1601,
+) -> float:
     """Brute-force last-iterate epsilon of Poisson DP-SGD on a 1-D *non-linear* loss whose step
     contraction depends on the batch size (ground truth where the batch-size cap binds, docs/derivations.md section 12).
 
@@ -217,7 +260,7 @@ def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: f
         p[np.argmin(np.abs(x))] = 1.0
         mix = np.zeros((grid, grid))
         for k in range(n_others + 1):
-            for inc in ((0, 1) if xs is not None else (0,)):
+            for inc in (0, 1) if xs is not None else (0,):
                 drift = m_reg * x + (k * np.clip(h * x, -C, C) + (np.clip(h * (x - xs), -C, C) if inc else 0.0)) / b
                 w = pk[k] * ((q if inc else 1 - q) if xs is not None else 1.0)
                 mix += w * kernel(x - lr * drift)
@@ -230,8 +273,20 @@ def poisson_huber_epsilon(*, n_others: int, q: float, b: float, steps: int, z: f
     return _grid_epsilon(propagate(far), propagate(other), delta)
 
 
-def poisson_projected_epsilon(*, q: float, b: float, steps: int, z: float, C: float, lr: float, m_reg: float,
-                              diameter: float, relation: str, delta: float, grid: int = 1201) -> float:
+def poisson_projected_epsilon(
+    *,
+    q: float,
+    b: float,
+    steps: int,
+    z: float,
+    C: float,
+    lr: float,
+    m_reg: float,
+    diameter: float,
+    relation: str,
+    delta: float,
+    grid: int = 1201,
+) -> float:
     """Brute-force epsilon of projected Poisson DP-SGD on ``K = [-D/2, D/2]`` with a linear loss (the
     construction of Altschuler & Talwar's lower bound, NeurIPS 2022, arXiv:2205.13710, Thm 4.1): the
     differing record's gradient ``+C`` vs ``-C`` (REPLACE_ONE) or ``+C`` vs absent, the others 0. Each
@@ -262,9 +317,21 @@ __all__ += ["poisson_huber_epsilon", "poisson_projected_epsilon"]
 
 
 # -------------------------------------------- brute force for balls-in-bins sampling (issue 19)
-def balls_in_bins_huber_epsilon(*, n_others: int, b: float, steps_per_epoch: int, steps: int, z: float, C: float,
-                                lr: float, m_reg: float, h: float, relation: str, delta: float,
-                                grid: int = 401) -> float:
+def balls_in_bins_huber_epsilon(
+    *,
+    n_others: int,
+    b: float,
+    steps_per_epoch: int,
+    steps: int,
+    z: float,
+    C: float,
+    lr: float,
+    m_reg: float,
+    h: float,
+    relation: str,
+    delta: float,
+    grid: int = 401,
+) -> float:
     """Brute-force last-iterate epsilon of balls-in-bins DP-SGD on :func:`poisson_huber_epsilon`'s 1-D
     Huber loss (the others at 0, the record at ``5C/h`` against ``-5C/h`` or absent), ground truth where
     the batch-size cap binds (docs/derivations.md, "Balls-in-bins sampling", B.2).
@@ -305,7 +372,7 @@ def balls_in_bins_huber_epsilon(*, n_others: int, b: float, steps_per_epoch: int
             for (r, placed), p in laws.items():
                 ks = np.arange(r + 1)
                 pk = stats.binom.pmf(ks, r, 1.0 / left)
-                for inc in ((False, True) if (xs is not None and not placed) else (False,)):
+                for inc in (False, True) if (xs is not None and not placed) else (False,):
                     w_inc = (1.0 / left if inc else 1.0 - 1.0 / left) if (xs is not None and not placed) else 1.0
                     for k in ks:
                         w = pk[k] * w_inc
@@ -362,9 +429,15 @@ def _lower_end(model: Linear, delta: float, relation: str, grid_points: int, max
     return max(pair_for(law, model.kappa, k).epsilon(delta) for k in constructions_for(model.run.sampling, relation))
 
 
-def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str = "REPLACE_ONE",
-                         curvature: Optional[float] = None, grid_points: int = LOWER_BOUND_GRID,
-                         max_atoms: int = MAX_ENUM) -> float:
+def shuffled_lower_bound(
+    run: TrainingRunDpEvent,
+    delta: float,
+    *,
+    relation: str = "REPLACE_ONE",
+    curvature: Optional[float] = None,
+    grid_points: int = LOWER_BOUND_GRID,
+    max_atoms: int = MAX_ENUM,
+) -> float:
     """The best known LOWER bound on the epsilon of ``run`` (``cyclic``, ``shuffle_partition``,
     ``reshuffle``): no valid analysis can report less. Not a privacy guarantee.
 
@@ -390,8 +463,9 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
     """
     relation = getattr(relation, "name", relation)
     if run.sampling not in (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE):
-        raise v.ParameterError("sampling", f"the shuffled lower bound covers cyclic, shuffle_partition and reshuffle, "
-                               f"not {run.sampling!r}")
+        raise v.ParameterError(
+            "sampling", f"the shuffled lower bound covers cyclic, shuffle_partition and reshuffle, not {run.sampling!r}"
+        )
     constructions_for(run.sampling, relation)  # names the relation a schedule is not covered by
     delta = v.probability("delta", delta)
     if run.geometry is None:
@@ -403,7 +477,9 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
     lr = float(run.learning_rate)
     lo, hi = run.geometry.strong_convexity, min(run.geometry.smoothness, 1.0 / lr)
     if hi < lo:  # every allowed curvature makes the step expansive or sign-alternating; not searched
-        raise v.ParameterError("learning_rate", f"needs a curvature in [m, M] with 1 - lr*kappa >= 0, got lr*m = {lr * lo:g}")
+        raise v.ParameterError(
+            "learning_rate", f"needs a curvature in [m, M] with 1 - lr*kappa >= 0, got lr*m = {lr * lo:g}"
+        )
     kappas = sorted({lo, hi} | ({math.sqrt(lo * hi), (lo + hi) / 2} if lo > 0 else {hi / 2}))
     if curvature is not None:
         kappa = v.nonnegative_float("curvature", curvature)
@@ -416,8 +492,9 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
         if not run.secret_batches and run.sampling != CYCLIC:
             return fdp.gdp_epsilon(_worst_shift(model) * (0.5 if relation == "ADD_OR_REMOVE_ONE" else 1.0), delta)
         # interior curvatures rarely win: a coarser grid (its lower end is still certified) keeps this quick
-        return _lower_end(model, delta, relation, grid_points if kappa in (lo, hi) else max(256, grid_points // 8),
-                          max_atoms)
+        return _lower_end(
+            model, delta, relation, grid_points if kappa in (lo, hi) else max(256, grid_points // 8), max_atoms
+        )
 
     best = max(value(k) for k in kappas)
     return max(0.0, best - 2 * EPS_PAD)
@@ -426,9 +503,16 @@ def shuffled_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str
 __all__ += ["shuffled_lower_bound"]
 
 
-def affine_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str = "REPLACE_ONE",
-                       curvature: Optional[float] = None, init_variance: float = 0.0,
-                       grid_points: int = LOWER_BOUND_GRID, max_atoms: int = MAX_ENUM) -> float:
+def affine_lower_bound(
+    run: TrainingRunDpEvent,
+    delta: float,
+    *,
+    relation: str = "REPLACE_ONE",
+    curvature: Optional[float] = None,
+    init_variance: float = 0.0,
+    grid_points: int = LOWER_BOUND_GRID,
+    max_atoms: int = MAX_ENUM,
+) -> float:
     """The best known LOWER bound on the epsilon of a ``full``, ``without_replacement`` or ``balls_in_bins``
     run (the schedules :func:`shuffled_lower_bound` and :func:`poisson_lower_bound` leave): the lower end of
     ``exact_pair(run, relation=relation).epsilon(delta)`` with the curvature ``curvature`` (default: the
@@ -450,8 +534,11 @@ def affine_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str =
     """
     relation = getattr(relation, "name", relation)
     if run.sampling not in (FULL, WITHOUT_REPLACEMENT, BALLS_IN_BINS):
-        raise v.ParameterError("sampling", f"covers full, without_replacement and balls_in_bins, not {run.sampling!r} "
-                               "(shuffled_lower_bound, poisson_lower_bound)")
+        raise v.ParameterError(
+            "sampling",
+            f"covers full, without_replacement and balls_in_bins, not {run.sampling!r} "
+            "(shuffled_lower_bound, poisson_lower_bound)",
+        )
     constructions_for(run.sampling, relation)  # names the relation a schedule is not covered by
     delta = v.probability("delta", delta)
     g = run.geometry
@@ -465,12 +552,16 @@ def affine_lower_bound(run: TrainingRunDpEvent, delta: float, *, relation: str =
     kappa = g.strong_convexity if curvature is None else v.nonnegative_float("curvature", curvature)
     hi = min(g.smoothness, 1.0 / lr)
     if not g.strong_convexity * (1 - 1e-12) <= kappa <= hi * (1 + 1e-12):
-        raise v.ParameterError("curvature", f"must lie in [m, min(M, 1/lr)] = [{g.strong_convexity:g}, {hi:g}], "
-                               f"got {kappa:g}")
+        raise v.ParameterError(
+            "curvature", f"must lie in [m, min(M, 1/lr)] = [{g.strong_convexity:g}, {hi:g}], got {kappa:g}"
+        )
     m_reg = run.l2_regularization
     if run.sampling == BALLS_IN_BINS and m_reg is not None and abs(m_reg - kappa) > 1e-12 * max(m_reg, kappa):
-        raise v.ParameterError("curvature", f"must be the declared L2 strength {m_reg:g} for balls_in_bins (batches "
-                               f"of varying size contract by 1 - lr curvature only with data curvature 0), got {kappa:g}")
+        raise v.ParameterError(
+            "curvature",
+            f"must be the declared L2 strength {m_reg:g} for balls_in_bins (batches "
+            f"of varying size contract by 1 - lr curvature only with data curvature 0), got {kappa:g}",
+        )
     model = Linear(run, 1.0 - lr * kappa, _in_noise_units(run, v.nonnegative_float("init_variance", init_variance)))
     return max(0.0, _lower_end(model, delta, relation, grid_points, max_atoms) - 2 * EPS_PAD)
 
@@ -506,8 +597,10 @@ def _poisson_log_cf(theta: np.ndarray, q: float, c: float, steps: int) -> np.nda
         return one(theta)
     direct = _direct_terms(float(np.max(np.abs(theta))) if theta.size else 0.0, c, steps)
     if direct * theta.size > LOWER_BOUND_DIRECT_TERMS:
-        raise v.ParameterError("steps", f"too long a run with too weak a contraction (c = {c:.9g}) for the fast "
-                               "lower bound; use exact_pair")
+        raise v.ParameterError(
+            "steps",
+            f"too long a run with too weak a contraction (c = {c:.9g}) for the fast lower bound; use exact_pair",
+        )
     out = np.zeros(theta.shape, dtype=complex)
     for start in range(0, direct, 4096):
         j = np.arange(start, min(direct, start + 4096))
@@ -538,7 +631,7 @@ class _FourierLaw:
     def __init__(self, a: float, q: float, c: float, steps: int, sign: float = 1.0) -> None:
         self.dw, count = self.frequencies(a, q, c, steps)
         self.w = (np.arange(count) + 0.5) * self.dw
-        self.phi = np.exp(_poisson_log_cf(sign * a * self.w, q, c, steps) - self.w ** 2 / 2)
+        self.phi = np.exp(_poisson_log_cf(sign * a * self.w, q, c, steps) - self.w**2 / 2)
 
     @staticmethod
     def frequencies(a: float, q: float, c: float, steps: int) -> Tuple[float, int]:
@@ -546,8 +639,10 @@ class _FourierLaw:
         of the frequencies, up to ``|w| = 12`` (``e^{-w^2/2} < 1e-31`` beyond)."""
         s_max = s_max_of(c, steps)
         mean = a * q * s_max
-        sd = math.sqrt(1.0 + a * a * q * (1 - q) * (s_max if c == 1.0 else (1 - c ** (2 * min(steps, 10**9)))
-                                                     / max(1 - c * c, 1e-300)))
+        sd = math.sqrt(
+            1.0
+            + a * a * q * (1 - q) * (s_max if c == 1.0 else (1 - c ** (2 * min(steps, 10**9))) / max(1 - c * c, 1e-300))
+        )
         reach = min(a * s_max, mean + 25 * sd + 25 * a) + 15.0  # the mass beyond is below 1e-40
         dw = math.pi / reach
         return dw, int(math.ceil(12.0 / dw))
@@ -581,16 +676,22 @@ def _poisson_construction(run: TrainingRunDpEvent) -> Tuple[float, float, float,
     if g is None or m_reg is None:
         raise v.ParameterError("l2_regularization", "the construction needs the loss geometry and the L2 strength")
     if g.diameter is not None:
-        raise v.ParameterError("geometry", "with a projection the affine construction leaves the domain; "
-                               "see poisson_projected_epsilon")
+        raise v.ParameterError(
+            "geometry", "with a projection the affine construction leaves the domain; see poisson_projected_epsilon"
+        )
     if not g.strong_convexity <= m_reg <= g.smoothness:
-        raise v.ParameterError("l2_regularization", f"the affine construction (data curvature 0) is in the declared "
-                               f"class only when strong_convexity <= l2_regularization <= smoothness, got "
-                               f"{g.strong_convexity:g} <= {m_reg:g} <= {g.smoothness:g}")
+        raise v.ParameterError(
+            "l2_regularization",
+            f"the affine construction (data curvature 0) is in the declared "
+            f"class only when strong_convexity <= l2_regularization <= smoothness, got "
+            f"{g.strong_convexity:g} <= {m_reg:g} <= {g.smoothness:g}",
+        )
     lr, z = float(run.learning_rate), float(run.noise_multiplier)
     c = 1.0 - lr * m_reg
     if not 0.0 <= c <= 1.0:
-        raise v.ParameterError("learning_rate", f"the construction's contraction 1 - lr m_reg = {c:g} must lie in [0, 1]")
+        raise v.ParameterError(
+            "learning_rate", f"the construction's contraction 1 - lr m_reg = {c:g} must lie in [0, 1]"
+        )
     T, q = run.steps, run.sampling_rate
     c2 = c * c
     variance = float(T) if c2 == 1.0 else (1.0 if c2 == 0.0 else -math.expm1(T * math.log(c2)) / (1 - c2))
@@ -618,8 +719,7 @@ def poisson_lower_bound(run: TrainingRunDpEvent, delta: float, relation="REPLACE
     return poisson_lower_bound_resolved(run, delta, relation)[0]
 
 
-def poisson_lower_bound_resolved(run: TrainingRunDpEvent, delta: float,
-                                 relation="REPLACE_ONE") -> Tuple[float, bool]:
+def poisson_lower_bound_resolved(run: TrainingRunDpEvent, delta: float, relation="REPLACE_ONE") -> Tuple[float, bool]:
     """The best known lower bound on the epsilon of a Poisson run (shown beside a reported bound, never as
     the guarantee): the exact epsilon of the affine construction with the worst known pair, computed from
     the characteristic function of the last iterate (a mixture over the secret inclusions), fast at any
@@ -691,8 +791,10 @@ def poisson_lower_bound_resolved(run: TrainingRunDpEvent, delta: float,
     rev = lambda t: special.ndtr(-t) - ex(-lr_half(-t)) * (1.0 - law.sf(-t)) - delta
     p_grid, p_flip = law.density(grid), law.density(-grid)
     gauss = np.exp(log_gauss(grid))
-    best = max(threshold_epsilon(lr_half, fwd, (p_grid, gauss)),
-               threshold_epsilon(lambda t: -lr_half(-t), rev, (p_flip, gauss)))
+    best = max(
+        threshold_epsilon(lr_half, fwd, (p_grid, gauss)),
+        threshold_epsilon(lambda t: -lr_half(-t), rev, (p_flip, gauss)),
+    )
     if relation == "REPLACE_ONE":  # mirror: a S + N against -a S' + N (symmetric)
         lr_mirror = lambda t: log_p(t) - log_p(-t)
         gap = lambda t: law.sf(t) - ex(lr_mirror(t)) * (1.0 - law.sf(-t)) - delta

@@ -27,6 +27,7 @@ PLD = pld_lib.PrivacyLossDistribution
 class VacuousBound(ValueError):
     """The profile puts at least half its mass at losses beyond ``MAX_LOSS``: no useful PLD."""
 
+
 # Per-step probability mass we allow to move to +infinity when building a PLD; it adds
 # to delta after composition (T * TAIL_MASS), far below any delta worth reporting.
 TAIL_MASS = 1e-20
@@ -223,8 +224,11 @@ def antipodal_delta(r: float, q: float, eps: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         pos = np.maximum(eps, 0.0)
         log_expm1 = pos + np.log(-np.expm1(-np.where(eps > 0, pos, 1.0)))  # log(e^eps - 1), eps > 0
-        a = np.where(eps > 0, -(1.0 - q) * np.exp(log_expm1 + special.log_ndtr(-t)),
-                     (1.0 - q) * -np.expm1(np.minimum(eps, 0.0)) * special.ndtr(-t))
+        a = np.where(
+            eps > 0,
+            -(1.0 - q) * np.exp(log_expm1 + special.log_ndtr(-t)),
+            (1.0 - q) * -np.expm1(np.minimum(eps, 0.0)) * special.ndtr(-t),
+        )
         b = q * special.ndtr(r - t)
         c = np.exp(math.log(q) + eps + special.log_ndtr(-r - t))
         out = a + b - c + 8e-16 * (np.abs(a) + b + c)
@@ -355,9 +359,7 @@ def _upper_loss(profile: Callable[[np.ndarray], np.ndarray]) -> float:
     return hi
 
 
-def pld_from_profile(
-    profile: Callable[[np.ndarray], np.ndarray], discretization: float
-) -> PLD:
+def pld_from_profile(profile: Callable[[np.ndarray], np.ndarray], discretization: float) -> PLD:
     """Pessimistic PLD of a symmetric tradeoff function from (upper bounds on) its profile.
 
     The grid runs over ``[-E, E]`` with ``delta(E) <= TAIL_MASS`` (mass beyond moves to
@@ -376,9 +378,7 @@ def pld_from_profile(
     x = np.concatenate([[0.0], np.exp(eps)])
     y = np.concatenate([[1.0], deltas])
     deltas = np.clip(_lower_convex_envelope(x, y)[1:], 0.0, 1.0)
-    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(
-        discretization, int(grid[0]), int(grid[-1]), deltas
-    )
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, int(grid[0]), int(grid[-1]), deltas)
     return PLD(pmf)
 
 
@@ -400,8 +400,10 @@ def discretization_for(mu_estimate: float, base: float, max_points: float = 1e6)
     return max(base, 2.0 * span / max_points)
 
 
-TOO_LARGE = (f"not computed as a PLD: the composition's CLT estimate exceeds mu = {MU_MAX_PLD:g} "
-             "(epsilon in the tens of thousands); the RDP bounds cover this run")
+TOO_LARGE = (
+    f"not computed as a PLD: the composition's CLT estimate exceeds mu = {MU_MAX_PLD:g} "
+    "(epsilon in the tens of thousands); the RDP bounds cover this run"
+)
 
 
 def gaussian_pld(mu: float, discretization: float) -> PLD:

@@ -105,8 +105,9 @@ class _Computation:
     label: str
 
 
-def best_known_lower_bound(run: TrainingRunDpEvent, delta: float,
-                           relation: Union[str, NeighborRel] = "REPLACE_ONE") -> LowerBound:
+def best_known_lower_bound(
+    run: TrainingRunDpEvent, delta: float, relation: Union[str, NeighborRel] = "REPLACE_ONE"
+) -> LowerBound:
     """The best known lower bound on the epsilon of ``run`` at ``delta`` under ``relation``, or ``None`` with
     the reason; never raises for a valid run (a construction that is refused says why in the note)."""
     plan = plan_lower_bound(run, delta, relation)
@@ -120,15 +121,22 @@ def best_known_lower_bound(run: TrainingRunDpEvent, delta: float,
         value, resolved = value
         if not resolved:
             if value <= 0.0:
-                return LowerBound(None, "not resolved: the construction's Neyman-Pearson threshold lies where its "
-                                        "densities are below 1e-12 (a large epsilon), beyond the Fourier inversion")
-            return LowerBound(value, plan.label + "; the threshold lies partly beyond the resolved densities, so "
-                                                  "this is below the construction's exact value")
+                return LowerBound(
+                    None,
+                    "not resolved: the construction's Neyman-Pearson threshold lies where its "
+                    "densities are below 1e-12 (a large epsilon), beyond the Fourier inversion",
+                )
+            return LowerBound(
+                value,
+                plan.label + "; the threshold lies partly beyond the resolved densities, so "
+                "this is below the construction's exact value",
+            )
     return LowerBound(float(value), plan.label)
 
 
-def plan_lower_bound(run: TrainingRunDpEvent, delta: float,
-                     relation: Union[str, NeighborRel] = "REPLACE_ONE") -> Union[_Computation, LowerBound]:
+def plan_lower_bound(
+    run: TrainingRunDpEvent, delta: float, relation: Union[str, NeighborRel] = "REPLACE_ONE"
+) -> Union[_Computation, LowerBound]:
     """What :func:`best_known_lower_bound` will compute (decided from the run's size, before any work), or the
     :class:`LowerBound` ``None`` with the reason it will not."""
     rel = parse_relation(relation, "relation")
@@ -142,22 +150,36 @@ def plan_lower_bound(run: TrainingRunDpEvent, delta: float,
         return LowerBound(None, f"no analysis covers {run.sampling} under {rel.name}, so no construction is shown")
     g = run.geometry
     if g.diameter is not None:
-        return LowerBound(None, "with a projection (diameter) the affine construction leaves the domain; no exact "
-                                "construction is computed here (the audit's constrained construction is slower)")
+        return LowerBound(
+            None,
+            "with a projection (diameter) the affine construction leaves the domain; no exact "
+            "construction is computed here (the audit's constrained construction is slower)",
+        )
     if g.lsi_constant is not None:
-        return LowerBound(None, "a declared LSI constant restricts the class beyond what the construction is "
-                                "checked against")
+        return LowerBound(
+            None, "a declared LSI constant restricts the class beyond what the construction is checked against"
+        )
     kappa, curvature = _curvature(run)
     if kappa is None:
         return LowerBound(None, curvature)
     init_variance = 0.0
     if run.gaussian_initialization:
         if run.sampling not in (FULL, WITHOUT_REPLACEMENT, BALLS_IN_BINS) or g.strong_convexity <= 0:
-            return LowerBound(None, "a declared Gaussian initialisation restricts the class; the construction "
-                                    f"for {run.sampling} starts from a fixed point")
-        init_variance = required_initial_std(
-            dataset_size=run.dataset_size, noise_multiplier=float(run.noise_multiplier), clip_norm=run.clip_norm,
-            learning_rate=float(run.learning_rate), strong_convexity=g.strong_convexity) ** 2
+            return LowerBound(
+                None,
+                "a declared Gaussian initialisation restricts the class; the construction "
+                f"for {run.sampling} starts from a fixed point",
+            )
+        init_variance = (
+            required_initial_std(
+                dataset_size=run.dataset_size,
+                noise_multiplier=float(run.noise_multiplier),
+                clip_norm=run.clip_norm,
+                learning_rate=float(run.learning_rate),
+                strong_convexity=g.strong_convexity,
+            )
+            ** 2
+        )
         curvature += ", Gaussian start as declared"
     pairs = " / ".join(PAIRS[k] for k in exact.constructions_for(run.sampling, rel.name))
     construction = f"affine construction, an instance of the declared class ({curvature}); pair {pairs}"
@@ -172,8 +194,10 @@ def _curvature(run: TrainingRunDpEvent) -> Tuple[Optional[float], str]:
     elif g.strong_convexity <= m_reg <= g.smoothness:
         kappa, text = m_reg, f"L2 {m_reg:g} once per step"
     else:
-        return None, (f"the construction has data curvature 0, so its strong convexity is the L2 strength "
-                      f"{m_reg:g}, outside the declared [m, M] = [{g.strong_convexity:g}, {g.smoothness:g}]")
+        return None, (
+            f"the construction has data curvature 0, so its strong convexity is the L2 strength "
+            f"{m_reg:g}, outside the declared [m, M] = [{g.strong_convexity:g}, {g.smoothness:g}]"
+        )
     if lr * kappa > 1.0:
         return None, f"lr x curvature = {lr * kappa:g} > 1: the construction's step alternates in sign (not computed)"
     return kappa, text
@@ -181,9 +205,10 @@ def _curvature(run: TrainingRunDpEvent) -> Tuple[Optional[float], str]:
 
 # ------------------------------------------------------------------------ sizing per schedule
 def _full(run, delta, relation, kappa, init_variance, construction) -> _Computation:
-    return _Computation(lambda: exact.affine_lower_bound(run, delta, relation=relation, curvature=kappa,
-                                                  init_variance=init_variance),
-                 f"{construction}; exact (a Gaussian)")
+    return _Computation(
+        lambda: exact.affine_lower_bound(run, delta, relation=relation, curvature=kappa, init_variance=init_variance),
+        f"{construction}; exact (a Gaussian)",
+    )
 
 
 def _poisson(run, delta, relation, kappa, init_variance, construction):
@@ -194,8 +219,10 @@ def _poisson(run, delta, relation, kappa, init_variance, construction):
         return LowerBound(None, f"not computed: {err}")
     if work > FOURIER_WORK:
         return _too_large(f"{work:.3g} Fourier terms (at most {FOURIER_WORK:.0e} fit in a second)")
-    return _Computation(lambda: exact.poisson_lower_bound_resolved(candidate, delta, relation),
-                 f"{construction}; exact over the secret Poisson draws (Fourier inversion)")
+    return _Computation(
+        lambda: exact.poisson_lower_bound_resolved(candidate, delta, relation),
+        f"{construction}; exact over the secret Poisson draws (Fourier inversion)",
+    )
 
 
 def _partition(run, delta, relation, kappa, init_variance, construction):
@@ -208,8 +235,9 @@ def _partition(run, delta, relation, kappa, init_variance, construction):
         how = "exact over the secret partition"
     else:
         how = "exact at the worst batch position (public batches; a Gaussian)"
-    return _Computation(lambda: exact.shuffled_lower_bound(run, delta, relation=relation, curvature=kappa),
-                 f"{construction}; {how}")
+    return _Computation(
+        lambda: exact.shuffled_lower_bound(run, delta, relation=relation, curvature=kappa), f"{construction}; {how}"
+    )
 
 
 def _mixture(run, delta, relation, kappa, init_variance, construction):
@@ -219,8 +247,9 @@ def _mixture(run, delta, relation, kappa, init_variance, construction):
     parts = T if run.sampling == WITHOUT_REPLACEMENT else -(-T // run.steps_per_epoch)
     if parts * PART_OVERHEAD > GRID_WORK:
         kind = "steps" if run.sampling == WITHOUT_REPLACEMENT else "epochs"
-        return _too_large(f"{parts} {kind}, each an independent part of the mixture (at most "
-                          f"{int(GRID_WORK // PART_OVERHEAD)})")
+        return _too_large(
+            f"{parts} {kind}, each an independent part of the mixture (at most {int(GRID_WORK // PART_OVERHEAD)})"
+        )
     maxima, spread, values = _contributions(run, 1.0 - float(run.learning_rate) * kappa)
     draws = "the secret draws" if run.secret_batches else "the draws (public batches: still below the truth)"
     # the count bounds the atoms exact_law enumerates; max_atoms 0 makes it take the grid
@@ -235,11 +264,19 @@ def _mixture(run, delta, relation, kappa, init_variance, construction):
             return grid
         how = f"over {draws}: the certified lower end of a {grid}-point grid"
     if run.sampling == RESHUFFLE:
-        compute = lambda: exact.shuffled_lower_bound(run, delta, relation=relation, curvature=kappa, grid_points=grid,
-                                                     max_atoms=atoms)
+        compute = lambda: exact.shuffled_lower_bound(
+            run, delta, relation=relation, curvature=kappa, grid_points=grid, max_atoms=atoms
+        )
     else:
-        compute = lambda: exact.affine_lower_bound(run, delta, relation=relation, curvature=kappa,
-                                                   init_variance=init_variance, grid_points=grid, max_atoms=atoms)
+        compute = lambda: exact.affine_lower_bound(
+            run,
+            delta,
+            relation=relation,
+            curvature=kappa,
+            init_variance=init_variance,
+            grid_points=grid,
+            max_atoms=atoms,
+        )
     return _Computation(compute, f"{construction}; {how}")
 
 
@@ -278,8 +315,10 @@ def _grid_for(maxima: np.ndarray, spread: float, values: int) -> Union[int, Lowe
         work = float(np.sum(cells + 2)) * points + maxima.size * PART_OVERHEAD
         if work <= GRID_WORK:
             return points
-        why = f"a certified grid of {points} points over {kept.size} contributions ({work:.3g} operations, " \
-              f"at most {GRID_WORK:.2g})"
+        why = (
+            f"a certified grid of {points} points over {kept.size} contributions ({work:.3g} operations, "
+            f"at most {GRID_WORK:.2g})"
+        )
     return _too_large(why)
 
 

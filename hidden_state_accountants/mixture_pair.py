@@ -209,8 +209,14 @@ class MixturePair:
 
         def log_f(x):
             x = np.asarray(x, dtype=float)
-            lp = _lse(self.lwp[None, :] + self.mp[None, :] * x[:, None] - 0.5 * self.mp[None, :] ** 2, axis=1) - 0.5 * x * x
-            lq = _lse(self.lwq[None, :] + self.mq[None, :] * x[:, None] - 0.5 * self.mq[None, :] ** 2, axis=1) - 0.5 * x * x
+            lp = (
+                _lse(self.lwp[None, :] + self.mp[None, :] * x[:, None] - 0.5 * self.mp[None, :] ** 2, axis=1)
+                - 0.5 * x * x
+            )
+            lq = (
+                _lse(self.lwq[None, :] + self.mq[None, :] * x[:, None] - 0.5 * self.mq[None, :] ** 2, axis=1)
+                - 0.5 * x * x
+            )
             return (a * lp + (1 - a) * lq if forward else a * lq + (1 - a) * lp) + const
 
         m = np.concatenate([self.mp, self.mq])
@@ -233,9 +239,10 @@ class MixturePair:
         """``max(D_a(P||Q), D_a(Q||P))`` per order ``a > 1`` (numerical)."""
         orders = np.asarray(orders, dtype=float)
         if self.is_gaussian:
-            return orders * self.mu ** 2 / 2
-        return np.array([max(self._log_integral(a, True) / (a - 1), self._log_integral(a, False) / (a - 1), 0.0)
-                         for a in orders])
+            return orders * self.mu**2 / 2
+        return np.array(
+            [max(self._log_integral(a, True) / (a - 1), self._log_integral(a, False) / (a - 1), 0.0) for a in orders]
+        )
 
     def tradeoff(self, alpha) -> np.ndarray:
         """``min(T(P, Q), T(Q, P))`` at ``alpha`` (Neyman-Pearson on a fine grid: reject the

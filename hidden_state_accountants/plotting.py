@@ -66,8 +66,7 @@ def epsilon_curves(
             eps.setdefault(a.name, [math.nan] * len(epochs))[i] = math.nan if a.epsilon is None else a.epsilon
             hidden[a.name] = a.hidden_state
     applicable = {n: v for n, v in eps.items() if any(not math.isnan(x) for x in v)}
-    return EpsilonCurves(list(epochs), delta, best, best_name, applicable, {n: hidden[n] for n in applicable},
-                         relation)
+    return EpsilonCurves(list(epochs), delta, best, best_name, applicable, {n: hidden[n] for n in applicable}, relation)
 
 
 IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
@@ -106,8 +105,11 @@ def check_plottable(curves: EpsilonCurves) -> None:
     """Refuses (naming ``run``) curves a log-log plot cannot show: no finite epsilon at any
     length (e.g. no analysis holds), or epsilon 0 everywhere."""
     if not any(math.isfinite(x) for x in curves.best):
-        raise v.ParameterError("run", "nothing to plot: no analysis gives a finite epsilon at any plotted length "
-                               "(hsa epsilon lists each analysis with its reason)")
+        raise v.ParameterError(
+            "run",
+            "nothing to plot: no analysis gives a finite epsilon at any plotted length "
+            "(hsa epsilon lists each analysis with its reason)",
+        )
     if not any(0 < x < math.inf for x in curves.best):
         raise v.ParameterError("run", "nothing to plot on a log scale: epsilon is 0 at every plotted length")
 

@@ -222,14 +222,14 @@ class StepFacts:
     momentum: float = attr.ib(default=0.0, converter=float)
     nesterov: bool = attr.ib(default=False, converter=bool)
     clipping: Clipping = attr.ib(default=Clipping.FLAT, converter=_in(Clipping, "clipping"))
-    loss_reduction: LossReduction = attr.ib(default=LossReduction.MEAN,
-                                            converter=_in(LossReduction, "loss_reduction"))
+    loss_reduction: LossReduction = attr.ib(default=LossReduction.MEAN, converter=_in(LossReduction, "loss_reduction"))
     accumulation: int = attr.ib(default=1, converter=int)
     postprocessing: Optional[str] = attr.ib(default=None)
     sampling_probability: Optional[float] = attr.ib(default=None, converter=attr.converters.optional(float))
     replicas: int = attr.ib(default=1)
-    replica_reduction: ReplicaReduction = attr.ib(default=ReplicaReduction.SUM,
-                                                  converter=_in(ReplicaReduction, "replica_reduction"))
+    replica_reduction: ReplicaReduction = attr.ib(
+        default=ReplicaReduction.SUM, converter=_in(ReplicaReduction, "replica_reduction")
+    )
     replica_share: int = attr.ib(default=1)
     l2_after_reduction: bool = attr.ib(default=False)
 
@@ -311,6 +311,8 @@ class BatchSourceFacts:
     """How many processes each draw the framework's permutation on their own and feed their
     part of it (several ranks each running ``DataLoader(shuffle=True)``, Keras
     ``fit(shuffle=True)`` on several workers); 1 for one process or a shared draw."""
+
+
 def effective_step(step: StepFacts) -> StepFacts:
     """The one-device step that ``step.replicas`` data-parallel replicas add up to.
 
@@ -349,9 +351,16 @@ def effective_step(step: StepFacts) -> StepFacts:
     wd = step.weight_decay
     if not step.l2_after_reduction:
         wd = tuple(k * x * ratio for x in wd) if isinstance(wd, tuple) else k * wd * ratio
-    return attr.evolve(step, replicas=1, replica_reduction=ReplicaReduction.SUM, replica_share=1, l2_after_reduction=False,
-                       noise_multiplier=step.noise_multiplier * math.sqrt(ratio),
-                       divisor=None if step.divisor is None else step.divisor / k, weight_decay=wd)
+    return attr.evolve(
+        step,
+        replicas=1,
+        replica_reduction=ReplicaReduction.SUM,
+        replica_share=1,
+        l2_after_reduction=False,
+        noise_multiplier=step.noise_multiplier * math.sqrt(ratio),
+        divisor=None if step.divisor is None else step.divisor / k,
+        weight_decay=wd,
+    )
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -372,14 +381,22 @@ def update_departure(step: StepFacts) -> Optional[Tuple[str, str]]:
         what = "an optimizer other than SGD" if step.optimizer is OptimizerKind.OTHER else step.optimizer.value
         return "optimizer", f"{what} applies its own update to the noisy gradient; the analyses assume plain SGD steps"
     if step.momentum != 0.0 or step.nesterov:
-        return "momentum", (f"momentum={step.momentum:g}, nesterov={step.nesterov}: a momentum step is not a "
-                            "contraction of one gradient step; the analyses assume plain SGD")
+        return "momentum", (
+            f"momentum={step.momentum:g}, nesterov={step.nesterov}: a momentum step is not a "
+            "contraction of one gradient step; the analyses assume plain SGD"
+        )
     if step.clipping is not Clipping.FLAT:
-        return "clipping", f"{step.clipping} clipping: the analyses assume flat clipping of the whole per-example gradient"
+        return (
+            "clipping",
+            f"{step.clipping} clipping: the analyses assume flat clipping of the whole per-example gradient",
+        )
     if step.loss_reduction is not LossReduction.MEAN:
         return "loss_reduction", f"loss_reduction='{step.loss_reduction}': the analyses assume 'mean'"
     if step.postprocessing:
-        return "optimizer", f"{step.postprocessing} post-processes the noisy gradient; the analyses assume it is applied as is"
+        return (
+            "optimizer",
+            f"{step.postprocessing} post-processes the noisy gradient; the analyses assume it is applied as is",
+        )
     if isinstance(step.learning_rate, tuple):
         return "learning_rate", "parameter groups have different learning rates"
     if isinstance(step.weight_decay, tuple):
@@ -403,12 +420,16 @@ def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False
     if assume_convex_model:
         return None
     if model is None:
-        return ("the model structure is unknown: pass the model so it can be checked, or "
-                "assume_convex_model=True if you have verified convexity yourself")
+        return (
+            "the model structure is unknown: pass the model so it can be checked, or "
+            "assume_convex_model=True if you have verified convexity yourself"
+        )
     what = model.description or "the model"
-    hint = ("; no hidden-state analysis applies to it (use DP-SBCD for ReLU networks, geometry=None for "
-            "composition, or assume_convex_model=True if you have verified that the loss is convex "
-            "in the trainable parameters)")
+    hint = (
+        "; no hidden-state analysis applies to it (use DP-SBCD for ReLU networks, geometry=None for "
+        "composition, or assume_convex_model=True if you have verified that the loss is convex "
+        "in the trainable parameters)"
+    )
     if not model.complete:
         return f"the forward pass of {what} could not be read (custom code), so its convexity is unknown" + hint
     random = [layer.name for layer in model.layers if layer.kind is LayerKind.RANDOM]
@@ -417,16 +438,22 @@ def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False
     trainable = [i for i, layer in enumerate(model.layers) if layer.trainable]
     if len(trainable) != 1:
         names = ", ".join(model.layers[i].name for i in trainable) or "none"
-        return (f"{what} has {len(trainable)} trainable layers ({names}): a composition of trainable layers is "
-                "not convex in its parameters" + hint if trainable else f"{what} has no trainable layer")
+        return (
+            f"{what} has {len(trainable)} trainable layers ({names}): a composition of trainable layers is "
+            "not convex in its parameters" + hint
+            if trainable
+            else f"{what} has no trainable layer"
+        )
     i = trainable[0]
     layer = model.layers[i]
     if layer.kind is not LayerKind.AFFINE:
         return f"its trainable layer {layer.name} is not an affine map without activation" + hint
-    after = [x.name for x in model.layers[i + 1:]]
+    after = [x.name for x in model.layers[i + 1 :]]
     if after:
-        return (f"{', '.join(after)} follow the trainable layer {layer.name}: the loss must see its outputs "
-                "directly (use logits and a from-logits loss)" + hint)
+        return (
+            f"{', '.join(after)} follow the trainable layer {layer.name}: the loss must see its outputs "
+            "directly (use logits and a from-logits loss)" + hint
+        )
     return None
 
 
@@ -441,25 +468,34 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps:
     """
     if source.schedule is None:
         raise v.ParameterError(
-            "data", f"the batches do not come from a schedule of this package ({source.description}); "
-            f"the {schedule.sampling!r} bounds need exactly that schedule")
+            "data",
+            f"the batches do not come from a schedule of this package ({source.description}); "
+            f"the {schedule.sampling!r} bounds need exactly that schedule",
+        )
     if source.schedule.external and source.independent_draws > 1:
         raise v.ParameterError(
-            "data", f"{source.description}: {source.independent_draws} processes each draw their own permutation "
+            "data",
+            f"{source.description}: {source.independent_draws} processes each draw their own permutation "
             "and feed their part of it, so the global batches are not cut from one permutation; use a schedule of "
-            "this package, which every process follows with a shared secret seed")
+            "this package, which every process follows with a shared secret seed",
+        )
     drawn_elsewhere = source.schedule.external or schedule.external
     if not (source.schedule.same_law(schedule) if drawn_elsewhere else source.schedule.same_schedule(schedule)):
         raise v.ParameterError(
-            "data", f"the batches come from {source.schedule!r}, but the accountant was told {schedule!r}")
+            "data", f"the batches come from {source.schedule!r}, but the accountant was told {schedule!r}"
+        )
     if schedule.secret and not source.schedule.secret:
         raise v.ParameterError(
-            "data", f"the batches' randomness is public ({source.description}), but the claim assumes it secret "
-            "(describe the schedule with secret=False)")
+            "data",
+            f"the batches' randomness is public ({source.description}), but the claim assumes it secret "
+            "(describe the schedule with secret=False)",
+        )
     if source.steps_per_epoch is not None and source.steps_per_epoch != schedule.steps_per_epoch:
         raise v.ParameterError(
-            "steps_per_epoch", f"training runs {source.steps_per_epoch} steps per epoch but {schedule.sampling} "
-            f"with n={schedule.dataset_size}, b={schedule.batch_size} has {schedule.steps_per_epoch}")
+            "steps_per_epoch",
+            f"training runs {source.steps_per_epoch} steps per epoch but {schedule.sampling} "
+            f"with n={schedule.dataset_size}, b={schedule.batch_size} has {schedule.steps_per_epoch}",
+        )
     if source.next_step is None:
         return
     if schedule.sampling not in EPOCH_ORDERS + (FULL,):
@@ -467,9 +503,11 @@ def check_batch_source(schedule: BatchSchedule, source: BatchSourceFacts, steps:
     elif (source.next_step - steps) % schedule.steps_per_epoch:
         spe = schedule.steps_per_epoch
         raise v.ParameterError(
-            "data", f"the run is at batch {steps % spe} of its {spe}-batch epoch but {source.description} starts at "
+            "data",
+            f"the run is at batch {steps % spe} of its {spe}-batch epoch but {source.description} starts at "
             f"batch {source.next_step % spe} (training stopped mid-epoch): records would be visited twice in one "
-            "epoch; train whole epochs")
+            "epoch; train whole epochs",
+        )
 
 
 def _poisson_needs(step: StepFacts) -> List[Tuple[str, str]]:
@@ -486,7 +524,9 @@ def _poisson_needs(step: StepFacts) -> List[Tuple[str, str]]:
     return out
 
 
-def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_diameter: Optional[float]) -> LossGeometry:
+def check_geometry(
+    geometry: LossGeometry, *, weight_decay: float, projection_diameter: Optional[float]
+) -> LossGeometry:
     """The declared geometry checked against what training enforces; returns the geometry to
     account (the projection's diameter filled in when none was declared).
 
@@ -498,28 +538,36 @@ def check_geometry(geometry: LossGeometry, *, weight_decay: float, projection_di
     m = geometry.strong_convexity
     if m > weight_decay * (1 + 1e-9):
         raise v.ParameterError(
-            "geometry", f"strong_convexity {m:g} exceeds the L2 regularisation applied outside clipping "
+            "geometry",
+            f"strong_convexity {m:g} exceeds the L2 regularisation applied outside clipping "
             f"({weight_decay:g}): clipped per-example gradients give no strong convexity of their own, so "
-            "m can be at most that L2 strength (the package's L2 hooks apply it outside clipping)")
+            "m can be at most that L2 strength (the package's L2 hooks apply it outside clipping)",
+        )
     beta = geometry.loss_smoothness
     if beta is not None and geometry.smoothness < (beta + weight_decay) * (1 - 1e-9):
         # derived from a loss: the map clip_C(grad l_i) + wd * theta is (beta + wd)-smooth, not less
         raise v.ParameterError(
-            "geometry", f"smoothness {geometry.smoothness:g} was derived with L2 strength "
+            "geometry",
+            f"smoothness {geometry.smoothness:g} was derived with L2 strength "
             f"{geometry.smoothness - beta:g}, but the update applies {weight_decay:g} outside clipping, which makes "
-            f"the per-example map {beta + weight_decay:g}-smooth; declare the geometry with that L2 strength")
+            f"the per-example map {beta + weight_decay:g}-smooth; declare the geometry with that L2 strength",
+        )
     if geometry.diameter is None:
         if projection_diameter is not None:
             return attr.evolve(geometry, diameter=projection_diameter)
         return geometry
     if projection_diameter is None:
         raise v.ParameterError(
-            "geometry", f"diameter {geometry.diameter:g} is declared but the parameters are not projected "
-            "after every step (attach the package's projection)")
+            "geometry",
+            f"diameter {geometry.diameter:g} is declared but the parameters are not projected "
+            "after every step (attach the package's projection)",
+        )
     if projection_diameter > geometry.diameter * (1 + 1e-12):
         raise v.ParameterError(
-            "geometry", f"declared diameter {geometry.diameter:g} is smaller than the diameter "
-            f"{projection_diameter:.6g} of the set the parameters are projected onto")
+            "geometry",
+            f"declared diameter {geometry.diameter:g} is smaller than the diameter "
+            f"{projection_diameter:.6g} of the set the parameters are projected onto",
+        )
     return geometry
 
 
@@ -528,8 +576,9 @@ def check_position(batches_handed_out: int, steps: int, what: str) -> None:
     used batches from elsewhere."""
     if batches_handed_out < steps:
         raise v.ParameterError(
-            "data_loader", f"{what} has handed out {batches_handed_out} batches for {steps} steps: the "
-            "batches did not come from it")
+            "data_loader",
+            f"{what} has handed out {batches_handed_out} batches for {steps} steps: the batches did not come from it",
+        )
 
 
 def batch_records(schedule: BatchSchedule, step: int) -> int:
@@ -630,8 +679,10 @@ class Claim:
             object.__setattr__(self, "dataset_size", None if schedule is not None else n)
         if geometry is not None and schedule is None and self.dataset_size is None:
             raise v.ParameterError(
-                "dataset_size", "a hidden-state claim for steps without a package schedule (Poisson sampling at "
-                "the rate the framework reports) needs the dataset size")
+                "dataset_size",
+                "a hidden-state claim for steps without a package schedule (Poisson sampling at "
+                "the rate the framework reports) needs the dataset size",
+            )
         if geometry is None:  # nothing about the data is claimed
             object.__setattr__(self, "feature_unobservable", None)
             return
@@ -641,9 +692,11 @@ class Claim:
         clip, bound = (None if model is None else model.feature_clip_norm), geometry.feature_norm_bound
         if clip is not None and bound is not None and clip > bound:
             raise v.ParameterError(
-                "feature_norm_bound", f"the model's feature clip (max_norm={clip:g}) lets inputs of norm up to "
+                "feature_norm_bound",
+                f"the model's feature clip (max_norm={clip:g}) lets inputs of norm up to "
                 f"{clip:g} reach the trainable layer, above the declared bound {bound:g}; clip to {bound:g} or "
-                f"declare {clip:g}")
+                f"declare {clip:g}",
+            )
         why = self.feature_unobservable
         if why is not None:
             if not isinstance(why, str) or not why:
@@ -657,9 +710,11 @@ class Claim:
             assumed = geometry.loss
             if assumed is not None and kind is not None and kind != assumed:
                 raise v.ParameterError(
-                    "loss", f"{description} is not the loss the geometry was derived from ({LOSSES[assumed]}): "
+                    "loss",
+                    f"{description} is not the loss the geometry was derived from ({LOSSES[assumed]}): "
                     "its smoothness is not the declared one (declare a LossGeometry for this loss, or geometry=None "
-                    "for composition)")
+                    "for composition)",
+                )
 
     # ------------------------------------------------------------------ derived
     @property
@@ -677,8 +732,13 @@ class Claim:
         """Whether the adapter must report the largest input norm of the trainable layer for the data
         of every step before the step is taken: a feature bound is declared, no feature clip in the
         model enforces it, the adapter can see the inputs, and this is not a planned run."""
-        return (self.geometry is not None and self.geometry.feature_norm_bound is not None
-                and self.feature_clip_norm is None and not self.planned and self.feature_unobservable is None)
+        return (
+            self.geometry is not None
+            and self.geometry.feature_norm_bound is not None
+            and self.feature_clip_norm is None
+            and not self.planned
+            and self.feature_unobservable is None
+        )
 
     @property
     def feature_clip_norm(self) -> Optional[float]:
@@ -701,8 +761,14 @@ class Claim:
         the Poisson dataset size where a geometry reads them; not the model's structure or the
         observations, which only decide whether the claim holds."""
         with_geometry = self.geometry is not None
-        return (self.schedule, self.geometry, self.relation()[0], self.assume_convex_model and with_geometry,
-                self.gaussian_initialization and with_geometry, self.dataset_size if with_geometry else None)
+        return (
+            self.schedule,
+            self.geometry,
+            self.relation()[0],
+            self.assume_convex_model and with_geometry,
+            self.gaussian_initialization and with_geometry,
+            self.dataset_size if with_geometry else None,
+        )
 
     def describe(self) -> str:
         """The claim in words, for messages."""
@@ -795,8 +861,10 @@ class RunRecorder:
         if s is not None:
             if step.accumulation != 1:
                 raise v.ParameterError(
-                    "accumulation", f"{step.accumulation} batches per update (gradient accumulation) are not the "
-                    f"{s.sampling} schedule; take one optimiser step per batch")
+                    "accumulation",
+                    f"{step.accumulation} batches per update (gradient accumulation) are not the "
+                    f"{s.sampling} schedule; take one optimiser step per batch",
+                )
             self._check_divisor(raw, step, first, count)
 
     def _check_claim(self, step: StepFacts) -> None:
@@ -815,7 +883,10 @@ class RunRecorder:
             self._warned.add("loose")
             warnings.warn(
                 f"declared strong_convexity {accounted.strong_convexity:g} is below the L2 regularisation {wd:g}: "
-                "valid but loose; the declared smoothness must include the L2 term", HiddenStateWarning, stacklevel=4)
+                "valid but loose; the declared smoothness must include the L2 term",
+                HiddenStateWarning,
+                stacklevel=4,
+            )
         check_learning_rate(_group_value(step.learning_rate), accounted)
         self._checked, self.accounted_geometry = step, accounted
 
@@ -835,11 +906,17 @@ class RunRecorder:
         if s is None:
             return _poisson_needs(step)
         mean = step.loss_reduction is LossReduction.MEAN
-        if s.sampling == POISSON and (not mean or step.divisor is None
-                                      or abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size):
+        if s.sampling == POISSON and (
+            not mean or step.divisor is None or abs(step.divisor - s.batch_size) > 1e-9 * s.batch_size
+        ):
             got = "an unknown number" if step.divisor is None or not mean else f"{step.divisor:g}"
-            return [("batch_size", f"the Poisson schedule's divisor is its expected batch size {s.batch_size}, but "
-                                   f"the update divides the clipped sum by {got}")]
+            return [
+                (
+                    "batch_size",
+                    f"the Poisson schedule's divisor is its expected batch size {s.batch_size}, but "
+                    f"the update divides the clipped sum by {got}",
+                )
+            ]
         return []
 
     def _check_divisor(self, raw: StepFacts, step: StepFacts, first: int, count: int) -> None:
@@ -853,8 +930,10 @@ class RunRecorder:
         shorts = _short_batches(s, first, count)
         if s.last_batch != DROPPED and step.divisor is None:
             raise v.ParameterError(
-                "batch_size", f"the schedule keeps a short batch ({s.last_batch}) but the step's divisor is "
-                "unknown; it must be recorded to account the short batch")
+                "batch_size",
+                f"the schedule keeps a short batch ({s.last_batch}) but the step's divisor is "
+                "unknown; it must be recorded to account the short batch",
+            )
         r = s.dataset_size % b
         expected = set()
         if shorts:
@@ -863,22 +942,29 @@ class RunRecorder:
             expected.add(b)
         if len(expected) > 1:
             raise v.ParameterError(
-                "batch_size", f"steps {first}..{first + count - 1} include the short batch of {r} records, "
-                "divided by its own size: record that step on its own")
+                "batch_size",
+                f"steps {first}..{first + count - 1} include the short batch of {r} records, "
+                "divided by its own size: record that step on its own",
+            )
         if step.divisor is not None and all(abs(step.divisor - d) > 1e-9 * d for d in expected):
             size = " or ".join(f"{d:g}" for d in sorted(expected))
             replicas = ""
             if raw.replicas > 1:
                 how = "sums" if raw.replica_reduction is ReplicaReduction.SUM else "averages"
-                replicas = (f" ({raw.replicas} replicas each divide their part of the batch by {raw.divisor:g} and "
-                            f"the framework {how} their updates: the effective learning rate is "
-                            f"{min(expected) / step.divisor:.4g} times the one set)")
+                replicas = (
+                    f" ({raw.replicas} replicas each divide their part of the batch by {raw.divisor:g} and "
+                    f"the framework {how} their updates: the effective learning rate is "
+                    f"{min(expected) / step.divisor:.4g} times the one set)"
+                )
             raise v.ParameterError(
-                "batch_size", f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
-                f"batch at step {first} holds {size} records{replicas}")
+                "batch_size",
+                f"the update divides the clipped sum by {step.divisor:g} but the schedule's "
+                f"batch at step {first} holds {size} records{replicas}",
+            )
 
-    def check_plan(self, planned: Sequence[StepFacts], start: Optional[int] = None,
-                   counts: Optional[Sequence[int]] = None) -> None:
+    def check_plan(
+        self, planned: Sequence[StepFacts], start: Optional[int] = None, counts: Optional[Sequence[int]] = None
+    ) -> None:
         """Rule 1 for a run known in advance (e.g. a learning-rate schedule): with a declared
         geometry, a plan that already departs from the analysed update is an error now,
         before any step, instead of a fallback later.
@@ -906,7 +992,8 @@ class RunRecorder:
         if self.claim.geometry is not None and reasons:
             raise v.ParameterError(
                 "learning_rate" if any("learning rate" in r for r in reasons) else "optimizer",
-                f"the planned run {'; '.join(reasons)}{_REMEDY}")
+                f"the planned run {'; '.join(reasons)}{_REMEDY}",
+            )
 
     def record(self, step: StepFacts, count: int = 1) -> None:
         """Appends ``count`` identical steps."""
@@ -947,12 +1034,17 @@ class RunRecorder:
         if largest is not None:
             largest = v.nonnegative_float("largest", largest)
         claimed = self.claim.feature_unobservable is not None
-        if bound is not None and self._restored_steps and (largest is None and not claimed
-                                                           or largest is not None and largest > bound):
+        if (
+            bound is not None
+            and self._restored_steps
+            and (largest is None and not claimed or largest is not None and largest > bound)
+        ):
             known = "not known (taken without a checked feature bound)" if largest is None else f"{largest:.6g}"
             raise v.ParameterError(
-                "checkpoint", f"{subject} has {self._restored_steps} steps whose largest input norm is {known}; "
-                f"the declared feature_norm_bound {bound:g} does not cover them")
+                "checkpoint",
+                f"{subject} has {self._restored_steps} steps whose largest input norm is {known}; "
+                f"the declared feature_norm_bound {bound:g} does not cover them",
+            )
         self._feature_restored = largest
 
     # ------------------------------------------------- what the data decides, and the loss
@@ -985,9 +1077,11 @@ class RunRecorder:
             raise v.ParameterError("largest", f"must be a number, got {largest!r}") from None
         if not (math.isfinite(x) and x <= bound):  # NaN and inf included
             raise v.ParameterError(
-                "feature_norm_bound", f"in {what}, the trainable layer has an input of norm {x:.6g}, above the "
+                "feature_norm_bound",
+                f"in {what}, the trainable layer has an input of norm {x:.6g}, above the "
                 f"declared bound {bound:g}: the declared smoothness does not hold for it, so the claim ends before "
-                "a step is taken on it (clip the features, or declare the bound the data has)")
+                "a step is taken on it (clip the features, or declare the bound the data has)",
+            )
         self._feature_largest = x if self._feature_largest is None else max(self._feature_largest, x)
         self._feature_cover = math.inf if steps is None else float(v.positive_int("steps", steps))
 
@@ -1018,8 +1112,10 @@ class RunRecorder:
         if self._feature_cover < count:
             first = self._steps + int(self._feature_cover)
             raise v.ParameterError(
-                "feature_norm_bound", f"the inputs of the trainable layer in step {first} were not checked against "
-                f"the declared bound {self.feature_norm_bound:g} before the step; the claim cannot cover it")
+                "feature_norm_bound",
+                f"the inputs of the trainable layer in step {first} were not checked against "
+                f"the declared bound {self.feature_norm_bound:g} before the step; the claim cannot cover it",
+            )
         self._feature_cover -= count
 
     # ------------------------------------------------------------------- the run
@@ -1030,8 +1126,11 @@ class RunRecorder:
         if geometry is None:
             return None, [NO_GEOMETRY]
         out: List[str] = sorted({d[1] for d in map(update_departure, steps) if d})
-        for name, what in (("clip_norm", "the clip norm"), ("weight_decay", "the L2 regularisation"),
-                           ("projection_diameter", "the projection")):
+        for name, what in (
+            ("clip_norm", "the clip norm"),
+            ("weight_decay", "the L2 regularisation"),
+            ("projection_diameter", "the projection"),
+        ):
             if len({getattr(s, name) for s in steps}) > 1:
                 out.append(f"{what} changed during training; the analyses assume it fixed")
         for name, what in (("learning_rate", "learning rate"), ("noise_multiplier", "noise multiplier")):
@@ -1041,13 +1140,15 @@ class RunRecorder:
         if self.claim.schedule is None:
             for name, what in (("sampling_probability", "sampling rate"), ("divisor", "divisor of the clipped sum")):
                 if len({getattr(s, name) for s in steps}) > 1:
-                    out.append(f"the {what} changed during training; the Poisson hidden-state analyses assume it "
-                               "fixed")
+                    out.append(f"the {what} changed during training; the Poisson hidden-state analyses assume it fixed")
         if out or not steps:
             return None, out
         try:
-            return check_geometry(geometry, weight_decay=_group_value(steps[0].weight_decay),
-                                  projection_diameter=steps[0].projection_diameter), []
+            return check_geometry(
+                geometry,
+                weight_decay=_group_value(steps[0].weight_decay),
+                projection_diameter=steps[0].projection_diameter,
+            ), []
         except v.ParameterError as err:
             return None, [err.reason]
 
@@ -1064,17 +1165,25 @@ class RunRecorder:
         out += self._geometry_notes()
         s = c.schedule
         if s is None:
-            out.append("no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
-                       "framework reports, which holds only if its data loader samples that way")
+            out.append(
+                "no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
+                "framework reports, which holds only if its data loader samples that way"
+            )
         elif s.is_random and not s.secret:
-            out.append(f"the {s.sampling} batches are public (secret=False): only the bounds for the record's worst "
-                       "positions apply")
+            out.append(
+                f"the {s.sampling} batches are public (secret=False): only the bounds for the record's worst "
+                "positions apply"
+            )
         elif s.external:
-            out.append(f"the {s.sampling} batches are drawn by the framework; the bound assumes its randomness is "
-                       "unknown to the adversary (not seeded with a public value)")
+            out.append(
+                f"the {s.sampling} batches are drawn by the framework; the bound assumes its randomness is "
+                "unknown to the adversary (not seeded with a public value)"
+            )
         elif s.is_random and not s.seed_is_secret:
-            out.append(f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
-                       "as secret as the data")
+            out.append(
+                f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
+                "as secret as the data"
+            )
         return out
 
     def _geometry_notes(self) -> List[str]:
@@ -1086,23 +1195,33 @@ class RunRecorder:
         out = []
         bound = g.feature_norm_bound
         if g.loss is None:
-            given = (f"smoothness={g.smoothness:g}, strong_convexity={g.strong_convexity:g}"
-                     + ("" if bound is None else f" for inputs of norm <= {bound:g}"))
-            out.append(f"the declared geometry ({given}) is the user's claim: given by its constants, not derived "
-                       "from a loss, it cannot be observed from the training run")
+            given = f"smoothness={g.smoothness:g}, strong_convexity={g.strong_convexity:g}" + (
+                "" if bound is None else f" for inputs of norm <= {bound:g}"
+            )
+            out.append(
+                f"the declared geometry ({given}) is the user's claim: given by its constants, not derived "
+                "from a loss, it cannot be observed from the training run"
+            )
         if bound is not None:
             clip = c.feature_clip_norm
             if clip is not None:
-                out.append(f"feature norm <= {bound:g}: enforced by the model's feature clip (max_norm={clip:g}) "
-                           "in front of the trainable layer")
+                out.append(
+                    f"feature norm <= {bound:g}: enforced by the model's feature clip (max_norm={clip:g}) "
+                    "in front of the trainable layer"
+                )
             elif c.feature_unobservable is not None:
                 out.append(f"feature norm <= {bound:g} is the user's claim: {c.feature_unobservable}")
             elif not c.planned:
                 seen = "none yet" if self._feature_largest is None else f"{self._feature_largest:.6g}"
-                restored = (f"; the {self._restored_steps} steps restored from a checkpoint were checked when they "
-                            "were taken" if self._restored_steps else "")
-                out.append(f"feature norm <= {bound:g}: checked on the trainable layer's inputs before every step "
-                           f"(largest seen {seen}){restored}")
+                restored = (
+                    f"; the {self._restored_steps} steps restored from a checkpoint were checked when they were taken"
+                    if self._restored_steps
+                    else ""
+                )
+                out.append(
+                    f"feature norm <= {bound:g}: checked on the trainable layer's inputs before every step "
+                    f"(largest seen {seen}){restored}"
+                )
         if g.loss is not None:
             kind, description = c.loss if c.loss is not None else (None, "the adapter did not observe it")
             if kind is None:
@@ -1129,8 +1248,9 @@ class RunRecorder:
             ledger[-1][1] += steps - recorded
         return ledger
 
-    def run(self, *, plan: Iterable[Tuple[StepFacts, int]] = (), steps: Optional[int] = None,
-            warn: bool = True) -> TrainingRunDpEvent:
+    def run(
+        self, *, plan: Iterable[Tuple[StepFacts, int]] = (), steps: Optional[int] = None, warn: bool = True
+    ) -> TrainingRunDpEvent:
         """The event for the recorded steps, followed by the ``(step, count)`` entries of ``plan``
         (steps planned, not taken: checked with :meth:`check_plan`) and, when ``steps`` is more than
         those, the last step repeated; with the refusal reasons. Warns once per reason."""
@@ -1140,8 +1260,11 @@ class RunRecorder:
             for r in reasons:
                 if r not in self._warned:
                     self._warned.add(r)
-                    warnings.warn(f"hidden-state analyses not applied ({r}); the composition bound is reported",
-                                  CompositionFallbackWarning, stacklevel=3)
+                    warnings.warn(
+                        f"hidden-state analyses not applied ({r}); the composition bound is reported",
+                        CompositionFallbackWarning,
+                        stacklevel=3,
+                    )
         return self._event(ledger, geometry, "; ".join(reasons) if reasons else None)
 
     def _event(self, ledger, geometry: Optional[LossGeometry], refusal: Optional[str]) -> TrainingRunDpEvent:
@@ -1157,30 +1280,49 @@ class RunRecorder:
         clip = max((r.clip_norm for r in recs if r.clip_norm is not None), default=1.0)
         wds = {_group_value(r.weight_decay) if not isinstance(r.weight_decay, tuple) else None for r in recs}
         l2 = wds.pop() if len(wds) == 1 else None  # the L2 strength outside the batch sum, when fixed
-        common = dict(steps=sum(counts), noise_multiplier=schedule_of("noise_multiplier", None),
-                      clip_norm=clip, learning_rate=schedule_of("learning_rate", 1.0),
-                      hidden_state_refusal=refusal, l2_regularization=l2, geometry=geometry)
+        common = dict(
+            steps=sum(counts),
+            noise_multiplier=schedule_of("noise_multiplier", None),
+            clip_norm=clip,
+            learning_rate=schedule_of("learning_rate", 1.0),
+            hidden_state_refusal=refusal,
+            l2_regularization=l2,
+            geometry=geometry,
+        )
         s = self.claim.schedule
         if s is None:
             rates = [r.sampling_probability for r in recs]
             if any(q is None for q in rates):
-                raise v.ParameterError("sampling_probability",
-                                       "a Poisson step without a schedule must report its sampling probability")
+                raise v.ParameterError(
+                    "sampling_probability", "a Poisson step without a schedule must report its sampling probability"
+                )
             q = max(rates)  # the Poisson composition grows with the rate: the largest covers every step
             n, b = poisson_sizes(q, self.claim.dataset_size)
             if geometry is not None:  # the needs are met: n from the claim, b the fixed divisor
                 b = int(round(recs[0].divisor))
-            return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling=POISSON, sampling_probability=q,
-                                      **common)
+            return TrainingRunDpEvent(dataset_size=n, batch_size=b, sampling=POISSON, sampling_probability=q, **common)
         extra = {}
         if s.sampling == POISSON and s.sampling_probability != s.batch_size / s.dataset_size:
             extra["sampling_probability"] = s.sampling_probability
-        return TrainingRunDpEvent(dataset_size=s.dataset_size, batch_size=s.batch_size, sampling=s.sampling,
-                                  gaussian_initialization=self.claim.gaussian_initialization,
-                                  last_batch=s.last_batch, secret_batches=s.secret, **extra, **common)
+        return TrainingRunDpEvent(
+            dataset_size=s.dataset_size,
+            batch_size=s.batch_size,
+            sampling=s.sampling,
+            gaussian_initialization=self.claim.gaussian_initialization,
+            last_batch=s.last_batch,
+            secret_batches=s.secret,
+            **extra,
+            **common,
+        )
 
-    def report(self, delta: float, *, plan: Iterable[Tuple[StepFacts, int]] = (), steps: Optional[int] = None,
-               warn: bool = True) -> PrivacyReport:
+    def report(
+        self,
+        delta: float,
+        *,
+        plan: Iterable[Tuple[StepFacts, int]] = (),
+        steps: Optional[int] = None,
+        warn: bool = True,
+    ) -> PrivacyReport:
         """The report for the recorded steps (and a ``plan``, as :meth:`run`): every analysis with its
         epsilon or why it does not apply, under the claim's relation (:meth:`Claim.relation`), with the
         reasons for a composition fallback and the notes. Epsilon 0 before any step."""

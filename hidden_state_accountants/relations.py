@@ -44,23 +44,27 @@ ADD_REMOVE_UNSUPPORTED = {
         "not covered under ADD_OR_REMOVE_ONE: with b-of-n sampling without replacement an added record "
         "changes every inclusion probability (b/n -> b/(n+1)) and, when drawn, displaces one of the others "
         "(the batch size is fixed), a replace-one change of sensitivity 2C; no bound with sensitivity C holds "
-        "(dp_accounting has none either)"),
+        "(dp_accounting has none either)"
+    ),
     CYCLIC: (
         "not covered under ADD_OR_REMOVE_ONE: the package's partition samplers cut the ordered dataset into "
         "n//b blocks, so an added record shifts every later record to another batch or completes a new batch "
         "(the steps per epoch and the dropped remainder change); the two runs differ in more than one "
-        "record's schedule"),
+        "record's schedule"
+    ),
     SHUFFLE_PARTITION: (
         "not covered under ADD_OR_REMOVE_ONE: a random partition of n+1 records restricted to the n common "
         "ones is not a partition of n records; the added record displaces one record into the dropped "
-        "remainder, a replace-one change"),
+        "remainder, a replace-one change"
+    ),
     RESHUFFLE: (
         "not covered under ADD_OR_REMOVE_ONE: the added record displaces a record of its batch order every "
         "epoch (the same position effect as for the partition samplers); with the short batch dropped and "
         "1 <= n % b <= b - 2 the add/remove pair is a replace-one change in every epoch that uses the record, so "
         "the REPLACE_ONE si_reshuffle_average number bounds it too (docs/derivations.md B.6; not reported "
         "automatically), with nothing gained from the relation; sampling='balls_in_bins' "
-        "(BallsInBinsBatchSampler) has an add/remove analysis"),
+        "(BallsInBinsBatchSampler) has an add/remove analysis"
+    ),
 }
 
 
@@ -77,8 +81,9 @@ def parse_relation(value: Union[str, NeighborRel], name: str = "neighboring_rela
     return rel
 
 
-def resolve_relation(explicit: Optional[NeighborRel], default: NeighborRel,
-                     sampling: str) -> Tuple[NeighborRel, Optional[str]]:
+def resolve_relation(
+    explicit: Optional[NeighborRel], default: NeighborRel, sampling: str
+) -> Tuple[NeighborRel, Optional[str]]:
     """The relation a run of ``sampling`` is reported under, and why it is not ``default`` when it is
     not: ``explicit`` if given; else the host library's ``default`` wherever the schedule is covered
     under it, and REPLACE_ONE otherwise (this package's fixed-size samplers under ADD_OR_REMOVE_ONE).
@@ -95,8 +100,9 @@ def resolve_relation(explicit: Optional[NeighborRel], default: NeighborRel,
         return explicit, None
     reason = schedule_reason(default, sampling)
     if reason:
-        return REPLACE_ONE, (f"reported under REPLACE_ONE, not the host's {default.name}: the {sampling} schedule "
-                             f"is {reason}")
+        return REPLACE_ONE, (
+            f"reported under REPLACE_ONE, not the host's {default.name}: the {sampling} schedule is {reason}"
+        )
     return default, None
 
 
@@ -144,23 +150,37 @@ def as_add_remove(run, *, keep_geometry: bool = True):
         m_reg = run.l2_regularization
         if m_reg is None:
             raise v.ParameterError(
-                "l2_regularization", "must be declared under ADD_OR_REMOVE_ONE (0 when the optimizer applies no "
+                "l2_regularization",
+                "must be declared under ADD_OR_REMOVE_ONE (0 when the optimizer applies no "
                 "L2 term outside the per-example gradients): the batch holding the added record has B + 1 records "
                 "over the divisor B, and its strong convexity m_reg + ((B+1)/B)(m - m_reg) depends on the L2 "
-                "strength m_reg (docs/derivations.md section 16)")
+                "strength m_reg (docs/derivations.md section 16)",
+            )
         larger = m_reg + (B + 1) / B * (g.smoothness - m_reg)
         smaller = m_reg + (B + 1) / B * (g.strong_convexity - m_reg)
         if smaller < 0:
             raise v.ParameterError(
-                "l2_regularization", f"{m_reg:g} exceeds the declared strong convexity {g.strong_convexity:g} so much "
+                "l2_regularization",
+                f"{m_reg:g} exceeds the declared strong convexity {g.strong_convexity:g} so much "
                 f"that the batch holding the added record (B + 1 = {B + 1} records over the divisor {B}) is not "
-                f"convex: curvature down to {smaller:.6g} (docs/derivations.md section 16)")
+                f"convex: curvature down to {smaller:.6g} (docs/derivations.md section 16)",
+            )
         g = attr.evolve(g, smoothness=max(larger, g.smoothness), strong_convexity=min(smaller, g.strong_convexity))
     noise = run.noise_multiplier
     noise = tuple(2.0 * z for z in noise) if isinstance(noise, tuple) else 2.0 * noise
     return run.replace(clip_norm=run.clip_norm / 2.0, noise_multiplier=noise, geometry=g)
 
 
-__all__ = ["REPLACE_ONE", "ADD_OR_REMOVE_ONE", "RELATIONS", "NeighborRel", "parse_relation", "resolve_relation",
-           "sensitivity_factor",
-           "schedule_reason", "as_add_remove", "ADD_REMOVE_UNSUPPORTED", "ADD_REMOVE_SCHEDULES"]
+__all__ = [
+    "REPLACE_ONE",
+    "ADD_OR_REMOVE_ONE",
+    "RELATIONS",
+    "NeighborRel",
+    "parse_relation",
+    "resolve_relation",
+    "sensitivity_factor",
+    "schedule_reason",
+    "as_add_remove",
+    "ADD_REMOVE_UNSUPPORTED",
+    "ADD_REMOVE_SCHEDULES",
+]

@@ -84,8 +84,9 @@ class SbcdTrainerBase:
 
     _progress_label = "DP-SBCD"
 
-    def _check_options(self, n: int, batch_size, sampling: str, regularizer: str, variant: str, gamma,
-                       seed: Optional[int]) -> int:
+    def _check_options(
+        self, n: int, batch_size, sampling: str, regularizer: str, variant: str, gamma, seed: Optional[int]
+    ) -> int:
         """Validates the choices that do not depend on the model, draws the batch schedule
         (:attr:`batch_schedule`) and the noise seed (:attr:`noise_seed`); returns the batch size."""
         n, b = check_sbcd_schedule(n, batch_size, sampling)
@@ -101,8 +102,9 @@ class SbcdTrainerBase:
         self.steps_per_epoch = self.batch_schedule.steps_per_epoch
         return b
 
-    def _set_layer_hyperparameters(self, num_layers: int, step_size, rho, regularization, radius, noise,
-                                   paper_assumptions) -> None:
+    def _set_layer_hyperparameters(
+        self, num_layers: int, step_size, rho, regularization, radius, noise, paper_assumptions
+    ) -> None:
         """Per-layer values (one for all, or one per layer) and the noise schedule."""
         self.num_layers = num_layers
         self.step_sizes = self._per_layer("step_size", step_size, v.positive_float)
@@ -132,15 +134,15 @@ class SbcdTrainerBase:
                 warnings.warn(
                     f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
                     "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
-                    HiddenStateWarning, stacklevel=3,
+                    HiddenStateWarning,
+                    stacklevel=3,
                 )
 
     def _noise_at(self, t: int) -> float:
         k, j = divmod(t, self.steps_per_epoch)
         return check_noise_value(self.schedule(self.step_sizes[0], k, j), k, j)
 
-    def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable] = None,
-            desc: Optional[str] = None):
+    def fit(self, epochs: int, progress: bool = True, callback: Optional[Callable] = None, desc: Optional[str] = None):
         """Runs ``epochs`` epochs with a progress bar (``callback(epoch, self)`` after each)."""
         epochs = v.positive_int("epochs", epochs)
         bar = None
@@ -169,11 +171,19 @@ class SbcdTrainerBase:
             t = v.positive_int("steps", steps)
             noise = [self._noise_at(s) for s in range(t)]
         return DpSbcdRunDpEvent(
-            dataset_size=self.dataset_size, batch_size=self.batch_size, steps=t,
-            num_layers=self.num_layers, step_size=tuple(self.step_sizes), rho=tuple(self.rho_eff),
-            noise=compress_noise(noise, self.steps_per_epoch), gamma=self.gamma,
-            regularizer=self.regularizer, regularization=tuple(self.lambdas), sampling=self.sampling,
-            variant=self.variant, radius=None if self.radius is None else tuple(self.radius),
+            dataset_size=self.dataset_size,
+            batch_size=self.batch_size,
+            steps=t,
+            num_layers=self.num_layers,
+            step_size=tuple(self.step_sizes),
+            rho=tuple(self.rho_eff),
+            noise=compress_noise(noise, self.steps_per_epoch),
+            gamma=self.gamma,
+            regularizer=self.regularizer,
+            regularization=tuple(self.lambdas),
+            sampling=self.sampling,
+            variant=self.variant,
+            radius=None if self.radius is None else tuple(self.radius),
             paper_assumptions=self.paper_assumptions,
         )
 

@@ -166,8 +166,11 @@ class Linear:
             q = run.sampling_rate
             for t in range(T):
                 vals = self.power(T - 1 - t)
-                out.append((np.array([float(vals)]), np.array([1.0])) if q >= 1.0 else
-                           (np.array([float(vals), 0.0]), np.array([q, 1.0 - q])))
+                out.append(
+                    (np.array([float(vals)]), np.array([1.0]))
+                    if q >= 1.0
+                    else (np.array([float(vals), 0.0]), np.array([q, 1.0 - q]))
+                )
         else:
             raise ValueError(run.sampling)
         return out
@@ -201,7 +204,7 @@ class Linear:
             per = self.positions()
             if run.sampling == CYCLIC or position is not None:
                 j = int(np.argmax(np.abs(per))) if position is None else int(position)
-                return Law(per[j:j + 1], np.zeros(1))
+                return Law(per[j : j + 1], np.zeros(1))
             lw = np.full(per.size, math.log(b / n))
             if n - per.size * b:  # records never used: S = 0
                 per, lw = np.append(per, 0.0), np.append(lw, math.log((n - per.size * b) / n))
@@ -261,7 +264,6 @@ class Linear:
             return law, law, True
         lo, hi = self.grid_laws(grid_points)
         return lo, hi, False
-
 
 
 def schedule_law(run: TrainingRunDpEvent, grid_points: int = GRID_POINTS) -> Tuple[Law, float]:

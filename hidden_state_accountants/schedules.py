@@ -105,8 +105,10 @@ SAMPLING_DESCRIPTIONS: Dict[str, str] = {
     WITHOUT_REPLACEMENT: "each step draws b distinct records afresh",
     RESHUFFLE: "a fresh random permutation every epoch, cut into n//b batches",
     POISSON: "each record joins each step's batch independently with probability q",
-    BALLS_IN_BINS: ("every epoch, each record independently draws its step uniformly among the epoch's n//b "
-                    "steps (batches of random size, each divided by b)"),
+    BALLS_IN_BINS: (
+        "every epoch, each record independently draws its step uniformly among the epoch's n//b "
+        "steps (batches of random size, each divided by b)"
+    ),
 }
 
 
@@ -121,8 +123,9 @@ def check_last_batch(last_batch: Any, sampling: str, dataset_size: int, batch_si
     if last_batch not in LAST_BATCHES:
         raise v.ParameterError("last_batch", f"must be one of {', '.join(LAST_BATCHES)}; got {last_batch!r}")
     if last_batch != DROPPED and sampling != RESHUFFLE:
-        raise v.ParameterError("last_batch", f"a kept short batch applies to sampling={RESHUFFLE!r} only, "
-                                             f"not {sampling!r}")
+        raise v.ParameterError(
+            "last_batch", f"a kept short batch applies to sampling={RESHUFFLE!r} only, not {sampling!r}"
+        )
     return last_batch if dataset_size % batch_size else DROPPED
 
 
@@ -215,18 +218,40 @@ class BatchSchedule:
     True
     """
 
-    __slots__ = ("dataset_size", "batch_size", "sampling", "seed", "seed_is_secret",
-                 "sampling_probability", "last_batch", "secret", "external", "_order", "_epoch")
+    __slots__ = (
+        "dataset_size",
+        "batch_size",
+        "sampling",
+        "seed",
+        "seed_is_secret",
+        "sampling_probability",
+        "last_batch",
+        "secret",
+        "external",
+        "_order",
+        "_epoch",
+    )
 
-    def __init__(self, dataset_size: int, batch_size: int, sampling: str, seed: Optional[int] = None, *,
-                 sampling_probability: Optional[float] = None, last_batch: str = DROPPED,
-                 secret: bool = True, share_seed: Optional[Callable[[int], int]] = None) -> None:
-        self._build(dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret, False,
-                    share_seed)
+    def __init__(
+        self,
+        dataset_size: int,
+        batch_size: int,
+        sampling: str,
+        seed: Optional[int] = None,
+        *,
+        sampling_probability: Optional[float] = None,
+        last_batch: str = DROPPED,
+        secret: bool = True,
+        share_seed: Optional[Callable[[int], int]] = None,
+    ) -> None:
+        self._build(
+            dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret, False, share_seed
+        )
 
     @classmethod
-    def framework(cls, dataset_size: int, batch_size: int, sampling: str = RESHUFFLE, *,
-                  last_batch: str = DROPPED, secret: bool) -> "BatchSchedule":
+    def framework(
+        cls, dataset_size: int, batch_size: int, sampling: str = RESHUFFLE, *, last_batch: str = DROPPED, secret: bool
+    ) -> "BatchSchedule":
         """The law of batches a framework draws with its own randomness (``reshuffle`` only:
         ``DataLoader(shuffle=True)``, Keras ``fit(shuffle=True)``). ``secret``: whether that
         randomness is unknown to the adversary; ``False`` when the framework's generator was
@@ -238,21 +263,24 @@ class BatchSchedule:
         (11, True, False)
         """
         if sampling != RESHUFFLE:
-            raise v.ParameterError("sampling", f"a framework's own draws are supported for {RESHUFFLE!r} only, "
-                                               f"got {sampling!r}")
+            raise v.ParameterError(
+                "sampling", f"a framework's own draws are supported for {RESHUFFLE!r} only, got {sampling!r}"
+            )
         out = cls.__new__(cls)
         out._build(dataset_size, batch_size, sampling, None, None, last_batch, secret, True, None)
         return out
 
-    def _build(self, dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret,
-               external, share_seed) -> None:
+    def _build(
+        self, dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret, external, share_seed
+    ) -> None:
         n, b = check_schedule(dataset_size, batch_size, sampling)
         last_batch = check_last_batch(last_batch, sampling, n, b)
         if not isinstance(secret, bool):
             raise v.ParameterError("secret", f"must be True or False, got {secret!r}")
         if not secret and sampling in (WITHOUT_REPLACEMENT, POISSON):
             raise v.ParameterError(
-                "secret", f"{sampling} with public batches is not covered (its analyses rest on the draw being secret)")
+                "secret", f"{sampling} with public batches is not covered (its analyses rest on the draw being secret)"
+            )
         if external:
             seed_secret = False
         elif sampling in RANDOM:
@@ -264,7 +292,9 @@ class BatchSchedule:
                 seed = check_seed(seed)
         else:
             if seed is not None:
-                raise v.ParameterError("seed", f"sampling={sampling!r} is deterministic and takes no seed, got {seed!r}")
+                raise v.ParameterError(
+                    "seed", f"sampling={sampling!r} is deterministic and takes no seed, got {seed!r}"
+                )
             seed_secret = False
         q = None
         if sampling == POISSON:
@@ -273,9 +303,19 @@ class BatchSchedule:
                 raise v.ParameterError("sampling_probability", f"must lie in (0, 1], got {sampling_probability!r}")
         elif sampling_probability is not None:
             raise v.ParameterError("sampling_probability", f"applies to sampling='poisson' only, not {sampling!r}")
-        for name, value in (("dataset_size", n), ("batch_size", b), ("sampling", sampling), ("seed", seed),
-                            ("seed_is_secret", seed_secret), ("sampling_probability", q), ("last_batch", last_batch),
-                            ("secret", secret), ("external", external), ("_order", None), ("_epoch", None)):
+        for name, value in (
+            ("dataset_size", n),
+            ("batch_size", b),
+            ("sampling", sampling),
+            ("seed", seed),
+            ("seed_is_secret", seed_secret),
+            ("sampling_probability", q),
+            ("last_batch", last_batch),
+            ("secret", secret),
+            ("external", external),
+            ("_order", None),
+            ("_epoch", None),
+        ):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name, value):
@@ -369,13 +409,13 @@ class BatchSchedule:
             return np.arange(n)
         if s in EPOCH_ORDERS:
             epoch, j = divmod(int(step), self.steps_per_epoch)
-            return self.epoch_order(epoch)[j * b:(j + 1) * b]  # a kept short batch is the tail
+            return self.epoch_order(epoch)[j * b : (j + 1) * b]  # a kept short batch is the tail
         if self.external:
             raise v.ParameterError("schedule", "the framework draws these batches; this schedule only describes them")
         if s == BALLS_IN_BINS:
             epoch, j = divmod(int(step), self.steps_per_epoch)
             _, order, starts = self._epoch_bins(epoch)
-            return order[starts[j]:starts[j + 1]]
+            return order[starts[j] : starts[j + 1]]
         rng = _rng(self.seed, int(step))  # one stream per step: O(1) to resume anywhere
         if s == WITHOUT_REPLACEMENT:
             return rng.choice(n, b, replace=False)
@@ -385,8 +425,12 @@ class BatchSchedule:
     def describe(self) -> Dict[str, Any]:
         """Everything that defines the schedule, in plain Python types (the seed included:
         keep the result as private as the data)."""
-        out = {"sampling": self.sampling, "dataset_size": self.dataset_size, "batch_size": self.batch_size,
-               "seed": self.seed}
+        out = {
+            "sampling": self.sampling,
+            "dataset_size": self.dataset_size,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+        }
         if self.sampling == POISSON:
             out["sampling_probability"] = self.sampling_probability
         if self.last_batch != DROPPED:
@@ -413,7 +457,9 @@ class BatchSchedule:
         if not isinstance(seed_is_secret, bool):
             raise v.ParameterError("seed_is_secret", f"must be True or False, got {seed_is_secret!r}")
         if not isinstance(state, dict):
-            raise v.ParameterError("schedule", f"must be a dict from BatchSchedule.describe(), got {type(state).__name__}")
+            raise v.ParameterError(
+                "schedule", f"must be a dict from BatchSchedule.describe(), got {type(state).__name__}"
+            )
         missing = [k for k in ("sampling", "dataset_size", "batch_size", "seed") if k not in state]
         if missing:
             raise v.ParameterError("schedule", f"missing {', '.join(missing)}")
@@ -421,9 +467,14 @@ class BatchSchedule:
         extra = dict(last_batch=state.get("last_batch", DROPPED), secret=state.get("secret", True))
         if state.get("external", False):
             return cls.framework(state["dataset_size"], state["batch_size"], sampling, **extra)
-        schedule = cls(state["dataset_size"], state["batch_size"], sampling,
-                       state["seed"] if sampling in RANDOM else None,
-                       sampling_probability=state.get("sampling_probability"), **extra)
+        schedule = cls(
+            state["dataset_size"],
+            state["batch_size"],
+            sampling,
+            state["seed"] if sampling in RANDOM else None,
+            sampling_probability=state.get("sampling_probability"),
+            **extra,
+        )
         if seed_is_secret and schedule.is_random:
             object.__setattr__(schedule, "seed_is_secret", True)
         return schedule
@@ -450,8 +501,10 @@ class BatchSchedule:
         q = "" if self.sampling != POISSON else f", q={self.sampling_probability:.6g}"
         last = "" if self.last_batch == DROPPED else f", last_batch={self.last_batch!r}"
         public = "" if self.secret else ", public"
-        return (f"BatchSchedule(dataset_size={self.dataset_size}, batch_size={self.batch_size}, "
-                f"sampling={self.sampling!r}{seed}{q}{last}{public})")
+        return (
+            f"BatchSchedule(dataset_size={self.dataset_size}, batch_size={self.batch_size}, "
+            f"sampling={self.sampling!r}{seed}{q}{last}{public})"
+        )
 
 
 def poisson_sizes(sampling_probability: float, dataset_size: Optional[int] = None) -> Tuple[int, int]:

@@ -58,8 +58,9 @@ class PointwiseRdpMinimum:
     monotone_in_steps: bool
 
 
-def pointwise_rdp_minimum(bounds: Sequence[Bound], orders: Sequence[float],
-                          delta: float) -> Optional[PointwiseRdpMinimum]:
+def pointwise_rdp_minimum(
+    bounds: Sequence[Bound], orders: Sequence[float], delta: float
+) -> Optional[PointwiseRdpMinimum]:
     """The pointwise minimum of the applicable bounds' RDP curves at ``orders``, converted at
     ``delta``; ``None`` with fewer than two curves or when no order gives a finite epsilon."""
     rdp_bounds = [b for b in bounds if b.applicable and b.kind in ("rdp", "gdp")]
@@ -74,8 +75,9 @@ def pointwise_rdp_minimum(bounds: Sequence[Bound], orders: Sequence[float],
     i = int(np.argmin(np.abs(np.asarray(orders) - order)))
     winner = curves[int(np.argmin(stack[:, i]))][0]
     # a pointwise minimum of curves that never decrease with the length never does
-    return PointwiseRdpMinimum(eps, order, winner.name, winner.hidden_state,
-                               all(b.monotone_in_steps for b in rdp_bounds))
+    return PointwiseRdpMinimum(
+        eps, order, winner.name, winner.hidden_state, all(b.monotone_in_steps for b in rdp_bounds)
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,7 @@ class Selection:
     pointwise: Optional[PointwiseRdpMinimum]
 
 
-def select_best(bounds: Sequence[Bound], delta: float, orders: Sequence[float], *,
-                pointwise: bool = True) -> Selection:
+def select_best(bounds: Sequence[Bound], delta: float, orders: Sequence[float], *, pointwise: bool = True) -> Selection:
     """The smallest valid epsilon among ``bounds`` and their pointwise RDP minimum (module
     docstring). ``pointwise=False`` leaves the pointwise minimum out (calibration, before every
     analysis has been evaluated at a noise). ``(inf, "none")`` when no bound applies."""
@@ -104,5 +105,12 @@ def select_best(bounds: Sequence[Bound], delta: float, orders: Sequence[float], 
     return Selection(eps, name, epsilons, best_rdp)
 
 
-__all__ = ["select_best", "Selection", "bound_epsilon", "pointwise_rdp_minimum", "PointwiseRdpMinimum",
-           "RDP_POINTWISE_MIN", "NONE"]
+__all__ = [
+    "select_best",
+    "Selection",
+    "bound_epsilon",
+    "pointwise_rdp_minimum",
+    "PointwiseRdpMinimum",
+    "RDP_POINTWISE_MIN",
+    "NONE",
+]

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[all,dev]"
+# lint and format first (ruff, pinned in constraints.txt; configured in pyproject.toml)
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 # the default suite; the long grids (pytest -m slow: exact-value grids over every schedule, the
 # examples end to end; about an hour on 2 cores) run when HSA_SLOW=1, so CI stays under 30 minutes
 if [ -n "${HSA_SLOW:-}" ]; then marks="slow or not slow"; else marks="not slow"; fi

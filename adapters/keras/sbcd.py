@@ -120,13 +120,18 @@ def _check_one_device(model) -> None:
     replicas of a ``tf.distribute`` strategy (each worker would run a run of its own)."""
     strategy = getattr(model, "distribute_strategy", None)
     replicas = int(getattr(strategy, "num_replicas_in_sync", 1))
-    if replicas > 1 or tf.distribute.in_cross_replica_context() and tf.distribute.has_strategy() and \
-            tf.distribute.get_strategy().num_replicas_in_sync > 1:
+    if (
+        replicas > 1
+        or tf.distribute.in_cross_replica_context()
+        and tf.distribute.has_strategy()
+        and tf.distribute.get_strategy().num_replicas_in_sync > 1
+    ):
         name = type(strategy if replicas > 1 else tf.distribute.get_strategy()).__name__
         raise UnsupportedLayerError(
             f"the model was built under {name}: DP-SBCD's Keras trainer runs on one device and does not split its "
             "steps over replicas; build the model outside the strategy's scope (the run is then one device's, "
-            "as accounted)")
+            "as accounted)"
+        )
 
 
 def _clip_rows(x: tf.Tensor, bound: float) -> tf.Tensor:
@@ -183,9 +188,12 @@ class DPSBCD(SbcdTrainerBase):
         self.layers = parse_model(model, data.shape[1])
         _check_one_device(model)
         if self.layers[0].kernel.shape[0] != data.shape[1]:
-            raise v.ParameterError("data", f"the model expects {self.layers[0].kernel.shape[0]} features, got {data.shape[1]}")
-        self._set_layer_hyperparameters(len(self.layers), step_size, rho, regularization, radius, noise,
-                                        paper_assumptions)
+            raise v.ParameterError(
+                "data", f"the model expects {self.layers[0].kernel.shape[0]} features, got {data.shape[1]}"
+            )
+        self._set_layer_hyperparameters(
+            len(self.layers), step_size, rho, regularization, radius, noise, paper_assumptions
+        )
         self.has_bias = [layer.use_bias for layer in self.layers]
         self.rho_eff = [math.sqrt(r * r + (1.0 if hb else 0.0)) for r, hb in zip(self.rho_x, self.has_bias)]
         self._warn_expansive_steps()
@@ -259,7 +267,9 @@ class DPSBCD(SbcdTrainerBase):
         else:
             r = target
         norm = tf.norm(r, axis=1) * tf.norm(p, axis=1)
-        scale = tf.minimum(1.0, (self.rho_eff[d] / 2.0) / tf.maximum(norm, 1e-30)) * (1.0 - 4 * np.finfo(np.float32).eps)
+        scale = tf.minimum(1.0, (self.rho_eff[d] / 2.0) / tf.maximum(norm, 1e-30)) * (
+            1.0 - 4 * np.finfo(np.float32).eps
+        )
         return r * scale[:, None]
 
     def per_example_contributions(self, d: int, x, target):
@@ -343,7 +353,6 @@ class DPSBCD(SbcdTrainerBase):
         self._noise_history.append(o)
         self._t += 1
 
-
     def predict(self, data) -> np.ndarray:
         """The model's output with the training's input clipping (``rho[0]``)."""
         x = _clip_rows(tf.constant(np.asarray(data, dtype=np.float32).reshape(len(data), -1)), self.rho_x[0])
@@ -362,4 +371,3 @@ class DPSBCD(SbcdTrainerBase):
             else:
                 total += float(tf.reduce_sum((a - tf.gather(self.targets, idx)) ** 2))
         return self.gamma / 2.0 * total / int(idx.shape[0])
-

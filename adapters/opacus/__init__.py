@@ -48,7 +48,8 @@ def _register() -> None:
         if existing.__qualname__ != OpacusHiddenStateAccountant.__qualname__:
             raise ImportError(
                 f"Opacus already has an accountant named {MECHANISM!r} ({existing.__module__}."
-                f"{existing.__qualname__}); refusing to replace it") from None
+                f"{existing.__qualname__}); refusing to replace it"
+            ) from None
         register_accountant(MECHANISM, OpacusHiddenStateAccountant, force=True)
 
 

@@ -35,8 +35,13 @@ from .facts import LOSS_UNSEEN, feature_facts, loader_facts, model_facts, optimi
 from .features import FeatureNormMonitor
 from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
-__all__ = ["OpacusHiddenStateAccountant", "HiddenStateCalibration", "MECHANISM", "CALIBRATION_KWARG",
-           "sampler_from_checkpoint"]
+__all__ = [
+    "OpacusHiddenStateAccountant",
+    "HiddenStateCalibration",
+    "MECHANISM",
+    "CALIBRATION_KWARG",
+    "sampler_from_checkpoint",
+]
 
 MECHANISM = "hidden_state"
 STATE_VERSION = 6  # 5: the model's feature clip in the claim; 6: the core Claim (relation, what was observed
@@ -49,12 +54,12 @@ _STATE_FORMAT = "hidden_state_accountants.opacus"
 _SUBJECT = "the hidden-state accountant state"
 _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
-                   "poisson_sampling=False to make_private",
+    "poisson_sampling=False to make_private",
     "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
-                  "configure(), which sets it to the sampler's batch size",
+    "configure(), which sets it to the sampler's batch size",
     "feature_norm_bound": "hso.FeatureClip(R) right before the trainable nn.Linear enforces the bound (read from "
-                          "the model's structure at configure); without it, configure(model=...) checks the inputs "
-                          "of every batch",
+    "the model's structure at configure); without it, configure(model=...) checks the inputs "
+    "of every batch",
 }
 
 
@@ -77,8 +82,9 @@ class HiddenStateCalibration:
             if self.claim.dataset_size is not None:  # Opacus' expected_batch_size, computed as make_private does
                 step = attr.evolve(step, divisor=int(self.claim.dataset_size * q))
         else:
-            check_batch_source(s, BatchSourceFacts(schedule=s, description="Opacus' data loader",
-                                                   steps_per_epoch=round(1 / q)))
+            check_batch_source(
+                s, BatchSourceFacts(schedule=s, description="Opacus' data loader", steps_per_epoch=round(1 / q))
+            )
             steps_per_epoch = s.steps_per_epoch
         epochs = steps * q  # Opacus' int(epochs / sample_rate) can land one step short of whole epochs
         if abs(epochs - round(epochs)) < 1e-6:
@@ -144,8 +150,10 @@ class OpacusHiddenStateAccountant(IAccountant):
         """Replaces the ledger by steps known only by noise and rate, as Opacus' own accountants
         take it (e.g. ``get_noise_multiplier``'s hypothetical runs); :meth:`step` continues it."""
         self._recorder = self.claim.recorder(
-            (StepFacts(noise_multiplier=z, sampling_probability=q), int(steps)) for z, q, steps in value or ()
-            if int(steps) > 0)
+            (StepFacts(noise_multiplier=z, sampling_probability=q), int(steps))
+            for z, q, steps in value or ()
+            if int(steps) > 0
+        )
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         """Records a step known only by its noise and sample rate (no optimizer to read: the
@@ -228,8 +236,10 @@ class OpacusHiddenStateAccountant(IAccountant):
         explicit = self.claim.neighboring_relation if neighboring_relation is _KEEP else neighboring_relation
         if sampler is not None and not isinstance(sampler, HiddenStateBatchSampler):
             raise v.ParameterError(
-                "sampler", f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
-                "(for DataLoader(shuffle=True) pass the loader as data_loader=...)")
+                "sampler",
+                f"must be a sampler of hidden_state_accountants.opacus, got {type(sampler).__name__} "
+                "(for DataLoader(shuffle=True) pass the loader as data_loader=...)",
+            )
         schedule = None if sampler is None else sampler.schedule
         if data_loader is not None:
             if sampler is not None:
@@ -239,9 +249,11 @@ class OpacusHiddenStateAccountant(IAccountant):
                 sampler, schedule = data_loader.batch_sampler, source.schedule
             elif source.schedule is None:
                 raise v.ParameterError(
-                    "data_loader", f"its batches follow no schedule of this package ({source.description}); use "
+                    "data_loader",
+                    f"its batches follow no schedule of this package ({source.description}); use "
                     "DataLoader(dataset, batch_size=b, shuffle=True) or batch_sampler=<a sampler of this package>, "
-                    "and make_private(..., poisson_sampling=False)")
+                    "and make_private(..., poisson_sampling=False)",
+                )
             else:
                 check_batch_source(source.schedule, source)  # e.g. one permutation per rank is refused
                 schedule = source.schedule
@@ -249,29 +261,47 @@ class OpacusHiddenStateAccountant(IAccountant):
             _check_dataset_size(dataset_size, self.loader_dataset_size)
         facts = None if model is None else model_facts(model)
         layer, unobservable = feature_facts(model)
-        claim = Claim(schedule=schedule, geometry=geometry, model=facts,
-                      assume_convex_model=assume_convex_model, gaussian_initialization=gaussian_initialization,
-                      dataset_size=dataset_size, neighboring_relation=explicit, default_relation=ADD_OR_REMOVE_ONE,
-                      feature_unobservable=unobservable, loss=(None, LOSS_UNSEEN))
+        claim = Claim(
+            schedule=schedule,
+            geometry=geometry,
+            model=facts,
+            assume_convex_model=assume_convex_model,
+            gaussian_initialization=gaussian_initialization,
+            dataset_size=dataset_size,
+            neighboring_relation=explicit,
+            default_relation=ADD_OR_REMOVE_ONE,
+            feature_unobservable=unobservable,
+            loss=(None, LOSS_UNSEEN),
+        )
         recorder = claim.recorder()
         if optimizer is not None:
             hook = getattr(optimizer, "step_hook", None)
             if not isinstance(optimizer, DPOptimizer) or getattr(hook, "accountant", None) is not self:
-                raise v.ParameterError("optimizer", "must be the DPOptimizer that this accountant's PrivacyEngine."
-                                       "make_private returned (its steps are recorded here)")
+                raise v.ParameterError(
+                    "optimizer",
+                    "must be the DPOptimizer that this accountant's PrivacyEngine."
+                    "make_private returned (its steps are recorded here)",
+                )
             if schedule is not None:
                 # Opacus' sample rate is 1 / len(data_loader): the loader must run the schedule's epoch
-                check_batch_source(schedule, BatchSourceFacts(
-                    schedule=schedule, description="Opacus' data loader",
-                    steps_per_epoch=round(1 / hook.sample_rate)))
+                check_batch_source(
+                    schedule,
+                    BatchSourceFacts(
+                        schedule=schedule,
+                        description="Opacus' data loader",
+                        steps_per_epoch=round(1 / hook.sample_rate),
+                    ),
+                )
                 optimizer.expected_batch_size = schedule.batch_size / getattr(optimizer, "world_size", 1)
             recorder.check(step_facts(optimizer, hook.sample_rate, accumulation=1))
         calibrated = self._calibrated
         if calibrated is not None and claim.accounted() != calibrated.accounted():
             raise v.ParameterError(
-                "configure", f"make_private_with_epsilon calibrated the noise multiplier for {calibrated.describe()}; "
+                "configure",
+                f"make_private_with_epsilon calibrated the noise multiplier for {calibrated.describe()}; "
                 f"this configuration claims {claim.describe()}, so the run would not meet its target. Configure the "
-                "accountant before make_private_with_epsilon, or use make_private with a noise_multiplier of your own")
+                "accountant before make_private_with_epsilon, or use make_private with a noise_multiplier of your own",
+            )
         if self._features is not None:
             self._features.detach()
         self.sampler, self._recorder = sampler, recorder
@@ -316,23 +346,31 @@ class OpacusHiddenStateAccountant(IAccountant):
         relation = claim.relation()[0]
         reason = schedule_reason(relation, claim.sampling)
         if reason:
-            raise v.ParameterError("neighboring_relation", f"nothing to calibrate for: no analysis of the "
-                                                           f"{claim.sampling} schedule holds under {relation.name} "
-                                                           f"({reason})")
+            raise v.ParameterError(
+                "neighboring_relation",
+                f"nothing to calibrate for: no analysis of the "
+                f"{claim.sampling} schedule holds under {relation.name} "
+                f"({reason})",
+            )
         base = optimizer.original_optimizer if isinstance(optimizer, DPOptimizer) else optimizer
         schedule = claim.schedule
-        step = StepFacts(noise_multiplier=0.0, clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
-                         divisor=None if schedule is None else schedule.batch_size,
-                         projection_diameter=None if claim.geometry is None else claim.geometry.diameter,
-                         **optimizer_facts(base))
+        step = StepFacts(
+            noise_multiplier=0.0,
+            clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
+            divisor=None if schedule is None else schedule.batch_size,
+            projection_diameter=None if claim.geometry is None else claim.geometry.diameter,
+            **optimizer_facts(base),
+        )
         planned = attr.evolve(claim, planned=True)
         # contradictions surface now, not inside Opacus' search (Poisson: at a whole-number divisor)
-        planned.recorder().check(step if schedule is not None else attr.evolve(step, sampling_probability=0.5,
-                                                                               divisor=1))
+        planned.recorder().check(
+            step if schedule is not None else attr.evolve(step, sampling_probability=0.5, divisor=1)
+        )
         return {CALIBRATION_KWARG: HiddenStateCalibration(claim=planned, step=step)}
 
-    def calibration_for(self, *, data_loader, optimizer, max_grad_norm,
-                        spec: Optional[HiddenStateCalibration] = None) -> Optional[HiddenStateCalibration]:
+    def calibration_for(
+        self, *, data_loader, optimizer, max_grad_norm, spec: Optional[HiddenStateCalibration] = None
+    ) -> Optional[HiddenStateCalibration]:
         """What ``make_private_with_epsilon`` on this accountant's engine passes Opacus' calibration
         (:mod:`.engine` calls it first): ``spec`` after checking it was made for this claim, or
         :meth:`calibration_kwargs`' when none was given and the claim is not the one a fresh
@@ -346,8 +384,10 @@ class OpacusHiddenStateAccountant(IAccountant):
             raise v.ParameterError(CALIBRATION_KWARG, f"must come from calibration_kwargs(), got {spec!r}")
         elif spec is not None and spec.claim.accounted() != claim.accounted():
             raise v.ParameterError(
-                "calibration_kwargs", f"were made for {spec.claim.describe()}, but the accountant now claims "
-                f"{claim.describe()}; call calibration_kwargs() after the last configure()")
+                "calibration_kwargs",
+                f"were made for {spec.claim.describe()}, but the accountant now claims "
+                f"{claim.describe()}; call calibration_kwargs() after the last configure()",
+            )
         self._pending = claim
         return spec
 
@@ -416,8 +456,12 @@ class OpacusHiddenStateAccountant(IAccountant):
         out["mechanism"] = self.mechanism()
         out["history"] = self.history
         run = RunState.of(self._recorder, weights_digest=weights_digest, subject=_SUBJECT)
-        out["hidden_state"] = seal_run(run, fmt=_STATE_FORMAT, version=STATE_VERSION,
-                                       sampler=None if self.sampler is None else type(self.sampler).__name__)
+        out["hidden_state"] = seal_run(
+            run,
+            fmt=_STATE_FORMAT,
+            version=STATE_VERSION,
+            sampler=None if self.sampler is None else type(self.sampler).__name__,
+        )
         return out
 
     def load_state_dict(self, state_dict) -> None:
@@ -441,46 +485,66 @@ class OpacusHiddenStateAccountant(IAccountant):
     def check_state_dict(self, state_dict) -> Tuple[Callable[[], None], Optional[RunState]]:
         """Checks ``state_dict`` entirely; returns what applies it (assignments only: it cannot fail)
         and its run state (``None`` for Opacus' history alone)."""
-        if not isinstance(state_dict, dict) or "history" not in state_dict or \
-                state_dict.get("mechanism") != MECHANISM:
+        if not isinstance(state_dict, dict) or "history" not in state_dict or state_dict.get("mechanism") != MECHANISM:
             got = state_dict.get("mechanism") if isinstance(state_dict, dict) else type(state_dict).__name__
-            raise refusal(_SUBJECT, f"is of {got!r} (with a history); only a state of the {MECHANISM!r} "
-                                    "accountant loads here")
+            raise refusal(
+                _SUBJECT, f"is of {got!r} (with a history); only a state of the {MECHANISM!r} accountant loads here"
+            )
         hs = state_dict.get("hidden_state")
         if hs is None:
             return self._check_history_only(state_dict["history"]), None
         if isinstance(hs, dict) and "digest" not in hs and hs.get("version") != STATE_VERSION:
-            raise refusal(_SUBJECT, f"has version {hs.get('version')!r} without an integrity digest; this version "
-                                    f"of the package reads version {STATE_VERSION} (sealed)")
+            raise refusal(
+                _SUBJECT,
+                f"has version {hs.get('version')!r} without an integrity digest; this version "
+                f"of the package reads version {STATE_VERSION} (sealed)",
+            )
         run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
         if run is None:
             raise refusal(_SUBJECT, "holds no run")
         stored, sampler_class, claim = run.claim, extra["sampler"], self.claim
         from_loader = stored.schedule is not None and stored.schedule.external
-        if (sampler_class is not None) != (stored.schedule is not None and not from_loader) or \
-                not isinstance(sampler_class, (str, type(None))):
-            raise refusal(_SUBJECT, f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler "
-                                    "class goes with a schedule of this package, and only with one)")
+        if (sampler_class is not None) != (stored.schedule is not None and not from_loader) or not isinstance(
+            sampler_class, (str, type(None))
+        ):
+            raise refusal(
+                _SUBJECT,
+                f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler "
+                "class goes with a schedule of this package, and only with one)",
+            )
         if claim.schedule is not None and claim.schedule.external:  # configured with DataLoader(shuffle=True)
             if not from_loader:
-                raise v.ParameterError("data_loader", "the checkpoint was not taken with DataLoader(shuffle=True) "
-                                                      "batches; it cannot continue this loader")
+                raise v.ParameterError(
+                    "data_loader",
+                    "the checkpoint was not taken with DataLoader(shuffle=True) "
+                    "batches; it cannot continue this loader",
+                )
             # the loader starts a fresh epoch: the run must have stopped at an epoch's end
-            check_batch_source(stored.schedule, BatchSourceFacts(
-                schedule=claim.schedule, description="the DataLoader (which starts a fresh epoch)",
-                next_step=0), run.steps)
+            check_batch_source(
+                stored.schedule,
+                BatchSourceFacts(
+                    schedule=claim.schedule, description="the DataLoader (which starts a fresh epoch)", next_step=0
+                ),
+                run.steps,
+            )
             claim = attr.evolve(claim, schedule=stored.schedule)  # the run's law, drawn as secretly as it was
         sampler = self.sampler
         if claim.schedule is not None or claim.geometry is not None:  # configured: its claim continues the run
             if sampler_class is None and sampler is not None:
-                raise v.ParameterError("sampler", "the checkpoint was taken without a sampler (Poisson sampling "
-                                                  "or a DataLoader(shuffle=True))")
+                raise v.ParameterError(
+                    "sampler",
+                    "the checkpoint was taken without a sampler (Poisson sampling or a DataLoader(shuffle=True))",
+                )
             if sampler_class is not None and sampler is None:
-                raise v.ParameterError("sampler", "the checkpoint was taken with a sampler of this package; configure "
-                                                  "the accountant with it (see sampler_from_checkpoint)")
+                raise v.ParameterError(
+                    "sampler",
+                    "the checkpoint was taken with a sampler of this package; configure "
+                    "the accountant with it (see sampler_from_checkpoint)",
+                )
             if sampler is not None:  # the same schedule (the position stays where it is)
-                sampler.load_state_dict({"class": sampler_class, **stored.schedule.describe(),
-                                         "position": sampler.position})
+                sampler.load_state_dict(
+                    {"class": sampler_class, **stored.schedule.describe(), "position": sampler.position}
+                )
         else:  # unconfigured: the checkpoint's claim, with this accountant's relation if it names one
             claim = attr.evolve(stored, neighboring_relation=claim.neighboring_relation)
             if sampler_class is not None:
@@ -500,15 +564,20 @@ class OpacusHiddenStateAccountant(IAccountant):
         """Opacus' own format, ``[(noise_multiplier, sample_rate, steps), ...]``: steps known only
         by noise and rate, which only Poisson composition covers."""
         if self.claim.schedule is not None:
-            raise v.ParameterError("sampler", "the checkpoint holds only Opacus' history (no hidden-state ledger "
-                                              "or batch schedule); it cannot continue the configured sampler")
+            raise v.ParameterError(
+                "sampler",
+                "the checkpoint holds only Opacus' history (no hidden-state ledger "
+                "or batch schedule); it cannot continue the configured sampler",
+            )
         entries = _as_history(history)
         if entries is None:
-            raise refusal(_SUBJECT, "has a history that is not a list of (noise_multiplier, sample_rate, steps): "
-                                    f"{history!r}")
+            raise refusal(
+                _SUBJECT, f"has a history that is not a list of (noise_multiplier, sample_rate, steps): {history!r}"
+            )
         try:
             recorder = attr.evolve(_FRESH, neighboring_relation=self.claim.neighboring_relation).recorder(
-                (StepFacts(noise_multiplier=z, sampling_probability=q), count) for z, q, count in entries)
+                (StepFacts(noise_multiplier=z, sampling_probability=q), count) for z, q, count in entries
+            )
         except v.ParameterError as err:
             raise refusal(_SUBJECT, f"has a history that does not hold ({err})") from None
 
@@ -521,20 +590,26 @@ class OpacusHiddenStateAccountant(IAccountant):
 def _check_dataset_size(claimed: Optional[int], n: Optional[int]) -> None:
     if None not in (claimed, n) and claimed != n:  # Opacus divides by int(len(dataset) / len(data_loader))
         raise v.ParameterError(
-            "dataset_size", f"the accountant is configured with dataset_size={claimed}, but the data loader's "
-            f"dataset has {n} records; configure dataset_size=len(dataset)")
+            "dataset_size",
+            f"the accountant is configured with dataset_size={claimed}, but the data loader's "
+            f"dataset has {n} records; configure dataset_size=len(dataset)",
+        )
 
 
 def _sampler_of(claim: Claim, sampler_class: str, position: int, **where) -> HiddenStateBatchSampler:
     try:
-        return sampler_from_state_dict({"class": sampler_class, **claim.schedule.describe(), "position": position},
-                                       seed_is_secret=claim.schedule.seed_is_secret, **where)
+        return sampler_from_state_dict(
+            {"class": sampler_class, **claim.schedule.describe(), "position": position},
+            seed_is_secret=claim.schedule.seed_is_secret,
+            **where,
+        )
     except v.ParameterError as err:
         raise refusal(_SUBJECT, f"has an invalid sampler ({err})") from None
 
 
-def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
-                            rank: Optional[int] = None) -> HiddenStateBatchSampler:
+def sampler_from_checkpoint(
+    checkpoint, *, num_replicas: Optional[int] = None, rank: Optional[int] = None
+) -> HiddenStateBatchSampler:
     """The batch sampler of a checkpointed run, at the step where it stopped: how to resume a run
     whose sampler drew a secret seed (``seed=None``), which a new process cannot draw again.
 
@@ -552,8 +627,10 @@ def sampler_from_checkpoint(checkpoint, *, num_replicas: Optional[int] = None,
     state = checkpoint.get("privacy_accountant_state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     hs = state.get("hidden_state") if isinstance(state, dict) else None
     if hs is None:
-        raise v.ParameterError("checkpoint", "holds no hidden-state accountant state (saved with another accountant, "
-                                             "or with Opacus' history only)")
+        raise v.ParameterError(
+            "checkpoint",
+            "holds no hidden-state accountant state (saved with another accountant, or with Opacus' history only)",
+        )
     run, extra = open_run(hs, fmt=_STATE_FORMAT, version=STATE_VERSION, subject=_SUBJECT, extra=("sampler",))
     if run is None or not isinstance(extra["sampler"], str):
         raise v.ParameterError("checkpoint", "holds no batch sampler (the run used Poisson sampling or a DataLoader)")
@@ -573,7 +650,6 @@ def _history(recorder: RunRecorder) -> List[Tuple[float, float, int]]:
 
 def _as_history(history) -> Optional[List[Tuple[Any, Any, Any]]]:
     """Opacus' history as a list of 3-tuples, or ``None`` when it is not one."""
-    if not isinstance(history, (list, tuple)) or not all(
-            isinstance(h, (list, tuple)) and len(h) == 3 for h in history):
+    if not isinstance(history, (list, tuple)) or not all(isinstance(h, (list, tuple)) and len(h) == 3 for h in history):
         return None
     return [tuple(h) for h in history]

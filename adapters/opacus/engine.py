@@ -51,19 +51,28 @@ from hidden_state_accountants.checkpoint import refusal, weights_digest, write_a
 
 from .accountant import CALIBRATION_KWARG, OpacusHiddenStateAccountant
 
-__all__ = ["save_checkpoint", "load_checkpoint", "make_private", "make_private_with_epsilon",
-           "module_weights_digest", "install"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "make_private",
+    "make_private_with_epsilon",
+    "module_weights_digest",
+    "install",
+]
 
 _FILE, _NOTHING_LOADED = "the file", "; nothing was loaded"
 _MODULE, _ACCOUNTANT, _OPTIMIZER = "module_state_dict", "privacy_accountant_state_dict", "optimizer_state_dict"
-_SCHEDULERS = (("noise_scheduler", "noise_scheduler_state_dict"),
-               ("grad_clip_scheduler", "grad_clip_scheduler_state_dict"))
+_SCHEDULERS = (
+    ("noise_scheduler", "noise_scheduler_state_dict"),
+    ("grad_clip_scheduler", "grad_clip_scheduler_state_dict"),
+)
 
 
 def module_weights_digest(state: Mapping[str, Any]) -> str:
     """:func:`~hidden_state_accountants.checkpoint.weights_digest` of a module state dict: each
     tensor by name, dtype, shape and bytes (on the CPU, so a state saved on a GPU and loaded on
     the CPU has the same digest); other entries (a module's extra state) by their pickle."""
+
     def arrays() -> Iterator[Tuple[str, str, Tuple[int, ...], Any]]:
         for name, value in state.items():
             if isinstance(value, torch.Tensor):
@@ -78,10 +87,18 @@ def module_weights_digest(state: Mapping[str, Any]) -> str:
     return weights_digest(arrays())
 
 
-def save_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, noise_scheduler=None,
-                    grad_clip_scheduler=None, checkpoint_dict: Optional[Dict[str, Any]] = None,
-                    module_state_dict_kwargs: Optional[Dict[str, Any]] = None,
-                    torch_save_kwargs: Optional[Dict[str, Any]] = None) -> None:
+def save_checkpoint(
+    engine: PrivacyEngine,
+    *,
+    path,
+    module,
+    optimizer=None,
+    noise_scheduler=None,
+    grad_clip_scheduler=None,
+    checkpoint_dict: Optional[Dict[str, Any]] = None,
+    module_state_dict_kwargs: Optional[Dict[str, Any]] = None,
+    torch_save_kwargs: Optional[Dict[str, Any]] = None,
+) -> None:
     """Opacus' ``PrivacyEngine.save_checkpoint`` with the accountant state bound to the module
     weights it saves, written atomically to a path (see the module docstring)."""
     accountant = _hidden_state_accountant(engine)
@@ -100,9 +117,17 @@ def save_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
         torch.save(checkpoint, path, **kwargs)
 
 
-def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, noise_scheduler=None,
-                    grad_clip_scheduler=None, module_load_dict_kwargs: Optional[Dict[str, Any]] = None,
-                    torch_load_kwargs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def load_checkpoint(
+    engine: PrivacyEngine,
+    *,
+    path,
+    module,
+    optimizer=None,
+    noise_scheduler=None,
+    grad_clip_scheduler=None,
+    module_load_dict_kwargs: Optional[Dict[str, Any]] = None,
+    torch_load_kwargs: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Opacus' ``PrivacyEngine.load_checkpoint``, checking the whole file before applying any of
     it (see the module docstring). Returns the checkpoint without the optimizer's and schedulers'
     states, as Opacus does.
@@ -114,28 +139,36 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
     accountant = _hidden_state_accountant(engine)
     checkpoint = torch.load(path, **(torch_load_kwargs or {}), weights_only=False)
     if not isinstance(checkpoint, dict):
-        raise refusal(_FILE, f"holds a {type(checkpoint).__name__}, not the dict save_checkpoint writes{_NOTHING_LOADED}")
+        raise refusal(
+            _FILE, f"holds a {type(checkpoint).__name__}, not the dict save_checkpoint writes{_NOTHING_LOADED}"
+        )
     for key in (_MODULE, _ACCOUNTANT):
         if key not in checkpoint:
             raise refusal(_FILE, f"has no {key} (not written by PrivacyEngine.save_checkpoint){_NOTHING_LOADED}")
     module_kwargs = module_load_dict_kwargs or {}
     apply_accountant, run = accountant.check_state_dict(checkpoint[_ACCOUNTANT])
     if run is None:
-        raise refusal(_FILE, f"has an accountant state of Opacus' history only, which cannot be shown to describe "
-                             f"the {_MODULE} next to it (load it alone with engine.accountant.load_state_dict if you "
-                             f"vouch for it){_NOTHING_LOADED}")
+        raise refusal(
+            _FILE,
+            f"has an accountant state of Opacus' history only, which cannot be shown to describe "
+            f"the {_MODULE} next to it (load it alone with engine.accountant.load_state_dict if you "
+            f"vouch for it){_NOTHING_LOADED}",
+        )
     _check_module_state(module, checkpoint[_MODULE], strict=module_kwargs.get("strict", True))
     run.check_weights(module_weights_digest(checkpoint[_MODULE]), f"the {_MODULE} next to it in the file")
     optimizer_state = checkpoint.pop(_OPTIMIZER, {})
     if not isinstance(optimizer_state, dict):
-        raise refusal(_FILE, f"has an {_OPTIMIZER} of type {type(optimizer_state).__name__}, not a "
-                             f"dict{_NOTHING_LOADED}")
+        raise refusal(
+            _FILE, f"has an {_OPTIMIZER} of type {type(optimizer_state).__name__}, not a dict{_NOTHING_LOADED}"
+        )
     load_optimizer = optimizer is not None and len(optimizer_state) > 0
     if load_optimizer:
         _check_optimizer_state(optimizer, optimizer_state)
     elif (optimizer is not None) ^ (len(optimizer_state) > 0):
-        warnings.warn(f"optimizer_state_dict has {len(optimizer_state)} items but optimizer is "
-                      f"{'' if optimizer else 'not'} provided.")  # Opacus' warning
+        warnings.warn(
+            f"optimizer_state_dict has {len(optimizer_state)} items but optimizer is "
+            f"{'' if optimizer else 'not'} provided."
+        )  # Opacus' warning
     schedulers = []
     for (_, key), scheduler in zip(_SCHEDULERS, (noise_scheduler, grad_clip_scheduler)):
         state = checkpoint.pop(key, {})
@@ -165,8 +198,9 @@ def load_checkpoint(engine: PrivacyEngine, *, path, module, optimizer=None, nois
 def _hidden_state_accountant(engine) -> OpacusHiddenStateAccountant:
     accountant = getattr(engine, "accountant", None)
     if not isinstance(accountant, OpacusHiddenStateAccountant):
-        raise v.ParameterError("engine", "must be a PrivacyEngine(accountant=\"hidden_state\"), got one with "
-                                         f"{type(accountant).__name__}")
+        raise v.ParameterError(
+            "engine", f'must be a PrivacyEngine(accountant="hidden_state"), got one with {type(accountant).__name__}'
+        )
     return accountant
 
 
@@ -177,14 +211,18 @@ def _check_module_state(module, state, *, strict: bool) -> None:
     current = module.state_dict()
     missing, unexpected = sorted(set(current) - set(state)), sorted(set(state) - set(current))
     if strict and (missing or unexpected):
-        raise refusal(_FILE, f"has a {_MODULE} of another module: missing {missing[:5]}, unexpected "
-                             f"{unexpected[:5]}{_NOTHING_LOADED}")
+        raise refusal(
+            _FILE,
+            f"has a {_MODULE} of another module: missing {missing[:5]}, unexpected {unexpected[:5]}{_NOTHING_LOADED}",
+        )
     for key in sorted(set(current) & set(state)):
         mine, theirs = current[key], state[key]
         if isinstance(mine, torch.Tensor) and (not isinstance(theirs, torch.Tensor) or theirs.shape != mine.shape):
             shape = tuple(theirs.shape) if isinstance(theirs, torch.Tensor) else type(theirs).__name__
-            raise refusal(_FILE, f"has {key} of shape {shape} in its {_MODULE}; the module's is "
-                                 f"{tuple(mine.shape)}{_NOTHING_LOADED}")
+            raise refusal(
+                _FILE,
+                f"has {key} of shape {shape} in its {_MODULE}; the module's is {tuple(mine.shape)}{_NOTHING_LOADED}",
+            )
 
 
 def _check_optimizer_state(optimizer, state) -> None:
@@ -197,8 +235,10 @@ def _check_optimizer_state(optimizer, state) -> None:
     try:
         trial.load_state_dict(state)
     except Exception as err:  # noqa: BLE001 - any failure means the state does not load
-        raise refusal(_FILE, f"has an {_OPTIMIZER} that does not load into the optimizer ({type(err).__name__}: "
-                             f"{err}){_NOTHING_LOADED}") from None
+        raise refusal(
+            _FILE,
+            f"has an {_OPTIMIZER} that does not load into the optimizer ({type(err).__name__}: {err}){_NOTHING_LOADED}",
+        ) from None
 
 
 def make_private(engine: PrivacyEngine, *args, _original, data_loader, **kwargs):
@@ -207,26 +247,31 @@ def make_private(engine: PrivacyEngine, *args, _original, data_loader, **kwargs)
     return _original(engine, *args, data_loader=data_loader, **kwargs)
 
 
-def make_private_with_epsilon(engine: PrivacyEngine, *args, _original, data_loader, optimizer, max_grad_norm,
-                              **kwargs):
+def make_private_with_epsilon(engine: PrivacyEngine, *args, _original, data_loader, optimizer, max_grad_norm, **kwargs):
     """Opacus' ``make_private_with_epsilon``, calibrating the accountant's configured claim (see the
     module docstring); explicit ``**engine.accountant.calibration_kwargs(...)`` are checked to be
     this claim's."""
     spec = _hidden_state_accountant(engine).calibration_for(
-        data_loader=data_loader, optimizer=optimizer, max_grad_norm=max_grad_norm,
-        spec=kwargs.pop(CALIBRATION_KWARG, None))
+        data_loader=data_loader,
+        optimizer=optimizer,
+        max_grad_norm=max_grad_norm,
+        spec=kwargs.pop(CALIBRATION_KWARG, None),
+    )
     if spec is not None:
         kwargs[CALIBRATION_KWARG] = spec
-    return _original(engine, *args, data_loader=data_loader, optimizer=optimizer, max_grad_norm=max_grad_norm,
-                     **kwargs)
+    return _original(engine, *args, data_loader=data_loader, optimizer=optimizer, max_grad_norm=max_grad_norm, **kwargs)
 
 
 def install() -> None:
     """Makes ``PrivacyEngine``'s ``make_private``, ``make_private_with_epsilon``, ``save_checkpoint`` and
     ``load_checkpoint`` call the functions here for engines whose accountant is the hidden-state one
     (idempotent)."""
-    ours = {"make_private": make_private, "make_private_with_epsilon": make_private_with_epsilon,
-            "save_checkpoint": save_checkpoint, "load_checkpoint": load_checkpoint}
+    ours = {
+        "make_private": make_private,
+        "make_private_with_epsilon": make_private_with_epsilon,
+        "save_checkpoint": save_checkpoint,
+        "load_checkpoint": load_checkpoint,
+    }
     for name, wrapper in ours.items():
         current = getattr(PrivacyEngine, name)
         original = getattr(current, "__opacus_original__", current)

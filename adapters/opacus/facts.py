@@ -42,8 +42,17 @@ from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSc
 from .features import FeatureClip
 from .samplers import HiddenStateBatchSampler, has_secret_generator
 
-__all__ = ["step_facts", "optimizer_facts", "model_facts", "unwrap_model", "loader_facts", "trainable_linear",
-           "feature_facts", "PROJECTION_ATTR", "LOSS_UNSEEN"]
+__all__ = [
+    "step_facts",
+    "optimizer_facts",
+    "model_facts",
+    "unwrap_model",
+    "loader_facts",
+    "trainable_linear",
+    "feature_facts",
+    "PROJECTION_ATTR",
+    "LOSS_UNSEEN",
+]
 
 PROJECTION_ATTR = "_hsa_projection"
 """The attribute of the DP optimizer that holds its :class:`~.hooks.ProjectionHook` (read here at every step)."""
@@ -71,8 +80,9 @@ def _clipping(optimizer: DPOptimizer) -> Clipping:
     return Clipping.PER_LAYER if getattr(optimizer, "max_grad_norms", None) is not None else Clipping.FLAT
 
 
-def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
-               accumulation: Optional[int] = None) -> StepFacts:
+def step_facts(
+    optimizer: DPOptimizer, sample_rate: Optional[float] = None, *, accumulation: Optional[int] = None
+) -> StepFacts:
     """The step the DP optimizer takes now.
 
     ``sample_rate`` is Opacus' (``1 / len(data_loader)``); ``accumulation`` defaults to the
@@ -84,7 +94,9 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
     up to, so a divisor that does not match the global batch is refused with that explanation.
     """
     if not isinstance(optimizer, DPOptimizer):
-        raise v.ParameterError("optimizer", f"must be the DPOptimizer returned by make_private, got {type(optimizer).__name__}")
+        raise v.ParameterError(
+            "optimizer", f"must be the DPOptimizer returned by make_private, got {type(optimizer).__name__}"
+        )
     k = optimizer.accumulated_iterations if accumulation is None else accumulation
     projection = getattr(optimizer, PROJECTION_ATTR, None)
     world = int(getattr(optimizer, "world_size", 1))
@@ -93,8 +105,16 @@ def step_facts(optimizer: DPOptimizer, sample_rate: Optional[float] = None, *,
     # only rank 0 adds noise (the total variance of one draw: a 1/world share each), the ranks
     # all-reduce the gradients (averaged for "mean") and one base-optimizer step, weight_decay
     # included, follows on the combined gradient.
-    replicas = dict(replicas=world, replica_reduction=ReplicaReduction.MEAN if mean else ReplicaReduction.SUM,
-                    replica_share=world, l2_after_reduction=True) if world > 1 else {}
+    replicas = (
+        dict(
+            replicas=world,
+            replica_reduction=ReplicaReduction.MEAN if mean else ReplicaReduction.SUM,
+            replica_share=world,
+            l2_after_reduction=True,
+        )
+        if world > 1
+        else {}
+    )
     return StepFacts(
         noise_multiplier=optimizer.noise_multiplier,
         clip_norm=optimizer.max_grad_norm,
@@ -135,36 +155,83 @@ def loader_facts(data_loader) -> BatchSourceFacts:
         raise v.ParameterError("data_loader", f"must be a torch DataLoader, got {type(data_loader).__name__}")
     bs = data_loader.batch_sampler
     if isinstance(bs, HiddenStateBatchSampler):
-        return BatchSourceFacts(schedule=bs.schedule, description=f"the DataLoader's {type(bs).__name__}",
-                                steps_per_epoch=len(data_loader), next_step=bs.position)
+        return BatchSourceFacts(
+            schedule=bs.schedule,
+            description=f"the DataLoader's {type(bs).__name__}",
+            steps_per_epoch=len(data_loader),
+            next_step=bs.position,
+        )
     rs = getattr(bs, "sampler", None)
     if type(bs) is BatchSampler and type(rs) is RandomSampler:
         n = len(rs.data_source)
         if rs.replacement or rs.num_samples != n:
-            return BatchSourceFacts(schedule=None, description=(
-                f"a RandomSampler with replacement={rs.replacement}, num_samples={rs.num_samples} of {n} records"))
+            return BatchSourceFacts(
+                schedule=None,
+                description=(
+                    f"a RandomSampler with replacement={rs.replacement}, num_samples={rs.num_samples} of {n} records"
+                ),
+            )
         secret = has_secret_generator(data_loader)
-        schedule = BatchSchedule.framework(n, bs.batch_size, last_batch=DROPPED if bs.drop_last else KEPT_BATCH_SIZE,
-                                           secret=secret)
-        where = ("a generator seeded secretly by secret_shuffle" if secret else
-                 "torch's global generator or one seeded by the script")
+        schedule = BatchSchedule.framework(
+            n, bs.batch_size, last_batch=DROPPED if bs.drop_last else KEPT_BATCH_SIZE, secret=secret
+        )
+        where = (
+            "a generator seeded secretly by secret_shuffle"
+            if secret
+            else "torch's global generator or one seeded by the script"
+        )
         dist = torch.distributed
         ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        return BatchSourceFacts(schedule=schedule, steps_per_epoch=len(data_loader), independent_draws=ranks,
-                                description=f"DataLoader(batch_size={bs.batch_size}, shuffle=True, "
-                                            f"drop_last={bs.drop_last}) drawing from {where}")
+        return BatchSourceFacts(
+            schedule=schedule,
+            steps_per_epoch=len(data_loader),
+            independent_draws=ranks,
+            description=f"DataLoader(batch_size={bs.batch_size}, shuffle=True, "
+            f"drop_last={bs.drop_last}) drawing from {where}",
+        )
     what = type(bs).__name__ if rs is None else f"{type(bs).__name__} over a {type(rs).__name__}"
     return BatchSourceFacts(schedule=None, description=f"a DataLoader with a {what}")
 
 
 # ---------------------------------------------------------------------------- models
-_RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
-                   nn.FeatureAlphaDropout, nn.RReLU)
+_RANDOM_MODULES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+    nn.RReLU,
+)
 _RANDOM_FUNCTIONS = {  # functions and tensor methods that draw randomness
-    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout", "rrelu",
-    "gumbel_softmax", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
-    "bernoulli", "normal", "multinomial", "poisson", "bernoulli_", "normal_", "uniform_", "exponential_",
-    "random_", "cauchy_", "geometric_", "log_normal_"}
+    "dropout",
+    "dropout1d",
+    "dropout2d",
+    "dropout3d",
+    "alpha_dropout",
+    "feature_alpha_dropout",
+    "rrelu",
+    "gumbel_softmax",
+    "rand",
+    "randn",
+    "randint",
+    "rand_like",
+    "randn_like",
+    "randint_like",
+    "randperm",
+    "bernoulli",
+    "normal",
+    "multinomial",
+    "poisson",
+    "bernoulli_",
+    "normal_",
+    "uniform_",
+    "exponential_",
+    "random_",
+    "cauchy_",
+    "geometric_",
+    "log_normal_",
+}
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -269,16 +336,16 @@ def model_facts(model: nn.Module) -> ModelFacts:
         return ModelFacts(layers=[], complete=False, description=what)
     target = trainable_linear(model)
     clip = None if target is None else _feeding_clip(model, target)
-    return ModelFacts(layers=layers, complete=True, description=what,
-                      feature_clip_norm=None if clip is None else clip.max_norm)
+    return ModelFacts(
+        layers=layers, complete=True, description=what, feature_clip_norm=None if clip is None else clip.max_norm
+    )
 
 
 # ---------------------------------------------------------------------------- features
 def trainable_linear(model: nn.Module) -> Optional[nn.Linear]:
     """The model's trainable layer when it is the only module owning trainable parameters and a
     plain ``nn.Linear``, else ``None`` (wrappers unwrapped)."""
-    owners = [m for m in unwrap_model(model).modules()
-              if any(p.requires_grad for p in m.parameters(recurse=False))]
+    owners = [m for m in unwrap_model(model).modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
     if len(owners) == 1 and type(owners[0]) is nn.Linear:
         return owners[0]
     return None

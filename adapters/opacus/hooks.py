@@ -55,8 +55,9 @@ def _project_(params: List[torch.Tensor], radius: float) -> None:
             if total > target:
                 torch._foreach_mul_(params, target / total)
             return
-        norms = torch._foreach_norm(params) if same else [
-            torch.linalg.vector_norm(p).to(params[0].device) for p in params]
+        norms = (
+            torch._foreach_norm(params) if same else [torch.linalg.vector_norm(p).to(params[0].device) for p in params]
+        )
         total = torch.linalg.vector_norm(torch.stack(norms))
         scale = torch.clamp(target / total, max=1.0)  # total = 0: inf, clamped to 1
         if same:
@@ -106,7 +107,8 @@ class ProjectionHook:
             raise v.ParameterError(
                 "optimizer",
                 f"must be the DPOptimizer returned by PrivacyEngine.make_private (the L2 term and the "
-                f"projection must follow clipping and noise), got {type(optimizer).__name__}")
+                f"projection must follow clipping and noise), got {type(optimizer).__name__}",
+            )
         if radius is None and l2_regularization is None:
             raise v.ParameterError("radius", "give a radius, an l2_regularization, or both")
         # the hook makes the analysed update's assumptions true; on another update it has nothing to make true
@@ -125,8 +127,8 @@ class ProjectionHook:
                 wd = float(g.get("weight_decay", 0.0))
                 if wd not in (0.0, m):
                     raise v.ParameterError(
-                        "l2_regularization",
-                        f"the optimizer already has weight_decay={wd:g}; give one L2 strength")
+                        "l2_regularization", f"the optimizer already has weight_decay={wd:g}; give one L2 strength"
+                    )
             for g in base.param_groups:
                 g["weight_decay"] = m
         elif len({float(g.get("weight_decay", 0.0)) for g in base.param_groups}) > 1:
@@ -205,7 +207,9 @@ class ProjectionHook:
                 f"{worst:.3g}); a penalty in the loss (e.g. lam*||w||^2) is dropped by Opacus' DP "
                 "optimizer, so it neither regularises nor gives strong convexity. Use "
                 "ProjectionHook(l2_regularization=...) (weight_decay, applied after clipping and noise).",
-                HiddenStateWarning, stacklevel=4)
+                HiddenStateWarning,
+                stacklevel=4,
+            )
 
     def detach(self) -> None:
         """Stops projecting; the accountant then sees unprojected steps (no diameter)."""

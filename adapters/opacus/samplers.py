@@ -120,29 +120,49 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
 
     sampling: str = ""
 
-    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None, last_batch: str = DROPPED) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        batch_size: int,
+        seed: Optional[int] = None,
+        *,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+        last_batch: str = DROPPED,
+    ) -> None:
         num_replicas, rank = _distributed_defaults(num_replicas, rank)
         share = None
         if num_replicas > 1 and self.sampling in RANDOM and seed is None:
             if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
                 raise v.ParameterError(
-                    "seed", "with num_replicas > 1 pass the same seed on every rank, or initialise "
-                    "torch.distributed so a secret one can be shared")
+                    "seed",
+                    "with num_replicas > 1 pass the same seed on every rank, or initialise "
+                    "torch.distributed so a secret one can be shared",
+                )
             share = _broadcast_from_rank0
-        self._setup(BatchSchedule(dataset_size, batch_size, self.sampling, seed, share_seed=share,
-                                  last_batch=last_batch), num_replicas, rank)
+        self._setup(
+            BatchSchedule(dataset_size, batch_size, self.sampling, seed, share_seed=share, last_batch=last_batch),
+            num_replicas,
+            rank,
+        )
         if self.dropped_per_epoch:
-            which = ("of each epoch's permutation are left out of that epoch" if self.sampling == RESHUFFLE
-                     else "at the end of the order are left out of every epoch")
+            which = (
+                "of each epoch's permutation are left out of that epoch"
+                if self.sampling == RESHUFFLE
+                else "at the end of the order are left out of every epoch"
+            )
             warnings.warn(
                 f"{type(self).__name__}: dataset_size % batch_size = {self.dataset_size} % {self.batch_size} = "
                 f"{self.dropped_per_epoch} records {which} (as in Ye & Shokri 2022, footnote 3)",
-                HiddenStateWarning, stacklevel=3)
+                HiddenStateWarning,
+                stacklevel=3,
+            )
 
     def _setup(self, schedule: BatchSchedule, num_replicas: int, rank: int) -> None:
         if num_replicas > schedule.batch_size:
-            raise v.ParameterError("num_replicas", f"{num_replicas} ranks cannot share a batch of {schedule.batch_size} records")
+            raise v.ParameterError(
+                "num_replicas", f"{num_replicas} ranks cannot share a batch of {schedule.batch_size} records"
+            )
         self.schedule, self.num_replicas, self.rank = schedule, num_replicas, rank
         self.position = 0  # global steps handed out so far
 
@@ -161,7 +181,7 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
     @property
     def dropped_indices(self) -> List[int]:
         """The records a partition sampler never uses (the last ``n % b`` of its order)."""
-        return self.schedule.order()[self.steps_per_epoch * self.batch_size:].tolist()
+        return self.schedule.order()[self.steps_per_epoch * self.batch_size :].tolist()
 
     def global_batch(self, step: int) -> List[int]:
         """Indices of the whole batch (all ranks) used at global step ``step``."""
@@ -170,7 +190,7 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
     def local_batch(self, step: int) -> List[int]:
         """This rank's share of :meth:`global_batch`."""
         batch = self.global_batch(step)
-        return batch if self.num_replicas == 1 else batch[self.rank::self.num_replicas]
+        return batch if self.num_replicas == 1 else batch[self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
         return self.steps_per_epoch  # Opacus reads its sample rate as 1 / len(data_loader)
@@ -205,13 +225,16 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
             hint = ""
             if self.schedule.seed_is_secret and {k for k in mine if mine[k] != theirs[k]} == {"seed"}:
                 # the usual mistake: the resumed script built its sampler with seed=None again
-                hint = ("; this sampler drew a fresh secret seed (seed=None), so it cannot continue the "
-                        "checkpoint's schedule: to resume, build the sampler from the checkpoint with "
-                        "hidden_state_accountants.opacus.sampler_from_checkpoint(torch.load(path)) (it keeps "
-                        "the stored seed secret and the position) and hand that sampler to the DataLoader "
-                        "and to configure()")
-            raise v.ParameterError("sampler", f"checkpoint holds the schedule {_redacted(theirs)}, this sampler is "
-                                              f"{_redacted(mine)}{hint}")
+                hint = (
+                    "; this sampler drew a fresh secret seed (seed=None), so it cannot continue the "
+                    "checkpoint's schedule: to resume, build the sampler from the checkpoint with "
+                    "hidden_state_accountants.opacus.sampler_from_checkpoint(torch.load(path)) (it keeps "
+                    "the stored seed secret and the position) and hand that sampler to the DataLoader "
+                    "and to configure()"
+                )
+            raise v.ParameterError(
+                "sampler", f"checkpoint holds the schedule {_redacted(theirs)}, this sampler is {_redacted(mine)}{hint}"
+            )
         if "position" not in state:
             raise v.ParameterError("sampler", "the state has no position")
         self.set_position(state["position"])
@@ -234,8 +257,9 @@ class CyclicBatchSampler(HiddenStateBatchSampler):
 
     sampling = CYCLIC
 
-    def __init__(self, dataset_size: int, batch_size: int, *, num_replicas: Optional[int] = None,
-                 rank: Optional[int] = None) -> None:
+    def __init__(
+        self, dataset_size: int, batch_size: int, *, num_replicas: Optional[int] = None, rank: Optional[int] = None
+    ) -> None:
         super().__init__(dataset_size, batch_size, None, num_replicas=num_replicas, rank=rank)
 
 
@@ -274,12 +298,22 @@ class ReshuffleBatchSampler(HiddenStateBatchSampler):
 
     sampling = RESHUFFLE
 
-    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
-                 last_batch: str = DROPPED, num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        batch_size: int,
+        seed: Optional[int] = None,
+        *,
+        last_batch: str = DROPPED,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+    ) -> None:
         if last_batch == KEPT_OWN_SIZE:
             raise v.ParameterError(
-                "last_batch", f"Opacus divides every batch, a short one too, by its fixed expected_batch_size: use "
-                f"{KEPT_BATCH_SIZE!r} (the short batch divided by b) or {DROPPED!r}")
+                "last_batch",
+                f"Opacus divides every batch, a short one too, by its fixed expected_batch_size: use "
+                f"{KEPT_BATCH_SIZE!r} (the short batch divided by b) or {DROPPED!r}",
+            )
         super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank, last_batch=last_batch)
 
 
@@ -328,19 +362,38 @@ class BallsInBinsBatchSampler(HiddenStateBatchSampler):
 
     sampling = BALLS_IN_BINS
 
-    def __init__(self, dataset_size: int, batch_size: int, seed: Optional[int] = None, *,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        dataset_size: int,
+        batch_size: int,
+        seed: Optional[int] = None,
+        *,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+    ) -> None:
         super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank)
         n, t = self.dataset_size, self.steps_per_epoch
         if t > 1 and math.log(t) + n * math.log1p(-1.0 / t) > math.log(1e-9):
             warnings.warn(
                 f"BallsInBinsBatchSampler: with {n} records over {t} steps an epoch has an empty batch with "
                 f"probability up to {min(1.0, t * (1 - 1 / t) ** n):.2g}, which a DataLoader cannot collate; use "
-                "larger batches", HiddenStateWarning, stacklevel=2)
+                "larger batches",
+                HiddenStateWarning,
+                stacklevel=2,
+            )
 
 
-_CLASSES = {c.__name__: c for c in (CyclicBatchSampler, ShufflePartitionBatchSampler, ReshuffleBatchSampler,
-                                    WithoutReplacementBatchSampler, FullBatchSampler, BallsInBinsBatchSampler)}
+_CLASSES = {
+    c.__name__: c
+    for c in (
+        CyclicBatchSampler,
+        ShufflePartitionBatchSampler,
+        ReshuffleBatchSampler,
+        WithoutReplacementBatchSampler,
+        FullBatchSampler,
+        BallsInBinsBatchSampler,
+    )
+}
 
 # Generators seeded by secret_shuffle: the only ones whose draws this package knows to be secret.
 _SECRET_GENERATORS: "weakref.WeakSet" = weakref.WeakSet()
@@ -366,8 +419,11 @@ def secret_shuffle(data_loader):
     bs = getattr(data_loader, "batch_sampler", None)
     rs = getattr(bs, "sampler", None)
     if type(bs) is not BatchSampler or type(rs) is not RandomSampler:
-        raise v.ParameterError("data_loader", "must be a DataLoader(dataset, batch_size=b, shuffle=True) (a "
-                                              f"RandomSampler under a BatchSampler), got {type(data_loader).__name__}")
+        raise v.ParameterError(
+            "data_loader",
+            "must be a DataLoader(dataset, batch_size=b, shuffle=True) (a "
+            f"RandomSampler under a BatchSampler), got {type(data_loader).__name__}",
+        )
     g = torch.Generator()
     g.manual_seed(draw_secret_seed())
     rs.generator = g
@@ -387,8 +443,13 @@ def _redacted(description: Dict[str, Any]) -> Dict[str, Any]:
     return {k: ("<seed>" if k == "seed" and x is not None else x) for k, x in description.items()}
 
 
-def sampler_from_state_dict(state: Dict[str, Any], *, num_replicas: Optional[int] = None,
-                            rank: Optional[int] = None, seed_is_secret: bool = False) -> HiddenStateBatchSampler:
+def sampler_from_state_dict(
+    state: Dict[str, Any],
+    *,
+    num_replicas: Optional[int] = None,
+    rank: Optional[int] = None,
+    seed_is_secret: bool = False,
+) -> HiddenStateBatchSampler:
     """Rebuilds a sampler (schedule and position) from :meth:`HiddenStateBatchSampler.state_dict`.
 
     The stored seed becomes an explicit one (it was written down, so the report says so) unless
@@ -400,7 +461,9 @@ def sampler_from_state_dict(state: Dict[str, Any], *, num_replicas: Optional[int
         raise v.ParameterError("sampler", f"unknown sampler state (class {what!r})")
     schedule = BatchSchedule.from_description(state, seed_is_secret=seed_is_secret)
     if schedule.sampling != cls.sampling:
-        raise v.ParameterError("sampler", f"{cls.__name__} has sampling {cls.sampling!r}, the state says {schedule.sampling!r}")
+        raise v.ParameterError(
+            "sampler", f"{cls.__name__} has sampling {cls.sampling!r}, the state says {schedule.sampling!r}"
+        )
     s = cls.__new__(cls)  # not __init__: the remainder warning was given when the sampler was first made
     s._setup(schedule, *_distributed_defaults(num_replicas, rank))
     s.load_state_dict(state)

@@ -223,9 +223,11 @@ def _refuse_distributed() -> None:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         raise v.ParameterError(
-            "distributed", f"DP-SBCD is not supported under torch.distributed with {dist.get_world_size()} "
+            "distributed",
+            f"DP-SBCD is not supported under torch.distributed with {dist.get_world_size()} "
             "processes (each would run and noise its own copy of the training, which is not the accounted "
-            "run); train it in one process")
+            "run); train it in one process",
+        )
 
 
 class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
@@ -539,7 +541,6 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
         self._t += 1
         return None
 
-
     # ------------------------------------------------------------ inference
     @torch.no_grad()
     def predict(self, data: torch.Tensor) -> torch.Tensor:
@@ -564,4 +565,3 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
             else:
                 total += float(((a - self.targets[idx]) ** 2).sum())
         return self.gamma / 2.0 * total / len(idx)
-

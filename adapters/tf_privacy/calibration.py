@@ -48,7 +48,7 @@ __all__ = ["compute_hidden_state_noise", "planned_run", "recorded_noise_multipli
 # The returned noise is the calibrated one raised by this factor, so that TF-Privacy's float32
 # noise (recorded_noise_multiplier) is never below it: two float32 roundings move it by at most
 # 2**-23 relative.
-FLOAT32_MARGIN = 1.0 + 2.0 ** -20
+FLOAT32_MARGIN = 1.0 + 2.0**-20
 
 
 def recorded_noise_multiplier(noise_multiplier: float, l2_norm_clip: float) -> float:
@@ -93,19 +93,30 @@ def planned_run(
     clip = float(np.float32(v.positive_float("l2_norm_clip", l2_norm_clip)))
     lr = float(np.float32(v.positive_float("learning_rate", learning_rate)))
     settings = DPOptimizerSettings(
-        name="DecoupledL2DPKerasSGDOptimizer", base=OptimizerKind.SGD, l2_norm_clip=clip,
-        noise_multiplier=v.positive_float("noise_multiplier", noise_multiplier), num_microbatches=None,
-        gradient_accumulation_steps=1, momentum=0.0, nesterov=False, l2_regularization=l2_regularization,
-        gradient_postprocessing=None, inverse_time_decay=0.0)
+        name="DecoupledL2DPKerasSGDOptimizer",
+        base=OptimizerKind.SGD,
+        l2_norm_clip=clip,
+        noise_multiplier=v.positive_float("noise_multiplier", noise_multiplier),
+        num_microbatches=None,
+        gradient_accumulation_steps=1,
+        momentum=0.0,
+        nesterov=False,
+        l2_regularization=l2_regularization,
+        gradient_postprocessing=None,
+        inverse_time_decay=0.0,
+    )
     schedule = BatchSchedule(n, b, sampling, last_batch=last_batch, secret=secret_batches)
     diameter = None if geometry is None else geometry.diameter
     # the model is not seen here: its convexity is the callback's to check when fit starts
-    claim = Claim(schedule=schedule, geometry=geometry, assume_convex_model=True, default_relation=RELATION,
-                  planned=True)
+    claim = Claim(
+        schedule=schedule, geometry=geometry, assume_convex_model=True, default_relation=RELATION, planned=True
+    )
     # one epoch; a kept short batch (the last step) is divided by its own size, as TF-Privacy does
     epoch = itertools.groupby(batch_records(schedule, t) for t in range(schedule.steps_per_epoch))
-    recorder = claim.recorder((step_facts(settings, lr, batch_size=records, projection_diameter=diameter),
-                               len(list(group))) for records, group in epoch)
+    recorder = claim.recorder(
+        (step_facts(settings, lr, batch_size=records, projection_diameter=diameter), len(list(group)))
+        for records, group in epoch
+    )
     return recorder.run(steps=epochs * schedule.steps_per_epoch, warn=False)
 
 
@@ -158,20 +169,35 @@ def compute_hidden_state_noise(
         (e.g. ``learning_rate`` at or above ``2/smoothness``), or ``target_epsilon`` when no
         noise reaches it.
     """
-    run = planned_run(n, batch_size, epochs, 1.0, sampling=sampling, learning_rate=learning_rate,
-                      l2_norm_clip=l2_norm_clip, geometry=geometry, l2_regularization=l2_regularization,
-                      last_batch=last_batch, secret_batches=secret_batches)
+    run = planned_run(
+        n,
+        batch_size,
+        epochs,
+        1.0,
+        sampling=sampling,
+        learning_rate=learning_rate,
+        l2_norm_clip=l2_norm_clip,
+        geometry=geometry,
+        l2_regularization=l2_regularization,
+        last_batch=last_batch,
+        secret_batches=secret_batches,
+    )
     target_epsilon = v.positive_float("target_epsilon", target_epsilon)
     found = calibrate_noise_multiplier(run, target_epsilon, delta, rel_tol=rel_tol, neighboring_relation=RELATION)
     z = found.noise_multiplier * FLOAT32_MARGIN
     # what the callback will account: the noise as TF-Privacy's float32 state holds it (the
     # vectorized optimizer keeps it exactly); each is checked, not assumed, to meet the target
     for recorded in sorted({z, recorded_noise_multiplier(z, run.clip_norm)}):
-        eps = HiddenStateAccountant(neighboring_relation=RELATION).compose(
-            run.replace(noise_multiplier=recorded)).get_epsilon(delta)
+        eps = (
+            HiddenStateAccountant(neighboring_relation=RELATION)
+            .compose(run.replace(noise_multiplier=recorded))
+            .get_epsilon(delta)
+        )
         if not eps <= target_epsilon:
             raise ParameterError(
-                "target_epsilon", f"the calibrated noise {found.noise_multiplier:.6g} gives epsilon "
+                "target_epsilon",
+                f"the calibrated noise {found.noise_multiplier:.6g} gives epsilon "
                 f"{found.epsilon:.6g}, but {recorded:.9g} (as TF-Privacy stores it) gives {eps:.6g} > "
-                f"{target_epsilon:g}; the bound is not monotone there: ask for a slightly smaller target")
+                f"{target_epsilon:g}; the bound is not monotone there: ask for a slightly smaller target",
+            )
     return z

@@ -85,7 +85,8 @@ _HOW_TO_RESUME = (
     "to resume a run, restore the callback's state together with the model and its optimizer: it is saved "
     "with the model (tf.train.Checkpoint(model=model), model.save_weights in the TensorFlow format, "
     "ModelCheckpoint(save_weights_only=True) or BackupAndRestore, with the callback passed to fit), and restored "
-    "into a new callback passed to the resumed fit (see 'Resuming a run' in the TF-Privacy adapter's guide)")
+    "into a new callback passed to the resumed fit (see 'Resuming a run' in the TF-Privacy adapter's guide)"
+)
 
 
 class PrivacyBudgetExceeded(RuntimeError):
@@ -186,8 +187,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self.target_epsilon = None if target_epsilon is None else v.positive_float("target_epsilon", target_epsilon)
         self.dataset_size, self.batch_size = check_schedule(dataset_size, batch_size, sampling)
         if last_batch is not None:
-            last_batch = check_last_batch(check_dataset_last_batch(last_batch), sampling, self.dataset_size,
-                                          self.batch_size)
+            last_batch = check_last_batch(
+                check_dataset_last_batch(last_batch), sampling, self.dataset_size, self.batch_size
+            )
         self.last_batch = last_batch
         # as declared; once fit starts, the run's schedule's (a short batch the data keeps adds a step)
         self.steps_per_epoch = steps_per_epoch(self.dataset_size, self.batch_size, sampling, last_batch or DROPPED)
@@ -229,8 +231,10 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         self._raise_restore_error()
         if any(c.__module__ == _DP_MODEL_MODULE for c in type(model).__mro__):
             raise ParameterError(
-                "model", f"{type(model).__name__} (TF-Privacy DPModel/DPSequential) is not supported; use a plain "
-                "Keras model compiled with DPKerasSGDOptimizer")
+                "model",
+                f"{type(model).__name__} (TF-Privacy DPModel/DPSequential) is not supported; use a plain "
+                "Keras model compiled with DPKerasSGDOptimizer",
+            )
         opt = model.optimizer
         self.settings = settings = read_dp_optimizer_settings(opt)
         self.replicas = replicas = read_replicas(model)
@@ -239,18 +243,28 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         run = None
         if restored is not None:
             run, history = restored
-            self.recorder, self.history, self.report, self._report_steps, self._lr_marks = None, list(history), None, -1, []
+            self.recorder, self.history, self.report, self._report_steps, self._lr_marks = (
+                None,
+                list(history),
+                None,
+                -1,
+                [],
+            )
         steps = run.steps if run is not None else self.steps
         iterations = int(opt.iterations.numpy())
         if iterations > steps:
             raise ParameterError(
-                "optimizer", f"has taken {iterations} steps but this callback accounted {steps}: reporting "
-                f"{steps} steps as the whole run would under-report its privacy loss; {_HOW_TO_RESUME}")
+                "optimizer",
+                f"has taken {iterations} steps but this callback accounted {steps}: reporting "
+                f"{steps} steps as the whole run would under-report its privacy loss; {_HOW_TO_RESUME}",
+            )
         if iterations < steps:
             raise ParameterError(
-                "optimizer", f"has taken {iterations} steps but the callback's state accounts {steps}: the "
+                "optimizer",
+                f"has taken {iterations} steps but the callback's state accounts {steps}: the "
                 "optimizer was not restored with the callback's state (compile the model with its optimizer "
-                "before restoring, and restore model, optimizer and callback state from the same checkpoint)")
+                "before restoring, and restore model, optimizer and callback state from the same checkpoint)",
+            )
 
         accounted = run or (RunState.of(self.recorder) if self.recorder is not None else None)
         if accounted is not None and steps:
@@ -265,9 +279,17 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         diameter, others = projection_facts(model)
         # the step as the optimizer takes it, for the full and a kept short batch (TF-Privacy divides by the
         # records it gets)
-        self._facts = {records: step_facts(settings, 1.0, batch_size=records, replicas=replicas,
-                                           projection_diameter=diameter, other_constraints=others)
-                       for records in {self.batch_size, batch_records(schedule, schedule.steps_per_epoch - 1)}}
+        self._facts = {
+            records: step_facts(
+                settings,
+                1.0,
+                batch_size=records,
+                replicas=replicas,
+                projection_diameter=diameter,
+                other_constraints=others,
+            )
+            for records in {self.batch_size, batch_records(schedule, schedule.steps_per_epoch - 1)}
+        }
         self._read_learning_rate_source(opt)
         claim, checked = self._claim(model, schedule, fit_data(model))
         if run is not None:  # the declared claim (checked to be the run's) on the model being trained
@@ -281,8 +303,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         planned = (self.params or {}).get("epochs") or 0
         plan = self._upcoming(self.steps, self.steps + max(planned, 1) * self.steps_per_epoch)
         last = [(s, 1) for s, _ in self.recorder.ledger[-1:]]  # a change from the run so far is known now, too
-        self.recorder.check_plan([s for s, _ in last + plan], start=self.steps - len(last),
-                                 counts=[c for _, c in last + plan])
+        self.recorder.check_plan(
+            [s for s, _ in last + plan], start=self.steps - len(last), counts=[c for _, c in last + plan]
+        )
         self._check_calibration()
         if self.target_epsilon is not None and planned:
             eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
@@ -291,7 +314,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
                 raise PrivacyBudgetExceeded(
                     f"target_epsilon: {self.target_epsilon:g} would be exceeded by the next epoch (epsilon "
                     f"{eps_next:.4g} after {self.steps + self.steps_per_epoch} steps; spent so far {spent:.4g}); "
-                    "no step was taken")
+                    "no step was taken"
+                )
         if self.verbose:
             print(self._describe(), flush=True)
 
@@ -299,16 +323,24 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         """The claim of this fit: the declaration, the model's structure, the loss ``fit`` minimises and
         what the data decides (the inputs of the trainable layer on every record ``fit`` trains on,
         unless a FeatureClip enforces the bound); and ``(largest input norm, where)`` when checked."""
-        claim = Claim(schedule=schedule, geometry=self.declared_geometry, model=model_facts(model),
-                      assume_convex_model=self.assume_convex_model, default_relation=RELATION,
-                      loss=_loss_facts(model, data))
+        claim = Claim(
+            schedule=schedule,
+            geometry=self.declared_geometry,
+            model=model_facts(model),
+            assume_convex_model=self.assume_convex_model,
+            default_relation=RELATION,
+            loss=_loss_facts(model, data),
+        )
         if not claim.needs_feature_checks:
             return claim, None
         largest, where = largest_input_norm(model, data.features)
         if largest is None:
-            return claim.observed(feature_unobservable=(
-                f"{where}; put hidden_state_accountants.tf_privacy.FeatureClip(R) right before the trainable Dense "
-                "layer, or train on arrays or a batched_dataset")), None
+            return claim.observed(
+                feature_unobservable=(
+                    f"{where}; put hidden_state_accountants.tf_privacy.FeatureClip(R) right before the trainable Dense "
+                    "layer, or train on arrays or a batched_dataset"
+                )
+            ), None
         return claim, (largest, where)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -330,15 +362,18 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             end = -(-(step + 1) // self.steps_per_epoch) * self.steps_per_epoch  # end of this epoch
             eps = self._planned(end).epsilon
             if eps > self.target_epsilon:
-                self.stopped_reason = (f"learning rate changed to {lr:g} at step {step}; the epoch would end at "
-                                       f"epsilon {eps:.4g} > target_epsilon {self.target_epsilon:g}")
+                self.stopped_reason = (
+                    f"learning rate changed to {lr:g} at step {step}; the epoch would end at "
+                    f"epsilon {eps:.4g} > target_epsilon {self.target_epsilon:g}"
+                )
                 self._sync()  # account the steps taken so far; fit ends without on_train_end
                 raise PrivacyBudgetExceeded(f"target_epsilon: {self.stopped_reason}; the step was not taken")
 
     def on_epoch_end(self, epoch, logs=None):
         # more steps in an epoch than the data has batches: some did not train on it
-        check_position(self._epoch_start + self.steps_per_epoch, int(self.model.optimizer.iterations.numpy()),
-                       "fit's data")
+        check_position(
+            self._epoch_start + self.steps_per_epoch, int(self.model.optimizer.iterations.numpy()), "fit's data"
+        )
         self._sync()
         report = self._report()
         comp = report.composition_epsilon
@@ -350,8 +385,10 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             return
         if report.epsilon > self.target_epsilon:  # only if the run changed unforeseen
             self.model.stop_training = True
-            self.stopped_reason = (f"epsilon {report.epsilon:.4g} ({report.neighboring_relation}) exceeds "
-                                   f"target_epsilon {self.target_epsilon:g}")
+            self.stopped_reason = (
+                f"epsilon {report.epsilon:.4g} ({report.neighboring_relation}) exceeds "
+                f"target_epsilon {self.target_epsilon:g}"
+            )
             warnings.warn(f"HiddenStatePrivacyCallback: {self.stopped_reason}", HiddenStateWarning, stacklevel=2)
             return
         if epoch + 1 >= ((self.params or {}).get("epochs") or 0):
@@ -359,9 +396,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         eps_next = self._planned(self.steps + self.steps_per_epoch).epsilon
         if eps_next > self.target_epsilon:
             self.model.stop_training = True
-            self.stopped_reason = (f"stopping after epoch {epoch + 1} at epsilon {report.epsilon:.4g} "
-                                   f"({report.neighboring_relation}): one more epoch would reach {eps_next:.4g} > "
-                                   f"target_epsilon {self.target_epsilon:g}")
+            self.stopped_reason = (
+                f"stopping after epoch {epoch + 1} at epsilon {report.epsilon:.4g} "
+                f"({report.neighboring_relation}): one more epoch would reach {eps_next:.4g} > "
+                f"target_epsilon {self.target_epsilon:g}"
+            )
             self._announce_stop = bool(self.verbose)  # printed after Keras' epoch line
 
     def on_train_end(self, logs=None):
@@ -372,8 +411,12 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if self.steps and self._report_steps != self.steps:
             report = self._report()
             if self.target_epsilon is not None and report.epsilon > self.target_epsilon:
-                warnings.warn(f"HiddenStatePrivacyCallback: final epsilon {report.epsilon:.4g} exceeds "
-                              f"target_epsilon {self.target_epsilon:g}", HiddenStateWarning, stacklevel=2)
+                warnings.warn(
+                    f"HiddenStatePrivacyCallback: final epsilon {report.epsilon:.4g} exceeds "
+                    f"target_epsilon {self.target_epsilon:g}",
+                    HiddenStateWarning,
+                    stacklevel=2,
+                )
 
     # ----------------------------------------------------------------- results
     @property
@@ -406,9 +449,17 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             out.append(f"batches: {self._source_description}")
         return out
 
-    def compute_noise(self, target_epsilon: float, epochs: int, *, learning_rate: float, l2_norm_clip: float,
-                      l2_regularization: Optional[float] = None, secret_batches: bool = True,
-                      rel_tol: float = 1e-3) -> float:
+    def compute_noise(
+        self,
+        target_epsilon: float,
+        epochs: int,
+        *,
+        learning_rate: float,
+        l2_norm_clip: float,
+        l2_regularization: Optional[float] = None,
+        secret_batches: bool = True,
+        rel_tol: float = 1e-3,
+    ) -> float:
         """The smallest noise multiplier whose run this callback reports at most ``target_epsilon``
         after ``epochs`` epochs: :func:`~.calibration.compute_hidden_state_noise` with this
         callback's schedule, geometry and delta. Build the optimizer with it::
@@ -433,15 +484,24 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if last_batch is None:
             if self.sampling == RESHUFFLE and self.dataset_size % self.batch_size:
                 raise ParameterError(
-                    "last_batch", f"the callback leaves it to the data, but the calibrated run depends on it ("
+                    "last_batch",
+                    f"the callback leaves it to the data, but the calibrated run depends on it ("
                     f"{self.dataset_size % self.batch_size} records left over per epoch): declare "
-                    "last_batch='kept_own_size' for fit(x, y, shuffle=True) or 'dropped' for a batched_dataset")
+                    "last_batch='kept_own_size' for fit(x, y, shuffle=True) or 'dropped' for a batched_dataset",
+                )
             last_batch = DROPPED
-        settings = dict(sampling=self.sampling, learning_rate=learning_rate, l2_norm_clip=l2_norm_clip,
-                        geometry=self.declared_geometry, l2_regularization=l2_regularization,
-                        last_batch=last_batch, secret_batches=secret_batches)
-        z = compute_hidden_state_noise(self.dataset_size, self.batch_size, target_epsilon, epochs, self.delta,
-                                       rel_tol=rel_tol, **settings)
+        settings = dict(
+            sampling=self.sampling,
+            learning_rate=learning_rate,
+            l2_norm_clip=l2_norm_clip,
+            geometry=self.declared_geometry,
+            l2_regularization=l2_regularization,
+            last_batch=last_batch,
+            secret_batches=secret_batches,
+        )
+        z = compute_hidden_state_noise(
+            self.dataset_size, self.batch_size, target_epsilon, epochs, self.delta, rel_tol=rel_tol, **settings
+        )
         # the run as calibrated: at the core's noise, which TF-Privacy's float32 copy of z never undercuts
         run = planned_run(self.dataset_size, self.batch_size, epochs, z / FLOAT32_MARGIN, **settings)
         self.calibration = CalibratedRun(float(target_epsilon), int(epochs), z, run)
@@ -463,13 +523,18 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             mine, calibrated = getattr(planned, name), getattr(c.run, name)
             return mine < calibrated if name == "noise_multiplier" and isinstance(mine, float) else mine != calibrated
 
-        diff = [f"{f.name} {getattr(planned, f.name)!r} (calibrated: {getattr(c.run, f.name)!r})"
-                for f in attr.fields(TrainingRunDpEvent) if differs(f.name)]
+        diff = [
+            f"{f.name} {getattr(planned, f.name)!r} (calibrated: {getattr(c.run, f.name)!r})"
+            for f in attr.fields(TrainingRunDpEvent)
+            if differs(f.name)
+        ]
         raise ParameterError(
-            "compute_noise", f"calibrated noise multiplier {c.noise_multiplier:.6g} for epsilon <= "
+            "compute_noise",
+            f"calibrated noise multiplier {c.noise_multiplier:.6g} for epsilon <= "
             f"{c.target_epsilon:g} after {c.epochs} epochs, but the run fit is about to train reports {eps:.4g} "
             f"({RELATION.name}) after them: it differs in {'; '.join(diff) or 'nothing the core reads'}. Calibrate "
-            "with the optimizer's settings and the data fit trains on; no step was taken")
+            "with the optimizer's settings and the data fit trains on; no step was taken",
+        )
 
     def run_event(self) -> TrainingRunDpEvent:
         """The core event for the steps taken so far (with the reason when no hidden-state
@@ -520,20 +585,33 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             return None, []
         schedule = run.schedule
         declared = (self.sampling, self.dataset_size, self.batch_size)
-        held = (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size,
-                                                             schedule.batch_size)
+        held = (
+            (None, None, None) if schedule is None else (schedule.sampling, schedule.dataset_size, schedule.batch_size)
+        )
         if held != declared:
-            raise refusal(_SUBJECT, f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, "
-                                    f"batch_size={held[2]}, but this callback was declared with "
-                                    f"sampling={declared[0]!r}, dataset_size={declared[1]}, batch_size={declared[2]}")
+            raise refusal(
+                _SUBJECT,
+                f"is a run of sampling={held[0]!r}, dataset_size={held[1]}, "
+                f"batch_size={held[2]}, but this callback was declared with "
+                f"sampling={declared[0]!r}, dataset_size={declared[1]}, batch_size={declared[2]}",
+            )
         if self.last_batch is not None and schedule.last_batch != self.last_batch:
-            raise refusal(_SUBJECT, f"is a run with last_batch={schedule.last_batch!r}, but this callback was "
-                                    f"declared with last_batch={self.last_batch!r}")
-        check_continues(run.claim, geometry=self.declared_geometry, assume_convex_model=self.assume_convex_model,
-                        neighboring_relation=None)
+            raise refusal(
+                _SUBJECT,
+                f"is a run with last_batch={schedule.last_batch!r}, but this callback was "
+                f"declared with last_batch={self.last_batch!r}",
+            )
+        check_continues(
+            run.claim,
+            geometry=self.declared_geometry,
+            assume_convex_model=self.assume_convex_model,
+            neighboring_relation=None,
+        )
         if run.claim.relation()[0] != RELATION:
-            raise refusal(_SUBJECT, f"is a run reported under {run.claim.relation()[0].name}; this callback reports "
-                                    f"{RELATION.name}")
+            raise refusal(
+                _SUBJECT,
+                f"is a run reported under {run.claim.relation()[0].name}; this callback reports {RELATION.name}",
+            )
         try:
             history = [_decode_epoch(h) for h in extra["history"]]
         except (TypeError, ValueError, KeyError) as err:
@@ -564,9 +642,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         and whether that is secret, are the data's), else the declared schedule for the core
         to compare with."""
         declared = (self.dataset_size, self.batch_size, self.sampling)
-        if data_schedule is not None and (data_schedule.dataset_size, data_schedule.batch_size,
-                                          data_schedule.sampling) == declared \
-                and self.last_batch in (None, data_schedule.last_batch):
+        if (
+            data_schedule is not None
+            and (data_schedule.dataset_size, data_schedule.batch_size, data_schedule.sampling) == declared
+            and self.last_batch in (None, data_schedule.last_batch)
+        ):
             return data_schedule
         return BatchSchedule(*declared, last_batch=self.last_batch or DROPPED)
 
@@ -576,8 +656,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             self._schedule, self._lr_marks = lr, []
             return
         if callable(lr) and not isinstance(lr, (tf.Variable, tf.Tensor)):
-            raise ParameterError("learning_rate", "a callable learning rate cannot be read per step; use a "
-                                                  "tf.keras.optimizers.schedules.LearningRateSchedule")
+            raise ParameterError(
+                "learning_rate",
+                "a callable learning rate cannot be read per step; use a "
+                "tf.keras.optimizers.schedules.LearningRateSchedule",
+            )
         self._schedule = None
         value = self._current_variable_lr()
         if not self._lr_marks or self._lr_marks[-1][1] != value:
@@ -610,6 +693,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
     def _schedule_values(self, start: int, stop: int) -> np.ndarray:
         """The schedule on a vector of steps if it supports that (most built-in schedules do,
         checked against scalar evaluation at both ends), else one call per step."""
+
         def at(step):
             return np.float32(self._schedule(tf.cast(step, tf.float32)).numpy())
 
@@ -627,8 +711,10 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         puts it)."""
         schedule = self.recorder.claim.schedule
         keys = zip(self._lr_range(start, stop), (batch_records(schedule, t) for t in range(start, stop)))
-        return [(attr.evolve(self._facts[records], learning_rate=lr), len(list(group)))
-                for (lr, records), group in itertools.groupby(keys)]
+        return [
+            (attr.evolve(self._facts[records], learning_rate=lr), len(list(group)))
+            for (lr, records), group in itertools.groupby(keys)
+        ]
 
     def _sync(self) -> None:
         """Records the steps the optimizer has taken since the last call."""
@@ -663,10 +749,12 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         drawn = ""
         if schedule.external:
             drawn = ", drawn by Keras" + ("" if schedule.secret else ", public")
-        return (f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
-                f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling}"
-                f"{drawn} ({self.steps_per_epoch} steps/epoch, {left}); "
-                f"geometry: {g}; delta={self.delta:g} ({RELATION.name}){budget}")
+        return (
+            f"HiddenStatePrivacyCallback: {s.name}{replicas} z={s.noise_multiplier:g} C={s.l2_norm_clip:g} lr={lr} "
+            f"l2={s.l2_regularization:g}; n={self.dataset_size} b={self.batch_size} sampling={self.sampling}"
+            f"{drawn} ({self.steps_per_epoch} steps/epoch, {left}); "
+            f"geometry: {g}; delta={self.delta:g} ({RELATION.name}){budget}"
+        )
 
 
 def _encode_epoch(h: EpochPrivacy) -> Dict[str, Any]:
@@ -703,8 +791,11 @@ class _CheckpointedState(tf.train.experimental.PythonState):
         self._callback._restore_from_checkpoint(string_value)
 
 
-_CROSS_ENTROPIES = (tf.keras.losses.SparseCategoricalCrossentropy, tf.keras.losses.CategoricalCrossentropy,
-                    tf.keras.losses.BinaryCrossentropy)
+_CROSS_ENTROPIES = (
+    tf.keras.losses.SparseCategoricalCrossentropy,
+    tf.keras.losses.CategoricalCrossentropy,
+    tf.keras.losses.BinaryCrossentropy,
+)
 
 
 def _loss_facts(model, data: FitData) -> Tuple[str, str]:
@@ -722,8 +813,9 @@ def _loss_facts(model, data: FitData) -> Tuple[str, str]:
     config = loss.get_config()
     shown = f"{name}(from_logits={config.get('from_logits')}) in model.loss"
     if config.get("from_logits") is not True:
-        return "other", (f"{shown}, which expects probabilities rather than the logits of a Dense layer without "
-                         "activation,")
+        return "other", (
+            f"{shown}, which expects probabilities rather than the logits of a Dense layer without activation,"
+        )
     if config.get("axis", -1) != -1:
         return "other", f"{shown} over axis {config['axis']}"
     loss_weights = getattr(getattr(model, "compiled_loss", None), "_user_loss_weights", None)
@@ -737,8 +829,10 @@ def _loss_facts(model, data: FitData) -> Tuple[str, str]:
         labels = np.asarray(data.labels)
         sums = labels.reshape(len(labels), -1).astype(np.float64).sum(axis=1) if len(labels) else np.zeros(1)
         if not (np.all(sums >= 0) and np.all(sums <= 1)):
-            return "other", (f"{shown} on labels whose rows sum to {sums.min():.6g}..{sums.max():.6g} (the "
-                             "smoothness (R^2 + 1)/2 holds for rows of non-negative sum at most 1, e.g. one-hot)")
+            return "other", (
+                f"{shown} on labels whose rows sum to {sums.min():.6g}..{sums.max():.6g} (the "
+                "smoothness (R^2 + 1)/2 holds for rows of non-negative sum at most 1, e.g. one-hot)"
+            )
     return CROSS_ENTROPY_ON_LOGITS, f"{shown}, unweighted"
 
 
@@ -754,6 +848,8 @@ def _check_loss(model) -> None:
         else:
             problem = f"{getattr(item, '__name__', item)!r} is reduced to the batch mean by Keras"
         raise ParameterError(
-            "loss", f"{problem}; TF-Privacy clips per example only with one loss per example: use e.g. "
+            "loss",
+            f"{problem}; TF-Privacy clips per example only with one loss per example: use e.g. "
             "tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, "
-            "reduction=tf.keras.losses.Reduction.NONE)")
+            "reduction=tf.keras.losses.Reduction.NONE)",
+        )

@@ -58,8 +58,10 @@ must be divided by the fixed ``b``. TF-Privacy's Keras optimizers divide by the 
 :class:`HiddenStatePrivacyCallback` refuses it; a custom training loop that divides the noisy sum by
 ``b`` can be accounted with the core ``HiddenStateAccountant``."""
 
-_REALISED_SIZE = ("TF-Privacy's Keras optimizers divide each batch by its own size, so random batch sizes "
-                  "change the noise and, under ADD_OR_REMOVE_ONE, every other record's weight in the batch")
+_REALISED_SIZE = (
+    "TF-Privacy's Keras optimizers divide each batch by its own size, so random batch sizes "
+    "change the noise and, under ADD_OR_REMOVE_ONE, every other record's weight in the batch"
+)
 
 
 def check_dataset_sampling(sampling, allowed=DATASET_SAMPLINGS) -> str:
@@ -68,8 +70,10 @@ def check_dataset_sampling(sampling, allowed=DATASET_SAMPLINGS) -> str:
         if sampling == POISSON:
             extra = f" (Poisson batches have a random size that Keras batching does not produce, and {_REALISED_SIZE})"
         elif sampling == BALLS_IN_BINS:
-            extra = (f" ({_REALISED_SIZE}, while the balls_in_bins analyses need the fixed divisor b; "
-                     "batched_dataset(..., 'balls_in_bins') feeds custom loops that divide by b)")
+            extra = (
+                f" ({_REALISED_SIZE}, while the balls_in_bins analyses need the fixed divisor b; "
+                "batched_dataset(..., 'balls_in_bins') feeds custom loops that divide by b)"
+            )
         raise ParameterError("sampling", f"must be one of {', '.join(allowed)}, got {sampling!r}{extra}")
     return sampling
 
@@ -81,8 +85,10 @@ def check_dataset_last_batch(last_batch) -> str:
         raise ParameterError("last_batch", f"must be one of {', '.join(LAST_BATCHES)}, got {last_batch!r}")
     if last_batch == KEPT_BATCH_SIZE:
         raise ParameterError(
-            "last_batch", f"{KEPT_BATCH_SIZE!r} is not what TF-Privacy does: its optimizers divide every batch by "
-            f"its own size; use {KEPT_OWN_SIZE!r} to keep the short batch, or {DROPPED!r}")
+            "last_batch",
+            f"{KEPT_BATCH_SIZE!r} is not what TF-Privacy does: its optimizers divide every batch by "
+            f"its own size; use {KEPT_OWN_SIZE!r} to keep the short batch, or {DROPPED!r}",
+        )
     return last_batch
 
 
@@ -125,14 +131,19 @@ class _Source:
         if self.epochs_started:
             return  # the core compares the batches it hands out next with the run's
         same_kind = (mine.dataset_size, mine.batch_size, mine.sampling, mine.last_batch) == (
-            schedule.dataset_size, schedule.batch_size, schedule.sampling, schedule.last_batch) \
-            and not schedule.external
+            schedule.dataset_size,
+            schedule.batch_size,
+            schedule.sampling,
+            schedule.last_batch,
+        ) and not schedule.external
         if not same_kind:
             return
         if mine.seed != schedule.seed and not mine.seed_is_secret:
             raise ParameterError(
-                "seed", f"the batched_dataset has a seed you chose, but the run's {schedule.sampling} schedule has "
-                "another one; pass seed=None (the run's seed is then restored from its state) or the run's seed")
+                "seed",
+                f"the batched_dataset has a seed you chose, but the run's {schedule.sampling} schedule has "
+                "another one; pass seed=None (the run's seed is then restored from its state) or the run's seed",
+            )
         self.schedule = schedule
         self.first_step = steps
 
@@ -220,13 +231,17 @@ def batched_dataset(
         raise ParameterError("features", "must have a known first dimension (the records)")
     if y.shape.rank is None or y.shape.rank < 1 or y.shape[0] != x.shape[0]:
         raise ParameterError(
-            "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}")
+            "labels", f"must have the same number of records as features ({x.shape[0]}), got shape {y.shape}"
+        )
     if feature_norm_bound is not None:
         bound = v.nonnegative_float("feature_norm_bound", feature_norm_bound)
         largest = largest_row_norm(x)
         if not largest <= bound:  # NaN included
-            raise ParameterError("feature_norm_bound", f"the features have a record of norm {largest:.6g}, above "
-                                                       f"{bound:g} (clip them, e.g. with clip_feature_norms)")
+            raise ParameterError(
+                "feature_norm_bound",
+                f"the features have a record of norm {largest:.6g}, above "
+                f"{bound:g} (clip them, e.g. with clip_feature_norms)",
+            )
     source = _Source(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch), x, y)
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
@@ -242,8 +257,9 @@ def batched_dataset(
         idx = tf.data.Dataset.from_generator(rows, output_signature=tf.TensorSpec((size,), tf.int64))
         idx = idx.apply(tf.data.experimental.assert_cardinality(spe))
     else:  # deterministic: the same batches every epoch
-        idx = tf.data.Dataset.from_tensor_slices(schedule.batch(0)[None, :] if sampling == FULL
-                                                 else schedule.partition())
+        idx = tf.data.Dataset.from_tensor_slices(
+            schedule.batch(0)[None, :] if sampling == FULL else schedule.partition()
+        )
     ds = idx.map(lambda i: (tf.gather(x, i), tf.gather(y, i))).prefetch(2)
     _SOURCES[ds] = source
     return ds
@@ -278,24 +294,42 @@ def share_batch_source_across_workers(model) -> None:
         return
     s = source.schedule
     fresh = s.seed_is_secret and source.epochs_started == 0
-    mine = [s.dataset_size, s.batch_size, SAMPLINGS.index(s.sampling), -1 if s.seed is None else s.seed,
-            int(s.seed_is_secret), int(fresh)]
+    mine = [
+        s.dataset_size,
+        s.batch_size,
+        SAMPLINGS.index(s.sampling),
+        -1 if s.seed is None else s.seed,
+        int(s.seed_is_secret),
+        int(fresh),
+    ]
     rows = strategy.gather(strategy.run(lambda: tf.constant([mine], tf.int64)), axis=0).numpy().tolist()
     chief = rows[0]
     if all(row[:4] == chief[:4] for row in rows):
         return
     if any(row[:3] != chief[:3] for row in rows):
         described = sorted({f"n={r[0]}, b={r[1]}, {SAMPLINGS[r[2]]}" for r in rows})
-        raise ParameterError("data", f"the workers' batched_datasets differ ({'; '.join(described)}); every worker "
-                                     "must pass a batched_dataset of the same data and schedule")
+        raise ParameterError(
+            "data",
+            f"the workers' batched_datasets differ ({'; '.join(described)}); every worker "
+            "must pass a batched_dataset of the same data and schedule",
+        )
     if any(row[:4] != chief[:4] and not row[5] for row in rows):
         raise ParameterError(
-            "seed", "the workers' batched_datasets have different seeds; pass the same seed on every worker, or "
-            "seed=None on every worker (worker 0's secret seed is then used by all)")
+            "seed",
+            "the workers' batched_datasets have different seeds; pass the same seed on every worker, or "
+            "seed=None on every worker (worker 0's secret seed is then used by all)",
+        )
     if mine != chief:
         shared = BatchSchedule.from_description(
-            {"sampling": s.sampling, "dataset_size": s.dataset_size, "batch_size": s.batch_size, "seed": chief[3],
-             "last_batch": s.last_batch}, seed_is_secret=bool(chief[4]))
+            {
+                "sampling": s.sampling,
+                "dataset_size": s.dataset_size,
+                "batch_size": s.batch_size,
+                "seed": chief[3],
+                "last_batch": s.last_batch,
+            },
+            seed_is_secret=bool(chief[4]),
+        )
         source.continue_run(shared, source.first_step)
 
 
@@ -392,8 +426,11 @@ def _shuffle_seeds(dataset) -> List[Tuple[int, int]]:
         for op in graph.get_operations() if graph is not None else ():
             if op.type in ("RandomShuffle", "RandomShuffleV2"):
                 found.append((int(op.get_attr("seed")), int(op.get_attr("seed2"))))
-        pending += [d for d in [getattr(ds, "_input_dataset", None)] + list(getattr(ds, "_datasets", None) or [])
-                    if isinstance(d, tf.data.Dataset)]
+        pending += [
+            d
+            for d in [getattr(ds, "_input_dataset", None)] + list(getattr(ds, "_datasets", None) or [])
+            if isinstance(d, tf.data.Dataset)
+        ]
     return found
 
 
@@ -412,23 +449,33 @@ def _array_source(adapter, strategy=None) -> BatchSourceFacts:
         # divided by its own size by TF-Privacy: reshuffle, drawn by Keras
         seeds = _shuffle_seeds(adapter._dataset)
         if len(seeds) != 1:
-            return BatchSourceFacts(schedule=None, description=(
-                f"{what}: a new random permutation every epoch, but Keras' shuffle op could not be read "
-                f"({len(seeds)} found), so whether its randomness is secret is unknown"))
-        workers = strategy.extended._num_workers if isinstance(
-            strategy, tf.distribute.MultiWorkerMirroredStrategy) else 1
+            return BatchSourceFacts(
+                schedule=None,
+                description=(
+                    f"{what}: a new random permutation every epoch, but Keras' shuffle op could not be read "
+                    f"({len(seeds)} found), so whether its randomness is secret is unknown"
+                ),
+            )
+        workers = (
+            strategy.extended._num_workers if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) else 1
+        )
         seed, seed2 = seeds[0]
         secret = seed == 0 and seed2 == 0  # TensorFlow then seeds the op from the operating system
-        randomness = ("secret: not seeded, TensorFlow seeds the op from the operating system" if secret else
-                      f"public: seeded (seed={seed}, seed2={seed2}) by tf.random.set_seed / "
-                      "keras.utils.set_random_seed or an op seed, so the permutations follow from that seed")
+        randomness = (
+            "secret: not seeded, TensorFlow seeds the op from the operating system"
+            if secret
+            else f"public: seeded (seed={seed}, seed2={seed2}) by tf.random.set_seed / "
+            "keras.utils.set_random_seed or an op seed, so the permutations follow from that seed"
+        )
         last = KEPT_OWN_SIZE if partial else DROPPED
         kept = ", kept and divided by its own size" if partial else ""
         return BatchSourceFacts(
             schedule=BatchSchedule.framework(n, b, RESHUFFLE, last_batch=last, secret=secret),
             description=f"{what}: Keras draws a new random permutation of the records every epoch ({randomness})"
-                        f"{short}{kept}",
-            next_step=0, independent_draws=workers)  # every fit starts a new epoch
+            f"{short}{kept}",
+            next_step=0,
+            independent_draws=workers,
+        )  # every fit starts a new epoch
     # none of the core's schedules: say what Keras does
     if shuffle == "batch":
         what += ": a shuffle in chunks of the batch size every epoch"
@@ -447,8 +494,10 @@ def fit_batch_source(model) -> BatchSourceFacts:
     adapter = getattr(handler, "_adapter", None)
     if adapter is None:
         raise ParameterError(
-            "data", "cannot find what model.fit trains on (the callback reads Keras 2's fit; custom training "
-            "loops and other Keras versions are not supported), so the batch schedule cannot be verified")
+            "data",
+            "cannot find what model.fit trains on (the callback reads Keras 2's fit; custom training "
+            "loops and other Keras versions are not supported), so the batch schedule cannot be verified",
+        )
     adapter = getattr(adapter, "_internal_adapter", adapter)  # lists of scalars wrap array data
     user_steps = getattr(handler, "_steps_per_epoch", None)
     name = type(adapter).__name__
@@ -461,15 +510,17 @@ def fit_batch_source(model) -> BatchSourceFacts:
             size = int(dataset.cardinality()) if isinstance(dataset, tf.data.Dataset) else -2
             kind = {-1: "an infinite ", -2: "a "}.get(size, f"a {size}-batch ")
             facts = BatchSourceFacts(
-                schedule=None, description=f"{kind}tf.data.Dataset not returned by batched_dataset, whose batches "
+                schedule=None,
+                description=f"{kind}tf.data.Dataset not returned by batched_dataset, whose batches "
                 "cannot be verified (e.g. shuffle() is a uniform permutation only with a buffer of every record, "
                 "and its seeds and any map() in the pipeline are not checked); use batched_dataset(x, y, b, "
-                "'reshuffle') for a fresh permutation every epoch, or model.fit(x, y, batch_size=b, shuffle=True)")
+                "'reshuffle') for a fresh permutation every epoch, or model.fit(x, y, batch_size=b, shuffle=True)",
+            )
         else:
-            facts = BatchSourceFacts(schedule=source.schedule, description="the batched_dataset",
-                                     next_step=source.next_step)
+            facts = BatchSourceFacts(
+                schedule=source.schedule, description="the batched_dataset", next_step=source.next_step
+            )
     else:
         facts = BatchSourceFacts(schedule=None, description=f"data of Keras' {name}")
     steps = user_steps if user_steps is not None else getattr(handler, "_inferred_steps", None)
     return attr.evolve(facts, steps_per_epoch=None if steps in (None, -1) else int(steps))
-

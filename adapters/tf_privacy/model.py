@@ -27,8 +27,7 @@ from hidden_state_accountants.recording import LayerFacts, LayerKind, ModelFacts
 
 from .data import largest_row_norm
 
-_RANDOM_LAYERS = (tf.keras.__internal__.layers.BaseRandomLayer, tf.keras.layers.Dropout,
-                  tf.keras.layers.GaussianNoise)
+_RANDOM_LAYERS = (tf.keras.__internal__.layers.BaseRandomLayer, tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise)
 
 
 def _kind(layer) -> LayerKind:
@@ -84,13 +83,13 @@ def model_facts(model: tf.keras.Model) -> ModelFacts:
 _INPUT = "the model's input"  # marks "fed by the model's input, unchanged" in _feeding
 
 
-_EPS = {tf.float16: 2.0 ** -10, tf.bfloat16: 2.0 ** -7, tf.float32: 2.0 ** -23, tf.float64: 2.0 ** -52}
+_EPS = {tf.float16: 2.0**-10, tf.bfloat16: 2.0**-7, tf.float32: 2.0**-23, tf.float64: 2.0**-52}
 """Machine epsilons (numpy's finfo does not know bfloat16)."""
 
 
 def dtype_eps(dtype) -> float:
     """The machine epsilon of a TensorFlow dtype (0 for integers; bfloat16's for an unknown float)."""
-    return _EPS.get(dtype, 2.0 ** -7) if dtype.is_floating else 0.0
+    return _EPS.get(dtype, 2.0**-7) if dtype.is_floating else 0.0
 
 
 class FeatureClip(tf.keras.layers.Layer):
@@ -237,11 +236,13 @@ def largest_input_norm(model, features) -> Tuple[Optional[float], str]:
     if _feeding(model, target, _INPUT)[1] is not _INPUT:  # layers before it: run them, as fit does
         prefix = _input_function(model, target)
         if prefix is None:
-            return None, (f"the inputs of the trainable layer {target.name} are computed by layers that could not be "
-                          "run on their own")
+            return None, (
+                f"the inputs of the trainable layer {target.name} are computed by layers that could not be "
+                "run on their own"
+            )
     largest = 0.0
     for start in range(0, len(x), 4096):  # bounded memory
-        chunk = x[start:start + 4096]
+        chunk = x[start : start + 4096]
         # the values the layer computes with: its dtype's rounding of the data (or of the layers before it)
         if prefix is None:
             chunk = chunk.astype(target.compute_dtype)

@@ -24,6 +24,7 @@ _GENERIC_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras"
 _VECTORIZED_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_vectorized"
 _SPARSE_MODULE = "tensorflow_privacy.privacy.optimizers.dp_optimizer_keras_sparse"
 
+
 @dataclass(frozen=True)
 class DPOptimizerSettings:
     """What the accountant needs from a TF-Privacy optimizer.
@@ -169,8 +170,9 @@ def _replica_reduction(optimizer) -> Optional[str]:
     """Keras 2's legacy optimizers sum the replicas' gradients (``all_reduce_sum_gradients``)
     unless given another ``gradient_aggregator``."""
     aggregator = getattr(optimizer, "gradient_aggregator", None)
-    if getattr(aggregator, "__name__", None) == "all_reduce_sum_gradients" and \
-            getattr(aggregator, "__module__", "").startswith("keras"):
+    if getattr(aggregator, "__name__", None) == "all_reduce_sum_gradients" and getattr(
+        aggregator, "__module__", ""
+    ).startswith("keras"):
         return ReplicaReduction.SUM
     return None
 
@@ -185,20 +187,34 @@ def read_replicas(model) -> int:
     name = type(strategy).__name__
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         raise ParameterError(
-            "distribute_strategy", f"{name} applies the workers' updates asynchronously, to parameters other workers "
+            "distribute_strategy",
+            f"{name} applies the workers' updates asynchronously, to parameters other workers "
             "have changed since: not the accounted sequence of steps; use MirroredStrategy or "
-            "MultiWorkerMirroredStrategy")
-    supported = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy,
-                 tf.distribute.OneDeviceStrategy)
+            "MultiWorkerMirroredStrategy",
+        )
+    supported = (
+        tf.distribute.MirroredStrategy,
+        tf.distribute.MultiWorkerMirroredStrategy,
+        tf.distribute.OneDeviceStrategy,
+    )
     if not (isinstance(strategy, supported) or name == "_DefaultDistributionStrategy"):
         raise ParameterError(
-            "distribute_strategy", f"{name} is not supported: its update has not been checked against the accounted "
-            "one (supported: no strategy, OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy)")
+            "distribute_strategy",
+            f"{name} is not supported: its update has not been checked against the accounted "
+            "one (supported: no strategy, OneDeviceStrategy, MirroredStrategy, MultiWorkerMirroredStrategy)",
+        )
     return int(strategy.num_replicas_in_sync)
 
 
-def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_size: int, replicas: int = 1,
-               projection_diameter: Optional[float] = None, other_constraints: Sequence[str] = ()) -> StepFacts:
+def step_facts(
+    settings: DPOptimizerSettings,
+    learning_rate: float,
+    *,
+    batch_size: int,
+    replicas: int = 1,
+    projection_diameter: Optional[float] = None,
+    other_constraints: Sequence[str] = (),
+) -> StepFacts:
     """One step of this optimizer as core :class:`StepFacts` (the core judges them).
 
     TF-Privacy divides the noisy sum by the number of microbatches (the batch size when
@@ -209,8 +225,10 @@ def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_siz
     """
     if replicas > 1 and settings.replica_reduction is None:
         raise ParameterError(
-            "optimizer", f"{settings.name} has a custom gradient_aggregator: how the {replicas} replicas' updates are "
-            "combined cannot be read")
+            "optimizer",
+            f"{settings.name} has a custom gradient_aggregator: how the {replicas} replicas' updates are "
+            "combined cannot be read",
+        )
     post = [settings.gradient_postprocessing] if settings.gradient_postprocessing else []
     post += [f"the constraint {c}" for c in other_constraints]
     micro = settings.num_microbatches
@@ -219,9 +237,18 @@ def step_facts(settings: DPOptimizerSettings, learning_rate: float, *, batch_siz
     else:
         divisor, share = (micro or batch_size / replicas), 1
     return StepFacts(
-        noise_multiplier=settings.noise_multiplier, clip_norm=settings.l2_norm_clip, learning_rate=learning_rate,
-        divisor=divisor, weight_decay=settings.l2_regularization,
-        projection_diameter=projection_diameter, optimizer=settings.base, momentum=settings.momentum,
-        nesterov=settings.nesterov, accumulation=settings.gradient_accumulation_steps,
-        postprocessing="; ".join(post) or None, replicas=replicas,
-        replica_reduction=settings.replica_reduction or ReplicaReduction.SUM, replica_share=share)
+        noise_multiplier=settings.noise_multiplier,
+        clip_norm=settings.l2_norm_clip,
+        learning_rate=learning_rate,
+        divisor=divisor,
+        weight_decay=settings.l2_regularization,
+        projection_diameter=projection_diameter,
+        optimizer=settings.base,
+        momentum=settings.momentum,
+        nesterov=settings.nesterov,
+        accumulation=settings.gradient_accumulation_steps,
+        postprocessing="; ".join(post) or None,
+        replicas=replicas,
+        replica_reduction=settings.replica_reduction or ReplicaReduction.SUM,
+        replica_share=share,
+    )

@@ -147,8 +147,9 @@ class DecoupledL2DPKerasSGDOptimizer(GenericDPSGDOptimizer):
     def get_gradients(self, loss, params):
         context = tf.distribute.get_replica_context()
         if context is not None and context.num_replicas_in_sync > 1:
-            raise ParameterError("optimizer", "get_gradients (TF1 graph mode) does not support several replicas; "
-                                              "use Keras 2's fit")
+            raise ParameterError(
+                "optimizer", "get_gradients (TF1 graph mode) does not support several replicas; use Keras 2's fit"
+            )
         grads = super().get_gradients(loss, params)
         return [self._add_l2(g, p) for g, p in zip(grads, params)]
 
@@ -226,8 +227,10 @@ def projection_diameter(model: tf.keras.Model) -> Optional[float]:
     diameter, others = projection_facts(model)
     if others:
         raise ParameterError(
-            "constraint", f"{others[0]}: only L2BallProjection (projection onto a ball, convex and non-expansive) "
-            "is covered by the hidden-state analyses")
+            "constraint",
+            f"{others[0]}: only L2BallProjection (projection onto a ball, convex and non-expansive) "
+            "is covered by the hidden-state analyses",
+        )
     return diameter
 
 
@@ -241,9 +244,17 @@ def inside_clipping_regularizers(model: tf.keras.Model) -> List[str]:
     for layer in model.submodules:
         if not isinstance(layer, tf.keras.layers.Layer):
             continue
-        for attr in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                     "depthwise_regularizer", "pointwise_regularizer", "recurrent_regularizer",
-                     "beta_regularizer", "gamma_regularizer", "embeddings_regularizer"):
+        for attr in (
+            "kernel_regularizer",
+            "bias_regularizer",
+            "activity_regularizer",
+            "depthwise_regularizer",
+            "pointwise_regularizer",
+            "recurrent_regularizer",
+            "beta_regularizer",
+            "gamma_regularizer",
+            "embeddings_regularizer",
+        ):
             if getattr(layer, attr, None) is not None:
                 found.append(f"{layer.name}.{attr}")
     if not found:

@@ -84,17 +84,23 @@ def compute_hidden_state_privacy_statement(
     steps = float(num_epochs) * schedule.steps_per_epoch
     if not (math.isfinite(steps) and steps >= 1 and steps.is_integer()):
         raise ParameterError(
-            "num_epochs", f"{num_epochs!r} epochs of {schedule.steps_per_epoch} steps is not a positive whole "
-            "number of steps")
+            "num_epochs",
+            f"{num_epochs!r} epochs of {schedule.steps_per_epoch} steps is not a positive whole number of steps",
+        )
     if isinstance(learning_rate, (int, float)):
         runs = [(learning_rate, int(steps))]
     else:
         runs = [(lr, len(list(group))) for lr, group in itertools.groupby(learning_rate)]
         if sum(count for _, count in runs) != steps:
             raise ParameterError("learning_rate", f"needs one value per step ({int(steps)} steps)")
-    claim = Claim(schedule=schedule, geometry=geometry, assume_convex_model=geometry is not None,
-                  default_relation=RELATION, feature_unobservable="the statement is computed without the data",
-                  loss=(None, "the statement is computed without the training code"))
+    claim = Claim(
+        schedule=schedule,
+        geometry=geometry,
+        assume_convex_model=geometry is not None,
+        default_relation=RELATION,
+        feature_unobservable="the statement is computed without the data",
+        loss=(None, "the statement is computed without the training code"),
+    )
     declared = dict(weight_decay=geometry.strong_convexity, projection_diameter=geometry.diameter) if geometry else {}
     if len(runs) == 1:  # a constant learning rate: two epochs show every kind of step; the rest repeats them
         shown = min(int(steps), 2 * schedule.steps_per_epoch)
@@ -104,14 +110,26 @@ def compute_hidden_state_privacy_statement(
     # a kept short batch (the last step of every epoch) is divided by its own size, as TF-Privacy does
     divisors = (batch_records(schedule, t) for t in itertools.count())
     recorder = claim.recorder(
-        (StepFacts(noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr, divisor=d, **declared),
-         sum(1 for _ in group)) for (lr, d), group in itertools.groupby(zip(per_step, divisors)))
+        (
+            StepFacts(
+                noise_multiplier=noise_multiplier, clip_norm=l2_norm_clip, learning_rate=lr, divisor=d, **declared
+            ),
+            sum(1 for _ in group),
+        )
+        for (lr, d), group in itertools.groupby(zip(per_step, divisors))
+    )
     # the text states why no hidden-state claim is made, so no warning is added
     return render_statement(recorder, delta, steps=int(steps), include_analyses=include_analyses)
 
 
-def render_statement(recorder: RunRecorder, delta: float, *, steps: Optional[int] = None,
-                     extra_notes: Sequence[str] = (), include_analyses: bool = False) -> str:
+def render_statement(
+    recorder: RunRecorder,
+    delta: float,
+    *,
+    steps: Optional[int] = None,
+    extra_notes: Sequence[str] = (),
+    include_analyses: bool = False,
+) -> str:
     """The statement for the run a recorder holds (``steps`` more than recorded: its last step
     repeated), with what the claim rests on (:meth:`RunRecorder.notes
     <hidden_state_accountants.recording.RunRecorder.notes>`) and ``extra_notes`` stated as qualifications."""
@@ -136,18 +154,23 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, notes: List[str], in
         lr = f"constant learning rate {run.learning_rate:g}"
     z = run.noise_multiplier
     z_text = f"noise multiplier {z:g}" if not isinstance(z, tuple) else "a noise-multiplier schedule"
-    paragraphs = [_fill(
-        f"DP-SGD performed over {n} examples with {b} examples per iteration (one example per "
-        f"microbatch), {z_text}, l2_norm_clip {run.clip_norm:g} and {lr}, for {run.steps / spe:g} epochs "
-        f"({run.steps} steps)."
-    )]
+    paragraphs = [
+        _fill(
+            f"DP-SGD performed over {n} examples with {b} examples per iteration (one example per "
+            f"microbatch), {z_text}, l2_norm_clip {run.clip_norm:g} and {lr}, for {run.steps / spe:g} epochs "
+            f"({run.steps} steps)."
+        )
+    ]
     schedule = f"Batch schedule '{run.sampling}': {SAMPLING_DESCRIPTIONS[run.sampling]}"
     if run.sampling != FULL and n % b and run.last_batch == KEPT_OWN_SIZE:
-        schedule += (f", plus a short last batch of the {n % b} examples left over ({n} mod {b}) every epoch, "
-                     "divided by its own size")
+        schedule += (
+            f", plus a short last batch of the {n % b} examples left over ({n} mod {b}) every epoch, "
+            "divided by its own size"
+        )
     elif run.sampling != FULL and n % b and run.last_batch != DROPPED:
-        schedule += (f", plus a short last batch of the {n % b} examples left over ({n} mod {b}) every epoch, "
-                     f"divided by {b}")
+        schedule += (
+            f", plus a short last batch of the {n % b} examples left over ({n} mod {b}) every epoch, divided by {b}"
+        )
     elif run.sampling != FULL and n % b:
         schedule += f"; the {n % b} examples left over ({n} mod {b}) are dropped each epoch"
     paragraphs.append(_fill(schedule + "."))
@@ -155,60 +178,78 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, notes: List[str], in
     geom = run.geometry
     refusal = run.hidden_state_refusal
     if geom is None and refusal in (None, NO_GEOMETRY):
-        paragraphs.append(_fill(
-            "No loss geometry was declared, so no hidden-state claim is made: the guarantee below is "
-            "the composition bound and protects the release of all model checkpoints in addition to "
-            "the final model."
-        ))
+        paragraphs.append(
+            _fill(
+                "No loss geometry was declared, so no hidden-state claim is made: the guarantee below is "
+                "the composition bound and protects the release of all model checkpoints in addition to "
+                "the final model."
+            )
+        )
     elif refusal:
-        paragraphs.append(_fill(
-            f"No hidden-state claim is made for this run: {refusal}. The guarantee below is the composition "
-            "bound and protects the release of all model checkpoints in addition to the final model."
-        ))
+        paragraphs.append(
+            _fill(
+                f"No hidden-state claim is made for this run: {refusal}. The guarantee below is the composition "
+                "bound and protects the release of all model checkpoints in addition to the final model."
+            )
+        )
     else:
-        domain = (f"projected after every step onto a convex set of diameter {geom.diameter:g}"
-                  if geom.diameter is not None else "not projected (unconstrained)")
-        paragraphs.append(_fill(
-            f"Declared loss geometry (an assumption; the notes below say which parts of it were enforced or "
-            f"checked): the per-example "
-            f"update map clip(grad loss) + l2 * theta is {geom.strong_convexity:g}-strongly convex and "
-            f"{geom.smoothness:g}-smooth, with any L2 regularisation applied outside per-example "
-            f"clipping; the parameters are {domain}."
-        ))
+        domain = (
+            f"projected after every step onto a convex set of diameter {geom.diameter:g}"
+            if geom.diameter is not None
+            else "not projected (unconstrained)"
+        )
+        paragraphs.append(
+            _fill(
+                f"Declared loss geometry (an assumption; the notes below say which parts of it were enforced or "
+                f"checked): the per-example "
+                f"update map clip(grad loss) + l2 * theta is {geom.strong_convexity:g}-strongly convex and "
+                f"{geom.smoothness:g}-smooth, with any L2 regularisation applied outside per-example "
+                f"clipping; the parameters are {domain}."
+            )
+        )
 
     best = next((a for a in report.analyses if a.name == report.analysis), None)
     comp = report.composition_epsilon
-    lines = [_fill(
-        f"Example-level DP with replace-one adjacency ({report.neighboring_relation}) at delta = "
-        f"{report.delta:g}:"
-    )]
+    lines = [
+        _fill(
+            f"Example-level DP with replace-one adjacency ({report.neighboring_relation}) at delta = {report.delta:g}:"
+        )
+    ]
     if geom is not None:
-        lines.append(f"    Epsilon if only the final model is released:     {_num(report.epsilon)}  ({report.analysis})")
+        lines.append(
+            f"    Epsilon if only the final model is released:     {_num(report.epsilon)}  ({report.analysis})"
+        )
     lines.append(f"    Epsilon if every checkpoint is released:         {_num(comp)}  (composition)")
     paragraphs.append("\n".join(lines))
 
     if geom is not None and best is not None and best.hidden_state:
-        paragraphs.append(_fill(
-            "The first number holds only if intermediate models are never published (no checkpoints "
-            "and nothing computed from them); otherwise the composition number applies."
-        ))
+        paragraphs.append(
+            _fill(
+                "The first number holds only if intermediate models are never published (no checkpoints "
+                "and nothing computed from them); otherwise the composition number applies."
+            )
+        )
     elif geom is not None:
         reasons = [a for a in report.analyses if a.hidden_state and a.reason]
         why = f" (e.g. {reasons[0].name}: {reasons[0].reason})" if reasons else ""
-        paragraphs.append(_fill(
-            "No hidden-state analysis improves on composition for this run" + why
-            + "; the reported epsilon also protects every checkpoint."
-        ))
+        paragraphs.append(
+            _fill(
+                "No hidden-state analysis improves on composition for this run"
+                + why
+                + "; the reported epsilon also protects every checkpoint."
+            )
+        )
     paragraphs += [_fill(f"Note: {note}.") for note in notes]
-    paragraphs.append(_fill(
-        "Metrics computed on the training data during training (e.g. Keras' per-epoch loss and "
-        "accuracy) are not covered by either number."
-    ))
+    paragraphs.append(
+        _fill(
+            "Metrics computed on the training data during training (e.g. Keras' per-epoch loss and "
+            "accuracy) are not covered by either number."
+        )
+    )
     if run.sampling != POISSON:
-        paragraphs.append(_fill(
-            "TF-Privacy's 'assuming Poisson sampling' epsilon does not apply: batches were not "
-            "Poisson sampled."
-        ))
+        paragraphs.append(
+            _fill("TF-Privacy's 'assuming Poisson sampling' epsilon does not apply: batches were not Poisson sampled.")
+        )
     if include_analyses:
         paragraphs.append(report.to_table())
     return "\n\n".join(paragraphs) + "\n"

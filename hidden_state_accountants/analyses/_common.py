@@ -49,8 +49,10 @@ def need_strong_convexity(run: TrainingRunDpEvent) -> Optional[str]:
 def need_secret_batches(run: TrainingRunDpEvent) -> Optional[str]:
     """The analyses that average over the record's random position need the draw secret."""
     if not run.secret_batches:
-        return ("the batches' randomness is public (secret_batches=False): an adversary knows the record's "
-                "positions, so only the bounds for the worst position apply")
+        return (
+            "the batches' randomness is public (secret_batches=False): an adversary knows the record's "
+            "positions, so only the bounds for the worst position apply"
+        )
     return None
 
 

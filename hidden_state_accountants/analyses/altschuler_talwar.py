@@ -38,8 +38,12 @@ SPLITS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
 @analysis(
-    "altschuler_talwar_eq3.3", f"{CITE}, eq. (3.3) / Thm 3.1 (projected noisy SGD)", (WITHOUT_REPLACEMENT,),
-    hidden_state=True, needs="D, lr <= 2/M")
+    "altschuler_talwar_eq3.3",
+    f"{CITE}, eq. (3.3) / Thm 3.1 (projected noisy SGD)",
+    (WITHOUT_REPLACEMENT,),
+    hidden_state=True,
+    needs="D, lr <= 2/M",
+)
 def eq_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Eq. (3.3) minimised, per order, over ``tau`` (exactly, via the convex objective in
     ``k = T - tau``) and over the noise split (on the grid :data:`SPLITS`)."""
@@ -112,8 +116,11 @@ def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relat
             r = np.ones_like(ks) if mode == "last" else ks.copy()
             mu = ph.si_shift_mu(k=ks, r=r, split=split, steps=T, log_c=log_c, z=z, Dn=Dn, rho=rho)
             with np.errstate(invalid="ignore", over="ignore"):
-                vals = ((ks - r)[:, None] * full[None, :] + r[:, None] * part[None, :]
-                        + orders[None, :] * mu[:, None] ** 2 / 2)
+                vals = (
+                    (ks - r)[:, None] * full[None, :]
+                    + r[:, None] * part[None, :]
+                    + orders[None, :] * mu[:, None] ** 2 / 2
+                )
             vals[ks == T] = T * full  # tau = 0: plain composition
             vals = np.where(np.isnan(vals), np.inf, vals)
             i = np.argmin(vals, axis=0)
@@ -127,9 +134,12 @@ def poisson_rdp_curve(*, q: float, z: float, steps: int, log_c: float, Dn, relat
 @analysis(
     "altschuler_talwar_eq3.3_poisson",
     f"{CITE}, eq. (3.3) form for Poisson batches, re-derived through Lemma SI in Rényi form "
-    "(docs/derivations.md section 9); batch-size cap (sections 6-7)", ("poisson",),
-    hidden_state=True, needs="D or l2_regularization > 0; capped batches' steps non-expansive (contractive without D)",
-    add_or_remove="native")
+    "(docs/derivations.md section 9); batch-size cap (sections 6-7)",
+    ("poisson",),
+    hidden_state=True,
+    needs="D or l2_regularization > 0; capped batches' steps non-expansive (contractive without D)",
+    add_or_remove="native",
+)
 def eq_3_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """The Rényi form of eq. (3.3) for Poisson batches (section 9), conditioned on the batch-size cap.
 
@@ -144,8 +154,15 @@ def eq_3_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     admissible = (lambda lc: lc < 0) if strict else (lambda lc: lc <= 0)
 
     def inner(c) -> Bound:
-        vals, note = poisson_rdp_curve(q=s.q, z=s.z, steps=s.steps, log_c=min(c.log_c, 0.0), Dn=s.Dn,
-                                       relation=ctx.neighboring_relation, orders=ctx.orders)
+        vals, note = poisson_rdp_curve(
+            q=s.q,
+            z=s.z,
+            steps=s.steps,
+            log_c=min(c.log_c, 0.0),
+            Dn=s.Dn,
+            relation=ctx.neighboring_relation,
+            orders=ctx.orders,
+        )
         return RdpBound(orders=ctx.orders, values=vals, note=note)
 
     return ph.capped(run, ctx, s, admissible, inner)

@@ -25,8 +25,8 @@ from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, a
 from hidden_state_accountants.schedules import check_sampling
 
 # How an analysis covers ADD_OR_REMOVE_ONE (docs/derivations.md section 11):
-NOT_COVERED = "no"            # proved for REPLACE_ONE only
-NATIVE = "native"             # reads ctx.neighboring_relation itself
+NOT_COVERED = "no"  # proved for REPLACE_ONE only
+NATIVE = "native"  # reads ctx.neighboring_relation itself
 SENSITIVITY_C = "sensitivity_c"  # a fixed-divisor theorem: run on as_add_remove(run) (sensitivity C, M')
 ADD_REMOVE_MODES = (NOT_COVERED, NATIVE, SENSITIVITY_C)
 
@@ -63,8 +63,9 @@ class AnalysisInfo:
         return None
 
 
-def analysis(name: str, citation: str, schedules, *, hidden_state: bool = True, needs: str = "",
-             add_or_remove: str = NOT_COVERED):
+def analysis(
+    name: str, citation: str, schedules, *, hidden_state: bool = True, needs: str = "", add_or_remove: str = NOT_COVERED
+):
     """Declares ``f(run, ctx) -> Bound`` an analysis: the wrapper fills in the bound's name,
     citation and kind (hidden-state or composition) from its :class:`AnalysisInfo` (the
     wrapper's ``info``), so the analysis only computes. The registry
@@ -88,9 +89,12 @@ def analysis(name: str, citation: str, schedules, *, hidden_state: bool = True, 
                 try:
                     event = as_add_remove(event, keep_geometry=hidden_state)
                 except ParameterError as err:
-                    bound = NotApplicable(reason=(
-                        "under ADD_OR_REMOVE_ONE the batch holding the added record has one record more than "
-                        f"the divisor, and its curvature rules this analysis out: {err}"))
+                    bound = NotApplicable(
+                        reason=(
+                            "under ADD_OR_REMOVE_ONE the batch holding the added record has one record more than "
+                            f"the divisor, and its curvature rules this analysis out: {err}"
+                        )
+                    )
                     bound.name, bound.citation, bound.hidden_state = name, cite, hidden_state
                     return bound
             bound = fn(event, ctx)

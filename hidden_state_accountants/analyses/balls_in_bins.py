@@ -63,12 +63,15 @@ from hidden_state_accountants.mixture_pair import MixturePair
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, sensitivity_factor
 from hidden_state_accountants.schedules import BALLS_IN_BINS, RESHUFFLE
 
-SI_CITATION = ("Bok, Su & Altschuler (ICML 2024, arXiv:2403.00278) Lemma 3.2/Thm 3.3 per visit pattern "
-               "(docs/derivations.md 2.2-2.3); the common-null average of the patterns' tradeoff curves "
-               "(docs/derivations.md B.3); batch-size cap with its failure probability added to delta (sections "
-               "6-7, B.2); REPLACE_ONE through the dataset without the record (B.4)")
-COMPOSITION_CITATION = ("Bok, Su & Altschuler (ICML 2024) Thm 4.4's argument: one use per epoch, composed "
-                        "(docs/derivations.md B.5)")
+SI_CITATION = (
+    "Bok, Su & Altschuler (ICML 2024, arXiv:2403.00278) Lemma 3.2/Thm 3.3 per visit pattern "
+    "(docs/derivations.md 2.2-2.3); the common-null average of the patterns' tradeoff curves "
+    "(docs/derivations.md B.3); batch-size cap with its failure probability added to delta (sections "
+    "6-7, B.2); REPLACE_ONE through the dataset without the record (B.4)"
+)
+COMPOSITION_CITATION = (
+    "Bok, Su & Altschuler (ICML 2024) Thm 4.4's argument: one use per epoch, composed (docs/derivations.md B.5)"
+)
 
 PREVIOUS_EPOCH_GROUPS = 16
 """The second-to-last epoch's positions are averaged in this many groups (each at its most recent
@@ -81,9 +84,11 @@ PAIR_COMPONENTS = 1024
 TRACE_POINTS = 3000
 """Points at which the dominating pair's two privacy profiles are traced exactly."""
 
-NEED_L2 = ("needs l2_regularization > 0 declared: batch sizes vary, and a small batch contracts only through the "
-           "L2 term (docs/derivations.md B.2); the projected, non-strongly-convex case is not derived for "
-           "balls_in_bins")
+NEED_L2 = (
+    "needs l2_regularization > 0 declared: batch sizes vary, and a small batch contracts only through the "
+    "L2 term (docs/derivations.md B.2); the projected, non-strongly-convex case is not derived for "
+    "balls_in_bins"
+)
 
 
 # ====================================================================== B.2: the cap
@@ -139,13 +144,24 @@ def allocation_setup(run: TrainingRunDpEvent, ctx: cm.Context) -> Tuple[Optional
     if m_reg is None or m_reg <= 0:
         return None, NEED_L2
     if m_reg > g.strong_convexity:
-        return None, (f"l2_regularization {m_reg:g} exceeds the declared strong_convexity {g.strong_convexity:g}; "
-                      "the declared geometry must include the L2 term")
+        return None, (
+            f"l2_regularization {m_reg:g} exceeds the declared strong_convexity {g.strong_convexity:g}; "
+            "the declared geometry must include the L2 term"
+        )
     # n common records bound both neighbours of an n-record dataset (n - 1 under REPLACE_ONE or removal)
-    return AllocationSetup(n=run.dataset_size, b=run.batch_size, spe=run.steps_per_epoch, steps=run.steps,
-                           z=float(run.noise_multiplier), lr=float(run.learning_rate), m_reg=m_reg,
-                           m_data=g.strong_convexity - m_reg, M=g.smoothness, others=run.dataset_size,
-                           rho=sensitivity_factor(ctx.neighboring_relation)), ""
+    return AllocationSetup(
+        n=run.dataset_size,
+        b=run.batch_size,
+        spe=run.steps_per_epoch,
+        steps=run.steps,
+        z=float(run.noise_multiplier),
+        lr=float(run.learning_rate),
+        m_reg=m_reg,
+        m_data=g.strong_convexity - m_reg,
+        M=g.smoothness,
+        others=run.dataset_size,
+        rho=sensitivity_factor(ctx.neighboring_relation),
+    ), ""
 
 
 def allocation_caps(s: AllocationSetup) -> List[Cap]:
@@ -153,8 +169,17 @@ def allocation_caps(s: AllocationSetup) -> List[Cap]:
     Poisson formula at ``q = 1/t``, which only tunes), each with its failure probability recomputed
     by :func:`log_allocation_cap_failure` (the one that holds here). Every map given the cap must be
     ``c``-Lipschitz with ``c < 1``."""
-    found = caps(s.others, 1.0 / s.spe, s.steps, lr=s.lr, m_reg=s.m_reg, m_data=s.m_data, M=s.M, b=s.b,
-                 admissible=lambda lc: lc < 0)
+    found = caps(
+        s.others,
+        1.0 / s.spe,
+        s.steps,
+        lr=s.lr,
+        m_reg=s.m_reg,
+        m_data=s.m_data,
+        M=s.M,
+        b=s.b,
+        admissible=lambda lc: lc < 0,
+    )
     return [Cap(c.cap, log_allocation_cap_failure(s.others, s.spe, s.steps, c.cap), c.log_c) for c in found]
 
 
@@ -407,8 +432,14 @@ class _Deferred(Bound):
 
 
 # ============================================================================ the analyses
-@analysis("composition_balls_in_bins", COMPOSITION_CITATION, (BALLS_IN_BINS,), hidden_state=False,
-          needs="nothing", add_or_remove="native")
+@analysis(
+    "composition_balls_in_bins",
+    COMPOSITION_CITATION,
+    (BALLS_IN_BINS,),
+    hidden_state=False,
+    needs="nothing",
+    add_or_remove="native",
+)
 def composition(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Every iterate released: the record is used once per epoch (a partial last epoch at most
     once), at a step that does not matter once the positions are revealed, so the run is the
@@ -421,9 +452,14 @@ def composition(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return GdpBound(mu=proxy.mu * rho / 2.0, monotone_in_steps=True, note="one use per epoch")
 
 
-@analysis("si_balls_in_bins", SI_CITATION, (BALLS_IN_BINS,), hidden_state=True,
-          needs="l2_regularization > 0, every capped batch's step c-Lipschitz with c < 1, secret draws for "
-                "the average", add_or_remove="native")
+@analysis(
+    "si_balls_in_bins",
+    SI_CITATION,
+    (BALLS_IN_BINS,),
+    hidden_state=True,
+    needs="l2_regularization > 0, every capped batch's step c-Lipschitz with c < 1, secret draws for the average",
+    add_or_remove="native",
+)
 def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Balls-in-bins, hidden state, both relations (docs/derivations.md B.2-B.4).
 
@@ -447,8 +483,11 @@ def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
             energy = si.corner_energy(model, si.worst_pattern(run, model))
             return GdpBound(mu=s.rho / s.z * math.sqrt(energy), note="public draws: the worst visit pattern")
         pairs = visit_patterns(s.steps, s.spe, log_c)
-        pair = GaussianMixturePairBound(probs=[p for p, _ in pairs], mus=[math.sqrt(e) / s.z for _, e in pairs],
-                                        note="the record's step uniform in every epoch; common null")
+        pair = GaussianMixturePairBound(
+            probs=[p for p, _ in pairs],
+            mus=[math.sqrt(e) / s.z for _, e in pairs],
+            note="the record's step uniform in every epoch; common null",
+        )
         return pair if add_remove else ReplaceTriangleBound(add_remove=pair, note=pair.note)
 
     def inner(cap: Cap) -> Bound:
@@ -457,12 +496,27 @@ def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
     cands = [(c, inner(c)) for c in allocation_caps(s)]
     if not cands:
-        return NotApplicable(reason=(
-            "no batch-size cap keeps every step map contractive (even an empty batch fails: lr l2_regularization "
-            "must lie in (0, 2))"))
-    return CappedBound(candidates=tuple(cands), relation=ctx.neighboring_relation.name,
-                       estimates=tuple(inner.estimate for _, inner in cands))
+        return NotApplicable(
+            reason=(
+                "no batch-size cap keeps every step map contractive (even an empty batch fails: lr l2_regularization "
+                "must lie in (0, 2))"
+            )
+        )
+    return CappedBound(
+        candidates=tuple(cands),
+        relation=ctx.neighboring_relation.name,
+        estimates=tuple(inner.estimate for _, inner in cands),
+    )
 
 
-__all__ = ["composition", "si_balls_in_bins", "GaussianMixturePairBound", "ReplaceTriangleBound",
-           "visit_patterns", "log_allocation_cap_failure", "allocation_caps", "allocation_setup", "AllocationSetup"]
+__all__ = [
+    "composition",
+    "si_balls_in_bins",
+    "GaussianMixturePairBound",
+    "ReplaceTriangleBound",
+    "visit_patterns",
+    "log_allocation_cap_failure",
+    "allocation_caps",
+    "allocation_setup",
+    "AllocationSetup",
+]

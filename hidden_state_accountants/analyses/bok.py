@@ -52,17 +52,26 @@ def log_contraction(run: TrainingRunDpEvent) -> float:
 def _strongly_convex_conditions(run: TrainingRunDpEvent):
     """Theorems 4.2, 4.5, 4.9: m-strongly convex, M-smooth, eta in (0, 2/M)."""
     return cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_strong_convexity(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"))
+        cm.need_strong_convexity(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M")
+    )
 
 
 def _constrained_conditions(run: TrainingRunDpEvent):
     """Theorems 4.3, 4.6, 4.10: convex, M-smooth, diameter D, eta in [0, 2/M]."""
     return cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_diameter(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False))
+        cm.need_diameter(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False)
+    )
 
 
 # ---------------------------------------------------------------- NoisyGD (full batch)
-@analysis("bok_thm4.1", f"{CITE}, Thm 4.1 (composition, full batch)", (FULL,), hidden_state=False, needs="nothing", add_or_remove="sensitivity_c")
+@analysis(
+    "bok_thm4.1",
+    f"{CITE}, Thm 4.1 (composition, full batch)",
+    (FULL,),
+    hidden_state=False,
+    needs="nothing",
+    add_or_remove="sensitivity_c",
+)
 def thm_4_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.1 (composition): NoisyGD is ``mu``-GDP with ``mu = L/(n sigma) sqrt(t)``.
 
@@ -73,7 +82,14 @@ def thm_4_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return GdpBound(mu=mu, monotone_in_steps=True)
 
 
-@analysis("bok_thm4.2", f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)", (FULL,), hidden_state=True, needs="m > 0, lr < 2/M", add_or_remove="sensitivity_c")
+@analysis(
+    "bok_thm4.2",
+    f"{CITE}, Thm 4.2 (NoisyGD, strongly convex)",
+    (FULL,),
+    hidden_state=True,
+    needs="m > 0, lr < 2/M",
+    add_or_remove="sensitivity_c",
+)
 def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.2: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisyGD is ``mu``-GDP with
 
@@ -94,7 +110,8 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     g = run.geometry
     exact = run.learning_rate <= 2.0 / (g.smoothness + g.strong_convexity)
     return GdpBound(
-        mu=mu, monotone_in_steps=True,
+        mu=mu,
+        monotone_in_steps=True,
         note="exact (optimal) since lr <= 2/(M+m)" if exact else "",
     )
 
@@ -107,7 +124,14 @@ def _geometric_ratio(lc: float, t: float) -> float:
     return (-math.expm1(t * lc)) * (1 + math.exp(lc)) / ((-math.expm1(lc)) * (1 + ct))
 
 
-@analysis("bok_thm4.3", f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)", (FULL,), hidden_state=True, needs="D, lr <= 2/M, t >= D n/(lr L)", add_or_remove="sensitivity_c")
+@analysis(
+    "bok_thm4.3",
+    f"{CITE}, Thm 4.3 (NoisyGD, constrained convex)",
+    (FULL,),
+    hidden_state=True,
+    needs="D, lr <= 2/M, t >= D n/(lr L)",
+    add_or_remove="sensitivity_c",
+)
 def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.3: convex, M-smooth, projection onto a set of diameter ``D``, ``eta in [0, 2/M]``
     and ``t >= D n/(eta L)``: NoisyGD is ``mu``-GDP with
@@ -128,8 +152,13 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 
 # ------------------------------------------------------- NoisyCGD (cyclic batches)
-@analysis("bok_thm4.4", f"{CITE}, Thm 4.4 (composition, cyclic batches)", (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE),
-          hidden_state=False, needs="nothing")
+@analysis(
+    "bok_thm4.4",
+    f"{CITE}, Thm 4.4 (composition, cyclic batches)",
+    (CYCLIC, SHUFFLE_PARTITION, RESHUFFLE),
+    hidden_state=False,
+    needs="nothing",
+)
 def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.4 (composition): NoisyCGD is ``mu``-GDP with ``mu = L/(b sigma) sqrt(E)``.
 
@@ -150,7 +179,7 @@ def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
             per_step = np.square(2.0 / np.asarray(run.noise_multiplier))
         if run.sampling == RESHUFFLE:
             padded = np.zeros(-(-per_step.size // l) * l)
-            padded[:per_step.size] = per_step
+            padded[: per_step.size] = per_step
             mu = math.sqrt(float(np.sum(np.max(padded.reshape(-1, l), axis=1))))
         elif l >= per_step.size:  # every position used at most once; no array of size l
             mu = math.sqrt(float(np.max(per_step)))
@@ -161,7 +190,13 @@ def thm_4_4(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return GdpBound(mu=mu, monotone_in_steps=True)
 
 
-@analysis("bok_thm4.5", f"{CITE}, Thm 4.5 (NoisyCGD, strongly convex)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=True, needs="m > 0, lr < 2/M")
+@analysis(
+    "bok_thm4.5",
+    f"{CITE}, Thm 4.5 (NoisyCGD, strongly convex)",
+    (CYCLIC, SHUFFLE_PARTITION),
+    hidden_state=True,
+    needs="m > 0, lr < 2/M",
+)
 def thm_4_5(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.5: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisyCGD is ``mu``-GDP with
 
@@ -187,12 +222,23 @@ def thm_4_5_energy(l: int, epochs: int, lc: float) -> float:
     if lc == -math.inf or epochs <= 1:
         return 1.0
     x = l * (epochs - 1) * lc
-    log_extra = ((2 * l - 2) * lc + math.log(-math.expm1(2 * lc)) - 2 * math.log(-math.expm1(l * lc))
-                 + math.log(-math.expm1(x)) - math.log1p(math.exp(x)))
+    log_extra = (
+        (2 * l - 2) * lc
+        + math.log(-math.expm1(2 * lc))
+        - 2 * math.log(-math.expm1(l * lc))
+        + math.log(-math.expm1(x))
+        - math.log1p(math.exp(x))
+    )
     return 1.0 + math.exp(log_extra)
 
 
-@analysis("bok_thm4.6", f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)", (CYCLIC, SHUFFLE_PARTITION), hidden_state=True, needs="D, lr <= 2/M, E >= D b/(lr L)")
+@analysis(
+    "bok_thm4.6",
+    f"{CITE}, Thm 4.6 (NoisyCGD, constrained convex)",
+    (CYCLIC, SHUFFLE_PARTITION),
+    hidden_state=True,
+    needs="D, lr <= 2/M, E >= D b/(lr L)",
+)
 def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.6: convex, M-smooth, diameter ``D``, ``eta in [0, 2/M]``, ``E >= D b/(eta L)``:
 
@@ -216,7 +262,13 @@ def thm_4_6(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 
 # ------------------------------------------------ NoisySGD (b of n without replacement)
-@analysis("bok_thm4.8", f"{CITE}, Thm 4.8 (composition, sampling without replacement)", (WITHOUT_REPLACEMENT,), hidden_state=False, needs="nothing")
+@analysis(
+    "bok_thm4.8",
+    f"{CITE}, Thm 4.8 (composition, sampling without replacement)",
+    (WITHOUT_REPLACEMENT,),
+    hidden_state=False,
+    needs="nothing",
+)
 def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.8 (composition): NoisySGD is ``C_{b/n}(G(L/(b sigma)))^{(x) t}``-DP.
 
@@ -229,8 +281,9 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     p = run.sampling_rate
     unit = _unit(1.0)
     counts = run.noise_counts()
-    d_min = long_composition.grid_for(float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)),
-                                      ctx.discretization)
+    d_min = long_composition.grid_for(
+        float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)), ctx.discretization
+    )
     if not d_min <= long_composition.MAX_DISCRETIZATION:
         return NotApplicable(reason=long_composition.TOO_COARSE)
 
@@ -266,8 +319,10 @@ def _tau_family(run, ctx, fixed_terms, k_max, approx_mu) -> Bound:
     """
     candidates, mu_estimate = _candidate_ks(approx_mu, k_max)
     if mu_estimate > MU_SKIP:
-        return NotApplicable(reason=f"not computed: the CLT estimate mu ~ {mu_estimate:.3g} at its best tau "
-                                f"is far weaker than the other bounds (exact composition skipped)")
+        return NotApplicable(
+            reason=f"not computed: the CLT estimate mu ~ {mu_estimate:.3g} at its best tau "
+            f"is far weaker than the other bounds (exact composition skipped)"
+        )
     plds = {}
 
     def build(delta: float, d: float):
@@ -288,7 +343,13 @@ def _tau_family(run, ctx, fixed_terms, k_max, approx_mu) -> Bound:
     return PldBound(build=build, discretization=d_min)
 
 
-@analysis("bok_thm4.9", f"{CITE}, Thm 4.9 (NoisySGD, strongly convex)", (WITHOUT_REPLACEMENT,), hidden_state=True, needs="m > 0, lr < 2/M, t >= 2")
+@analysis(
+    "bok_thm4.9",
+    f"{CITE}, Thm 4.9 (NoisySGD, strongly convex)",
+    (WITHOUT_REPLACEMENT,),
+    hidden_state=True,
+    needs="m > 0, lr < 2/M, t >= 2",
+)
 def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.9: m-strongly convex, M-smooth, ``eta in (0, 2/M)``: NoisySGD is f-DP for
 
@@ -301,7 +362,8 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     candidates around the CLT optimum; each candidate is composed exactly.
     """
     reason = _strongly_convex_conditions(run) or (
-        "needs t >= 2 steps (tau ranges over 1..t-1)" if run.steps < 2 else None)
+        "needs t >= 2 steps (tau ranges over 1..t-1)" if run.steps < 2 else None
+    )
     if reason:
         return NotApplicable(reason=reason)
     t, p = run.steps, run.sampling_rate
@@ -317,18 +379,31 @@ def thm_4_9(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         return 2 * math.sqrt(2) * unit * np.exp((k + 1) * lc) * (-np.expm1((t - k - 1) * lc)) / one_minus_c
 
     def approx(k):
-        return np.sqrt(shift_mu(k) ** 2 + fdp.subsampled_gaussian_clt_mu(2 * math.sqrt(2) * unit, p, 1) ** 2 + fdp.subsampled_gaussian_clt_mu(2 * unit, p, k) ** 2)
+        return np.sqrt(
+            shift_mu(k) ** 2
+            + fdp.subsampled_gaussian_clt_mu(2 * math.sqrt(2) * unit, p, 1) ** 2
+            + fdp.subsampled_gaussian_clt_mu(2 * unit, p, k) ** 2
+        )
 
     def fixed_terms(k, d):
         out = fdp.gaussian_pld(float(shift_mu(k)), d)
         out = out.compose(fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * math.sqrt(2) * unit, p), d))
-        return out.compose(long_composition.dense(
-            fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * unit, p), d)).self_compose(k))
+        return out.compose(
+            long_composition.dense(fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2 * unit, p), d)).self_compose(
+                k
+            )
+        )
 
     return _tau_family(run, ctx, fixed_terms, t - 1, approx)
 
 
-@analysis("bok_thm4.10", f"{CITE}, Thm 4.10 (NoisySGD, constrained convex)", (WITHOUT_REPLACEMENT,), hidden_state=True, needs="D, lr <= 2/M")
+@analysis(
+    "bok_thm4.10",
+    f"{CITE}, Thm 4.10 (NoisySGD, constrained convex)",
+    (WITHOUT_REPLACEMENT,),
+    hidden_state=True,
+    needs="D, lr <= 2/M",
+)
 def thm_4_10(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.10: convex, M-smooth, diameter ``D``, ``eta in [0, 2/M]``: NoisySGD is f-DP for
 

@@ -27,8 +27,9 @@ def _sigma2(run: TrainingRunDpEvent) -> float:
     return eta * z * z * C * C / (2.0 * n * n)
 
 
-def required_initial_std(*, dataset_size: int, noise_multiplier: float, clip_norm: float,
-                         learning_rate: float, strong_convexity: float) -> float:
+def required_initial_std(
+    *, dataset_size: int, noise_multiplier: float, clip_norm: float, learning_rate: float, strong_convexity: float
+) -> float:
     """Per-coordinate std of the initialisation ``N(0, 2 sigma^2 / lambda I)`` that Cor. 1 needs.
 
     >>> round(required_initial_std(dataset_size=1000, noise_multiplier=1.0, clip_norm=1.0,
@@ -39,11 +40,14 @@ def required_initial_std(*, dataset_size: int, noise_multiplier: float, clip_nor
     return math.sqrt(2.0 * sigma2 / strong_convexity)
 
 
-
-
 @analysis(
-    "chourasia_thm2", f"{CITE}, Thm 2, eq. (16) (noisy GD, declared LSI constant)", (FULL,),
-    hidden_state=True, needs="a declared LSI constant", add_or_remove="sensitivity_c")
+    "chourasia_thm2",
+    f"{CITE}, Thm 2, eq. (16) (noisy GD, declared LSI constant)",
+    (FULL,),
+    hidden_state=True,
+    needs="a declared LSI constant",
+    add_or_remove="sensitivity_c",
+)
 def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 2, eq. (16): if the coupled tracing diffusions satisfy ``c``-LSI throughout
     (declared as ``LossGeometry(lsi_constant=c)``; not checkable here), then
@@ -66,13 +70,17 @@ def thm_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     h = 1.0 if x == 0 else -math.expm1(-x) / x
     with np.errstate(divide="ignore", over="ignore"):
         vals = orders * (sg * sg * eta_k / (2.0 * n * n)) / s2 * h if s2 > 0 else np.full(len(orders), np.inf)
-    return RdpBound(orders=ctx.orders, values=vals,
-                    note=f"LSI constant {c:g} as declared", monotone_in_steps=True)
+    return RdpBound(orders=ctx.orders, values=vals, note=f"LSI constant {c:g} as declared", monotone_in_steps=True)
 
 
 @analysis(
-    "chourasia_cor1", f"{CITE}, Cor. 1 (noisy GD, strongly convex)", (FULL,),
-    hidden_state=True, needs="m > 0, lr < 1/M, Gaussian initialisation", add_or_remove="sensitivity_c")
+    "chourasia_cor1",
+    f"{CITE}, Cor. 1 (noisy GD, strongly convex)",
+    (FULL,),
+    hidden_state=True,
+    needs="m > 0, lr < 1/M, Gaussian initialisation",
+    add_or_remove="sensitivity_c",
+)
 def cor_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Cor. 1 (Lemma 5 + Thm 2): ``lambda``-strongly convex, ``beta``-smooth, ``eta < 1/beta``,
     ``theta_0 ~ Proj_C(N(0, 2 sigma^2/lambda I))`` (declared with ``gaussian_initialization``)::
@@ -84,14 +92,16 @@ def cor_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         reason = cm.first_reason(
             cm.need_strong_convexity(run),
             cm.lr_below(run, 1.0 / run.geometry.smoothness, "1/beta"),
-            None if run.gaussian_initialization else (
+            None
+            if run.gaussian_initialization
+            else (
                 "needs the Gaussian initialisation theta_0 ~ N(0, 2 sigma^2/lambda I) "
-                "(declare gaussian_initialization=True; see required_initial_std)"),
+                "(declare gaussian_initialization=True; see required_initial_std)"
+            ),
         )
     if reason:
         return NotApplicable(reason=reason)
     lam, s2, n, sg = run.geometry.strong_convexity, _sigma2(run), run.dataset_size, 2.0 * run.clip_norm
     orders = np.asarray(ctx.orders, dtype=float)
     vals = orders * sg * sg / (lam * s2 * n * n) * (-math.expm1(-lam * run.learning_rate * run.steps / 2.0))
-    return RdpBound(orders=ctx.orders, values=vals,
-                    monotone_in_steps=True)
+    return RdpBound(orders=ctx.orders, values=vals, monotone_in_steps=True)

@@ -42,17 +42,27 @@ from hidden_state_accountants.schedules import POISSON, WITHOUT_REPLACEMENT
 from hidden_state_accountants.analyses import long_composition as lc
 
 POISSON_PLD_CITATION = "Balle, Barthe & Gaboardi (2018), Thm 2 (Poisson, REPLACE_ONE), composed as a PLD"
-POISSON_AR_PLD_CITATION = ("Poisson-subsampled Gaussian, ADD_OR_REMOVE_ONE: dp_accounting's PLD "
-                           "(from_gaussian_mechanism with sampling_prob, both directions), composed")
-POISSON_AR_RDP_CITATION = ("Mironov, Talwar & Zhang (2019), sampled Gaussian mechanism RDP (dp_accounting), "
-                           "ADD_OR_REMOVE_ONE, composed")
-POISSON_RDP_CITATION = ("Mironov (2017) Prop. 11 (weak triangle inequality) over the add/remove "
-                        "sampled-Gaussian RDP of Mironov, Talwar & Zhang (2019); Ye & Shokri (2022) Lemma 4.1 "
-                        "(joint convexity); Poisson, REPLACE_ONE")
+POISSON_AR_PLD_CITATION = (
+    "Poisson-subsampled Gaussian, ADD_OR_REMOVE_ONE: dp_accounting's PLD "
+    "(from_gaussian_mechanism with sampling_prob, both directions), composed"
+)
+POISSON_AR_RDP_CITATION = (
+    "Mironov, Talwar & Zhang (2019), sampled Gaussian mechanism RDP (dp_accounting), ADD_OR_REMOVE_ONE, composed"
+)
+POISSON_RDP_CITATION = (
+    "Mironov (2017) Prop. 11 (weak triangle inequality) over the add/remove "
+    "sampled-Gaussian RDP of Mironov, Talwar & Zhang (2019); Ye & Shokri (2022) Lemma 4.1 "
+    "(joint convexity); Poisson, REPLACE_ONE"
+)
 
 
-@analysis("composition_wor_rdp", "Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
-          (WITHOUT_REPLACEMENT,), hidden_state=False, needs="nothing")
+@analysis(
+    "composition_wor_rdp",
+    "Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
+    (WITHOUT_REPLACEMENT,),
+    hidden_state=False,
+    needs="nothing",
+)
 def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """RDP composition of Gaussian steps on ``b``-of-``n`` samples without replacement.
 
@@ -67,12 +77,14 @@ def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return RdpBound(
         name="composition_wor_rdp",
         citation="Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
-        hidden_state=False, orders=ctx.orders, values=total, monotone_in_steps=True,
+        hidden_state=False,
+        orders=ctx.orders,
+        values=total,
+        monotone_in_steps=True,
     )
 
 
-def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float,
-                       add_remove: bool = False) -> Bound:
+def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float, add_remove: bool = False) -> Bound:
     """PLD of the Poisson-sampled Gaussian steps in ``counts`` (noise multiplier -> number of
     steps): REPLACE_ONE, the package's per-step profile; ``add_remove``, dp_accounting's own
     pessimistic add/remove PLD of one step (:func:`add_remove_sampled_gaussian_pld`, the object
@@ -108,8 +120,9 @@ def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: flo
             total = part if total is None else total.compose(part)
         return total, f"q = {q:.6g}" + (", ADD_OR_REMOVE_ONE" if add_remove else "")
 
-    return PldBound(name=name, citation=citation, hidden_state=False, build=build,
-                    discretization=d_min, monotone_in_steps=True)
+    return PldBound(
+        name=name, citation=citation, hidden_state=False, build=build, discretization=d_min, monotone_in_steps=True
+    )
 
 
 # Orders at which the add/remove RDP of the sampled Gaussian is evaluated for the
@@ -170,8 +183,14 @@ def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
     total = np.zeros(len(orders))
     for z, k in counts.items():
         total += k * poisson_replace_one_rdp(q, z, orders)
-    return RdpBound(name=name, citation=POISSON_RDP_CITATION, hidden_state=False, orders=tuple(orders),
-                    values=total, monotone_in_steps=True)
+    return RdpBound(
+        name=name,
+        citation=POISSON_RDP_CITATION,
+        hidden_state=False,
+        orders=tuple(orders),
+        values=total,
+        monotone_in_steps=True,
+    )
 
 
 def add_remove_sampled_gaussian_pld(q: float, noise_multiplier: float, discretization: float) -> fdp.PLD:
@@ -179,8 +198,12 @@ def add_remove_sampled_gaussian_pld(q: float, noise_multiplier: float, discretiz
     pessimistic PLD (the constructor its ``PLDAccountant`` uses), add and remove directions kept
     separately."""
     return pld_lib.from_gaussian_mechanism(
-        standard_deviation=float(noise_multiplier), sensitivity=1.0, pessimistic_estimate=True,
-        value_discretization_interval=discretization, sampling_prob=float(q))
+        standard_deviation=float(noise_multiplier),
+        sensitivity=1.0,
+        pessimistic_estimate=True,
+        value_discretization_interval=discretization,
+        sampling_prob=float(q),
+    )
 
 
 def _poisson_ar_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
@@ -188,12 +211,24 @@ def _poisson_ar_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound
     total = np.zeros(len(orders))
     for z, k in counts.items():
         total += k * rdp_tools.sampled_gaussian_rdp(q, z, orders)
-    return RdpBound(name=name, citation=POISSON_AR_RDP_CITATION, hidden_state=False, orders=tuple(orders),
-                    values=total, monotone_in_steps=True)
+    return RdpBound(
+        name=name,
+        citation=POISSON_AR_RDP_CITATION,
+        hidden_state=False,
+        orders=tuple(orders),
+        values=total,
+        monotone_in_steps=True,
+    )
 
 
-@analysis("composition_poisson_pld", POISSON_PLD_CITATION, (POISSON,), hidden_state=False, needs="nothing",
-          add_or_remove="native")
+@analysis(
+    "composition_poisson_pld",
+    POISSON_PLD_CITATION,
+    (POISSON,),
+    hidden_state=False,
+    needs="nothing",
+    add_or_remove="native",
+)
 def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Poisson sampling, every step composed as a PLD, for any number of steps. REPLACE_ONE: the
     package's per-step profile (:func:`hidden_state_accountants.fdp.poisson_replace_one_profile`);
@@ -201,13 +236,20 @@ def poisson_pld(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed ``T`` times)."""
     q = run.sampling_rate
     if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
-        return _poisson_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization,
-                                  add_remove=True)
+        return _poisson_pld_bound(
+            "composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization, add_remove=True
+        )
     return _poisson_pld_bound("composition_poisson_pld", q, Counter(run.noise_counts()), ctx.discretization)
 
 
-@analysis("composition_poisson_rdp", POISSON_RDP_CITATION, (POISSON,), hidden_state=False, needs="nothing",
-          add_or_remove="native")
+@analysis(
+    "composition_poisson_rdp",
+    POISSON_RDP_CITATION,
+    (POISSON,),
+    hidden_state=False,
+    needs="nothing",
+    add_or_remove="native",
+)
 def poisson_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Poisson sampling composed in RDP: :func:`poisson_replace_one_rdp` (REPLACE_ONE) or the sampled
     Gaussian's RDP (ADD_OR_REMOVE_ONE, equal to dp_accounting's ``RdpAccountant``)."""
@@ -266,8 +308,12 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
     times = f", composed {count} times" if count > 1 else ""
 
     def gaussian(z: float) -> Bound:
-        return GdpBound(name="gaussian", citation=f"Gaussian mechanism, sensitivity {label}{times}",
-                        hidden_state=False, mu=sensitivity * math.sqrt(count) / z)
+        return GdpBound(
+            name="gaussian",
+            citation=f"Gaussian mechanism, sensitivity {label}{times}",
+            hidden_state=False,
+            mu=sensitivity * math.sqrt(count) / z,
+        )
 
     if isinstance(event, dp_event.GaussianDpEvent):
         z = _noise(event)
@@ -278,9 +324,15 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
         eps = sensitivity / b  # L1 sensitivity
         orders = np.asarray(ctx.orders, dtype=float)
-        return [RdpBound(name="laplace", citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP"
-                         + times, hidden_state=False, orders=ctx.orders,
-                         values=count * np.minimum(eps, orders * eps * eps / 2))]
+        return [
+            RdpBound(
+                name="laplace",
+                citation="Laplace mechanism: eps-DP implies (a, min(eps, a eps^2/2))-RDP" + times,
+                hidden_state=False,
+                orders=ctx.orders,
+                values=count * np.minimum(eps, orders * eps * eps / 2),
+            )
+        ]
     if isinstance(event, dp_event.PoissonSampledDpEvent):
         z = _gaussian_noise(event.event)
         q = _rate(event)
@@ -292,8 +344,10 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             return [gaussian(z)]
         counts = Counter({z: count})
         rdp = _poisson_ar_rdp_bound if add_remove else _poisson_rdp_bound
-        return [_poisson_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, add_remove=add_remove),
-                rdp("poisson_gaussian_rdp", q, counts, ctx.orders)]
+        return [
+            _poisson_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, add_remove=add_remove),
+            rdp("poisson_gaussian_rdp", q, counts, ctx.orders),
+        ]
     if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
         z = _gaussian_noise(event.event)
         n, k = _wor_sizes(event)
@@ -301,24 +355,31 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
             raise UnsupportedEvent(
                 "SampledWithoutReplacementDpEvent is not supported under ADD_OR_REMOVE_ONE (as in dp_accounting): "
                 "an added record changes every inclusion probability and displaces another record of the "
-                "fixed-size sample; use REPLACE_ONE")
+                "fixed-size sample; use REPLACE_ONE"
+            )
         if k == 0:
             return []
         if z == 0:
             return [non_private_bound("sampled Gaussian with noise_multiplier 0")]
         q = k / n
         mu = 2.0 / z
-        rdp = RdpBound(name="wor_gaussian_rdp", citation="Wang, Balle & Kasiviswanathan (2019) Thm 27" + times,
-                       hidden_state=False, orders=ctx.orders,
-                       values=count * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders))
+        rdp = RdpBound(
+            name="wor_gaussian_rdp",
+            citation="Wang, Balle & Kasiviswanathan (2019) Thm 27" + times,
+            hidden_state=False,
+            orders=ctx.orders,
+            values=count * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders),
+        )
         clt_mu = lambda j: float(fdp.subsampled_gaussian_clt_mu(mu, q, j))
         d_min = lc.grid_for(clt_mu(count), ctx.discretization)
         if not d_min <= lc.MAX_DISCRETIZATION:
             return [rdp]
         single = lambda grid: fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), grid)
         pld = PldBound(
-            name="wor_gaussian_pld", citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD" + times,
-            hidden_state=False, discretization=d_min,
+            name="wor_gaussian_pld",
+            citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD" + times,
+            hidden_state=False,
+            discretization=d_min,
             build=lambda delta, d: (lc.compose_steps(single, count, clt_mu, d, ctx.discretization), ""),
         )
         return [pld, rdp]
@@ -340,5 +401,4 @@ def _gaussian_noise(event: dp_event.DpEvent) -> float:
 
 def non_private_bound(what: str) -> Bound:
     """A mechanism without noise: infinite epsilon at every order."""
-    return RdpBound(name="non_private", citation=what, hidden_state=False,
-                    orders=(2.0,), values=np.array([math.inf]))
+    return RdpBound(name="non_private", citation=what, hidden_state=False, orders=(2.0,), values=np.array([math.inf]))

@@ -66,9 +66,11 @@ def grid_for(mu_estimate: float, base: float) -> float:
 # A grid coarser than this (one point per nat of privacy loss: epsilon in the billions) is not
 # built; the RDP bounds, which hold for any number of steps, cover such runs.
 MAX_DISCRETIZATION = 1.0
-TOO_COARSE = ("not computed as a PLD: the composition's privacy losses span more than "
-              f"{MAX_GRID_POINTS:.0e} grid steps of {MAX_DISCRETIZATION:g} (epsilon in the billions); "
-              "the RDP bounds cover this run")
+TOO_COARSE = (
+    "not computed as a PLD: the composition's privacy losses span more than "
+    f"{MAX_GRID_POINTS:.0e} grid steps of {MAX_DISCRETIZATION:g} (epsilon in the billions); "
+    "the RDP bounds cover this run"
+)
 
 
 def _pmfs(pld: PLD):
@@ -140,8 +142,9 @@ def _coarsen_pmf(pmf, factor: int, discretization: float):
     return pld_pmf.DensePLDPmf(discretization, lower, probs, pmf._infinity_mass, True)  # noqa: SLF001
 
 
-def compose_steps(single: Callable[[float], PLD], steps: int, clt_mu: Callable[[int], float],
-                  discretization: float, base: float) -> PLD:
+def compose_steps(
+    single: Callable[[float], PLD], steps: int, clt_mu: Callable[[int], float], discretization: float, base: float
+) -> PLD:
     """A pessimistic PLD on the grid ``discretization`` of ``steps`` compositions of one step.
 
     ``single(d)`` is the step's pessimistic PLD on grid ``d``; ``clt_mu(k)`` a CLT guess of

@@ -61,9 +61,11 @@ from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, s
 from hidden_state_accountants.schedules import POISSON, UNBOUNDED_STEPS
 
 BOK = "Bok, Su & Altschuler (ICML 2024, arXiv:2403.00278)"
-SI_CITATION = (f"Lemma SI-R (docs/derivations.md sections 8, 13-15): shifted interpolation after {BOK} Lemma 3.2 / "
-               "Thm 3.3 with sampled steps and the earlier uses as a random shift; batch-size cap with its failure "
-               "probability added to delta (sections 6-7)")
+SI_CITATION = (
+    f"Lemma SI-R (docs/derivations.md sections 8, 13-15): shifted interpolation after {BOK} Lemma 3.2 / "
+    "Thm 3.3 with sampled steps and the earlier uses as a random shift; batch-size cap with its failure "
+    "probability added to delta (sections 6-7)"
+)
 
 # Fractions of delta the cap's failure probability may use; the largest admissible cap is always tried.
 CAP_FRACTIONS = (1e-3, 1e-1, 0.5)
@@ -72,13 +74,16 @@ CAP_DELTAS = (1e-3, 1e-5, 1e-7, 1e-9)
 # Noise splits s = sigma_2^2 / sigma^2 of the Renyi form with a deterministic drift ([AT] eq. (3.3), section 9).
 SPLITS = (0.1, 0.25, 0.5, 0.75, 0.9)
 
-NEED_L2 = ("needs l2_regularization > 0 declared (under Poisson sampling a step may have an empty batch, "
-           "which contracts only through the L2 term: 1 - lr m_reg)")
+NEED_L2 = (
+    "needs l2_regularization > 0 declared (under Poisson sampling a step may have an empty batch, "
+    "which contracts only through the L2 term: 1 - lr m_reg)"
+)
 NEED_L2_DECLARED = (
     "needs l2_regularization declared (0 when the optimizer applies no L2 term outside the per-example gradients): "
     "under Poisson sampling the batch size is random, and how a step contracts depends on how the declared "
     "curvature splits between the L2 term and the data; with the L2 strength unknown, a weight decay above the "
-    "declared strong convexity lets large batches expand (docs/derivations.md section 16)")
+    "declared strong convexity lets large batches expand (docs/derivations.md section 16)"
+)
 
 
 # =============================================================================== sections 6-7: the cap
@@ -123,12 +128,24 @@ def log_step_lipschitz(lr: float, m_reg: float, m_data: float, M: float, b: floa
 def log_cap_lipschitz(lr, m_reg, m_data, M, b, max_batch) -> float:
     """Largest step Lipschitz constant (log) over batch sizes ``0..max_batch``: ``|1 - lr(u + k v)|``
     is convex in ``k``, so the maximum sits at an end (section 6)."""
-    return max(log_step_lipschitz(lr, m_reg, m_data, M, b, 0.0),
-               log_step_lipschitz(lr, m_reg, m_data, M, b, float(max_batch)))
+    return max(
+        log_step_lipschitz(lr, m_reg, m_data, M, b, 0.0), log_step_lipschitz(lr, m_reg, m_data, M, b, float(max_batch))
+    )
 
 
-def caps(others: int, q: float, steps: int, *, lr: float, m_reg: Optional[float], m_data: float, M: float,
-         b: float, admissible: Callable[[float], bool], deltas: Sequence[float] = CAP_DELTAS) -> List[Cap]:
+def caps(
+    others: int,
+    q: float,
+    steps: int,
+    *,
+    lr: float,
+    m_reg: Optional[float],
+    m_data: float,
+    M: float,
+    b: float,
+    admissible: Callable[[float], bool],
+    deltas: Sequence[float] = CAP_DELTAS,
+) -> List[Cap]:
     """Candidate caps (section 7): the largest cap whose maps satisfy ``admissible(log_c)``, and for each
     ``delta`` and fraction in :data:`CAP_FRACTIONS` the smallest cap with so small a failure
     probability, where that gives a smaller contraction. The differing record adds one to a batch."""
@@ -172,9 +189,9 @@ class PoissonSetup:
     lr: float
     z: float
     steps: int
-    others: int          # records common to both datasets
+    others: int  # records common to both datasets
     Dn: Optional[float]  # diameter in units of the step noise
-    rho: float           # one record's effect on a step, in units of the step noise times z
+    rho: float  # one record's effect on a step, in units of the step noise times z
 
 
 def poisson_setup(run: TrainingRunDpEvent, ctx: cm.Context) -> Tuple[Optional[PoissonSetup], str]:
@@ -187,45 +204,68 @@ def poisson_setup(run: TrainingRunDpEvent, ctx: cm.Context) -> Tuple[Optional[Po
     if m_reg is None:
         return None, NEED_L2_DECLARED
     if m_reg > g.strong_convexity:
-        return None, (f"l2_regularization {m_reg:g} exceeds the declared strong_convexity {g.strong_convexity:g}; "
-                      "the declared geometry must include the L2 term")
+        return None, (
+            f"l2_regularization {m_reg:g} exceeds the declared strong_convexity {g.strong_convexity:g}; "
+            "the declared geometry must include the L2 term"
+        )
     m_data = g.strong_convexity - m_reg
     n, b = run.dataset_size, run.batch_size
     relation = ctx.neighboring_relation
     others = n - 1 if relation == REPLACE_ONE else n  # the larger dataset, conservatively
     C = run.clip_norm
     Dn = None if g.diameter is None else g.diameter * b / (run.learning_rate * run.noise_multiplier * C)
-    return PoissonSetup(n=n, b=b, q=run.sampling_rate, m_reg=m_reg, m_data=m_data, M=g.smoothness, lr=run.learning_rate,
-                        z=run.noise_multiplier, steps=run.steps, others=others, Dn=Dn,
-                        rho=sensitivity_factor(relation)), ""
+    return PoissonSetup(
+        n=n,
+        b=b,
+        q=run.sampling_rate,
+        m_reg=m_reg,
+        m_data=m_data,
+        M=g.smoothness,
+        lr=run.learning_rate,
+        z=run.noise_multiplier,
+        steps=run.steps,
+        others=others,
+        Dn=Dn,
+        rho=sensitivity_factor(relation),
+    ), ""
 
 
-def capped(run: TrainingRunDpEvent, ctx: cm.Context, setup: PoissonSetup, admissible: Callable[[float], bool],
-           inner_for_cap: Callable[[Cap], Bound]) -> Bound:
+def capped(
+    run: TrainingRunDpEvent,
+    ctx: cm.Context,
+    setup: PoissonSetup,
+    admissible: Callable[[float], bool],
+    inner_for_cap: Callable[[Cap], Bound],
+) -> Bound:
     """A :class:`CappedBound` over the candidate caps, each with ``inner_for_cap(cap)``."""
     s = setup
     refusal = cap_refusal(s, admissible)
     if refusal:
         return NotApplicable(reason=refusal)
     cands, reasons = [], []
-    for c in caps(s.others, s.q, s.steps, lr=s.lr, m_reg=s.m_reg, m_data=s.m_data, M=s.M, b=s.b,
-                  admissible=admissible):
+    for c in caps(s.others, s.q, s.steps, lr=s.lr, m_reg=s.m_reg, m_data=s.m_data, M=s.M, b=s.b, admissible=admissible):
         inner = inner_for_cap(c)
         if inner.applicable:
             cands.append((c, inner))
         else:
             reasons.append(inner.reason)
     if not cands:
-        return NotApplicable(reason=reasons[0] if reasons else (
-            "no batch-size cap keeps every step map within the theorem's contraction condition (even an empty "
-            "batch fails it: lr m_reg must lie in (0, 2))"))
+        return NotApplicable(
+            reason=reasons[0]
+            if reasons
+            else (
+                "no batch-size cap keeps every step map within the theorem's contraction condition (even an empty "
+                "batch fails it: lr m_reg must lie in (0, 2))"
+            )
+        )
     estimates = tuple(getattr(inner, "estimate", None) for _, inner in cands)
     return CappedBound(candidates=tuple(cands), relation=ctx.neighboring_relation.name, estimates=estimates)
 
 
 # ============================ section 8: Lemma SI with a deterministic drift (shared with the [AT] form)
-def si_shift_mu(*, k, r, split: float, steps: int, log_c: float, z: float, Dn: Optional[float],
-                rho: float) -> np.ndarray:
+def si_shift_mu(
+    *, k, r, split: float, steps: int, log_c: float, z: float, Dn: Optional[float], rho: float
+) -> np.ndarray:
     """GDP parameter of Lemma SI's Gaussian term, in noise units (section 8)::
 
         mu = c^k Z / (sqrt(1 - split) sqrt(sum_{i<r} c^{2i})),  Z = min(Dn, (rho/z)(1 - c^tau)/(1 - c)),
@@ -434,8 +474,8 @@ def grid_epsilon(pld: fdp.PLD, delta: float) -> float:
 
 
 # =========================== section 14: the drift of the earlier uses, a random shift (Lemma SI-R)
-THETA_NEAR = 0.02   # the uses with c^j >= THETA_NEAR are convolved exactly, the rest bounded by Chernoff
-LAW_CELLS = 4096    # grid cells of a shift law
+THETA_NEAR = 0.02  # the uses with c^j >= THETA_NEAR are convolved exactly, the rest bounded by Chernoff
+LAW_CELLS = 4096  # grid cells of a shift law
 BLOCK_SPREAD = 0.01  # consecutive uses lumped into one block lose at most this fraction of their weight
 NEAR_MAX_USES = 2000  # more expected uses than this among the near ones: Chernoff for all (run time only)
 NEAR_MAX_BLOCKS = 4096
@@ -491,14 +531,18 @@ def _shift_add(acc: np.ndarray, idx: np.ndarray, probs: np.ndarray, capped: bool
     if idx.size > 64:  # a wide block: FFT convolution
         kernel = np.zeros(int(idx.max()) + 1)
         np.add.at(kernel, idx, probs)
-        full = np.maximum(sfft.irfft(sfft.rfft(acc, n + kernel.size) * sfft.rfft(kernel, n + kernel.size),
-                                     n + kernel.size)[: n + kernel.size - 1], 0.0)
+        full = np.maximum(
+            sfft.irfft(sfft.rfft(acc, n + kernel.size) * sfft.rfft(kernel, n + kernel.size), n + kernel.size)[
+                : n + kernel.size - 1
+            ],
+            0.0,
+        )
         new, out = full[:n], float(np.sum(full[n:]))
     else:
         for k, p in zip(idx, probs):
             if k < n:
                 new[k:] += p * acc[: n - k]
-                out += p * float(np.sum(acc[n - k:]))
+                out += p * float(np.sum(acc[n - k :]))
             else:
                 out += p * float(np.sum(acc))
     if capped:
@@ -534,8 +578,9 @@ def shift_law(q: float, log_c: float, *, cap: Optional[float], eta: float) -> Sh
         if cap is None:
             raise ValueError("shift_law: c = 1 needs a cap (the diameter)")
         return ShiftLaw(np.array([float(cap)]), np.ones(1), 0.0)
-    return _cached(_LAW_CACHE, (float(q), float(log_c), cap, float(eta)), 64,
-                   lambda: _geometric_shift_law(q, log_c, cap, eta))
+    return _cached(
+        _LAW_CACHE, (float(q), float(log_c), cap, float(eta)), 64, lambda: _geometric_shift_law(q, log_c, cap, eta)
+    )
 
 
 def _geometric_shift_law(q: float, log_c: float, cap: Optional[float], eta: float) -> ShiftLaw:
@@ -594,7 +639,7 @@ def _geometric_shift_law(q: float, log_c: float, cap: Optional[float], eta: floa
 
 
 MIX_COMPONENTS = 128  # a mixture's distinct shifts (rounded up beyond that)
-MU_REVEALED = 30.0    # a component G(mu) with a larger mu is counted as revealing (loss +infinity)
+MU_REVEALED = 30.0  # a component G(mu) with a larger mu is counted as revealing (loss +infinity)
 
 
 def mixture_pld(law: ShiftLaw, scale: float, d: float, components: int = MIX_COMPONENTS) -> fdp.PLD:
@@ -622,7 +667,7 @@ def mixture_pld(law: ShiftLaw, scale: float, d: float, components: int = MIX_COM
     for pi, mi, ai, fi, li in zip(p, m, mean, first, last):
         x = np.arange(fi, li + 1) * d
         sf = special.ndtr(-(x - ai) / mi)  # P(L > x); below the window: rounded up to its first point
-        masses[fi - lo: li - lo + 1] += pi * -np.diff(np.concatenate([[1.0], sf]))
+        masses[fi - lo : li - lo + 1] += pi * -np.diff(np.concatenate([[1.0], sf]))
         inf += pi * float(sf[-1])
     masses[-lo] += zero_mass
     pmf = pld_pmf.DensePLDPmf(d, lo, np.maximum(masses, 0.0), min(1.0, inf), True)
@@ -630,9 +675,11 @@ def mixture_pld(law: ShiftLaw, scale: float, d: float, components: int = MIX_COM
     # (lam mu^2/2 + lam^2 mu^2/2), plus lam d for the rounding up (lam > 0); an upper bound, as needed
     lam = _MGF_LAMBDAS
     with np.errstate(over="ignore"):
-        mgf = special.logsumexp(np.log(np.append(p, max(zero_mass, 1e-300)))[None, :]
-                                + np.append((lam[:, None] + lam[:, None] ** 2) * (m * m / 2)[None, :],
-                                            np.zeros((lam.size, 1)), axis=1), axis=1)
+        mgf = special.logsumexp(
+            np.log(np.append(p, max(zero_mass, 1e-300)))[None, :]
+            + np.append((lam[:, None] + lam[:, None] ** 2) * (m * m / 2)[None, :], np.zeros((lam.size, 1)), axis=1),
+            axis=1,
+        )
     _MGF_CACHE[id(pmf)] = (pmf, mgf + np.maximum(lam, 0.0) * d)  # registered for compose_pmfs
     return pld_lib.PrivacyLossDistribution(pmf)
 
@@ -665,8 +712,9 @@ class Window:
         return math.exp(self.k * min(log_c, 0.0)) * (rho / z) / math.sqrt((1.0 - self.split) * window)
 
 
-def _surrogate(q, z, relation, log_c, law: ShiftLaw, delta: float, rho: float,
-               k_hi: int) -> Tuple[Optional[Window], float]:
+def _surrogate(
+    q, z, relation, log_c, law: ShiftLaw, delta: float, rho: float, k_hi: int
+) -> Tuple[Optional[Window], float]:
     """The window ranked best, and its estimate, by an RDP-style estimate (``log E e^{lam L}`` of each
     part, added, converted with ``delta <= e^{Lambda - lam eps} lam^lam / (lam+1)^(lam+1)``): only
     chooses, never reported."""
@@ -742,7 +790,7 @@ def _local_search(start: Optional[Window], value: Callable[[Window], float]) -> 
         return Window(k, max(1, min(k, int(round(r)))), split)
 
     i = SPLIT_GRID.index(start.split) if start.split in SPLIT_GRID else len(SPLIT_GRID) - 1
-    splits = SPLIT_GRID[max(0, i - 3): i + 2]
+    splits = SPLIT_GRID[max(0, i - 3) : i + 2]
     best = best_of([start] + [window(start.k, f * start.k, s) for s in splits for f in LOCAL_FRACTIONS])
     best = best_of([window(best.k * f, best.r * f, best.split) for f in LOCAL_K_FACTORS], best)
     best = best_of([window(best.k, best.r * f, best.split) for f in LOCAL_R_FACTORS], best)
@@ -777,7 +825,7 @@ class PoissonShiftBound(Bound):
 
     setup: Optional[PoissonSetup] = None
     relation: object = None
-    cap_list: Tuple[Tuple[int, float], ...] = ()   # (cap, log c) for every cap of the fixed list
+    cap_list: Tuple[Tuple[int, float], ...] = ()  # (cap, log c) for every cap of the fixed list
     discretization: float = 1e-3
     kind = "capped"
     _values: Dict = field(default_factory=dict, repr=False)
@@ -796,16 +844,19 @@ class PoissonShiftBound(Bound):
             return 10**8
         return int(min(10**12, max(1, math.ceil(40.0 / -log_c))))
 
-    def _exact(self, w: Window, log_c: float, delta: float, d: float,
-               components: int = MIX_COMPONENTS) -> fdp.PLD:
+    def _exact(self, w: Window, log_c: float, delta: float, d: float, components: int = MIX_COMPONENTS) -> fdp.PLD:
         """The window's PLD: its sampled steps and the mixture of the shifts (cached: independent of T)."""
         s = self.setup
 
         def make():
             law = self._law(log_c, delta)
-            return compose_plds([(step_pld(s.z * math.sqrt(w.split), s.q, self.relation, d), w.r),
-                                 (step_pld(s.z, s.q, self.relation, d), w.k - w.r),
-                                 (mixture_pld(law, w.scale(log_c, s.z, s.rho), d, components), 1)])
+            return compose_plds(
+                [
+                    (step_pld(s.z * math.sqrt(w.split), s.q, self.relation, d), w.r),
+                    (step_pld(s.z, s.q, self.relation, d), w.k - w.r),
+                    (mixture_pld(law, w.scale(log_c, s.z, s.rho), d, components), 1),
+                ]
+            )
 
         key = (s.q, s.z, self.relation, s.Dn, s.rho, w, log_c, float(delta), d, components)
         return _cached(_WINDOW_CACHE, key, 64, make)
@@ -828,8 +879,17 @@ class PoissonShiftBound(Bound):
 
     def _plan(self, delta: float) -> _Plan:
         s = self.setup
-        key = (s.q, s.z, self.relation, self.cap_list, self.free_cap_at(delta), s.Dn, s.rho, float(delta),
-               self.discretization)
+        key = (
+            s.q,
+            s.z,
+            self.relation,
+            self.cap_list,
+            self.free_cap_at(delta),
+            s.Dn,
+            s.rho,
+            float(delta),
+            self.discretization,
+        )
         return _cached(_PLAN_CACHE, key, 256, lambda: self._make_plan(delta))
 
     def _make_plan(self, delta: float) -> _Plan:
@@ -885,8 +945,10 @@ class PoissonShiftBound(Bound):
             floor = fdp.pld_epsilon(self._comp(w.k, d), delta)
             e = max(fdp.pld_epsilon(pld, inner), floor)
             where = "the whole window" if w.r == w.k else ("the last step" if w.r == 1 else f"the last {w.r} steps")
-            text = (f"cap {K} other records per batch (P(exceeded) = {p:.3g}, step Lipschitz {math.exp(log_c):.6g}); "
-                    f"tau = T - {w.k}, the earlier uses as a random shift absorbed over {where}, split {w.split}")
+            text = (
+                f"cap {K} other records per batch (P(exceeded) = {p:.3g}, step Lipschitz {math.exp(log_c):.6g}); "
+                f"tau = T - {w.k}, the earlier uses as a random shift absorbed over {where}, split {w.split}"
+            )
             out.append((e, with_failure(pld, p), text))
         return out
 
@@ -919,7 +981,7 @@ class PoissonShiftBound(Bound):
 
 # ====================================================================== the analysis
 CAP_LEVELS = (0.5, 0.2, 0.05)  # further caps: the largest with log c_K <= level * log c(0)
-FREE_CAP = 1e-3     # a cap failing with probability below this fraction of delta at any length is the only one
+FREE_CAP = 1e-3  # a cap failing with probability below this fraction of delta at any length is the only one
 CAP_REFUSAL = 1e-3  # refused when even the largest admissible cap fails with a larger probability
 SUGGESTED_FAILURE = 1e-10  # the failure probability of the cap behind a suggested learning rate
 _PLAN_CACHE: Dict = {}
@@ -972,8 +1034,10 @@ def _suggested_lr(s: PoissonSetup, strict: bool) -> str:
     m_reg = s.m_reg or 0.0
     biggest = m_reg + (K + 1) / s.b * (s.M - m_reg)
     lr = 2.0 / max(biggest, m_reg, 1e-300)
-    return (f"; a learning rate {'below' if strict else 'up to'} {lr:.4g} would keep every batch of up to "
-            f"{K + 1} records contractive, exceeded with probability {SUGGESTED_FAILURE:g} over the run")
+    return (
+        f"; a learning rate {'below' if strict else 'up to'} {lr:.4g} would keep every batch of up to "
+        f"{K + 1} records contractive, exceeded with probability {SUGGESTED_FAILURE:g} over the run"
+    )
 
 
 def cap_refusal(s: PoissonSetup, admissible: Callable[[float], bool]) -> str:
@@ -983,22 +1047,30 @@ def cap_refusal(s: PoissonSetup, admissible: Callable[[float], bool]) -> str:
     strict = s.Dn is None
     caps_ = cap_list(s, admissible)
     if not caps_:
-        return ("no batch-size cap keeps every step map within the theorem's contraction condition (even a batch "
-                "of at most one record fails it: lr m_reg must lie in (0, 2) and lr M_1 below 2)"
-                + _suggested_lr(s, strict))
+        return (
+            "no batch-size cap keeps every step map within the theorem's contraction condition (even a batch "
+            "of at most one record fails it: lr m_reg must lie in (0, 2) and lr M_1 below 2)" + _suggested_lr(s, strict)
+        )
     K_max = caps_[-1][0]
     p_max = math.exp(log_cap_failure(s.others, s.q, s.steps, K_max))
     if p_max > CAP_REFUSAL:
-        return (f"no batch-size cap works: every batch of more than {K_max + 1} records has an expansive step at "
-                f"this learning rate, and one occurs with probability {p_max:.3g} over the {s.steps} steps "
-                f"(above {CAP_REFUSAL:g}, no useful delta can absorb it)" + _suggested_lr(s, strict))
+        return (
+            f"no batch-size cap works: every batch of more than {K_max + 1} records has an expansive step at "
+            f"this learning rate, and one occurs with probability {p_max:.3g} over the {s.steps} steps "
+            f"(above {CAP_REFUSAL:g}, no useful delta can absorb it)" + _suggested_lr(s, strict)
+        )
     return ""
 
 
-@analysis("si_poisson", SI_CITATION, (POISSON,), hidden_state=True,
-          needs="l2_regularization declared (> 0 without D); every capped batch's step c-Lipschitz with c < 1 "
-                "(c <= 1 with D)",
-          add_or_remove="native")
+@analysis(
+    "si_poisson",
+    SI_CITATION,
+    (POISSON,),
+    hidden_state=True,
+    needs="l2_regularization declared (> 0 without D); every capped batch's step c-Lipschitz with c < 1 "
+    "(c <= 1 with D)",
+    add_or_remove="native",
+)
 def si_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Lemma SI-R (docs/derivations.md sections 8, 13-15) for Poisson batches, f-DP, both relations.
 
@@ -1023,11 +1095,31 @@ def si_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if refusal:
         return NotApplicable(reason=refusal)
     caps_ = cap_list(s, admissible)
-    return PoissonShiftBound(setup=s, relation=ctx.neighboring_relation,
-                             cap_list=tuple((K, min(lc, 0.0)) for K, lc in caps_),
-                             discretization=ctx.discretization, monotone_in_steps=True)
+    return PoissonShiftBound(
+        setup=s,
+        relation=ctx.neighboring_relation,
+        cap_list=tuple((K, min(lc, 0.0)) for K, lc in caps_),
+        discretization=ctx.discretization,
+        monotone_in_steps=True,
+    )
 
 
-__all__ = ["si_poisson", "poisson_setup", "caps", "log_cap_failure", "log_step_lipschitz", "si_shift_mu",
-           "step_pld", "PoissonSetup", "capped", "shift_law", "ShiftLaw", "mixture_pld", "compose_plds",
-           "PoissonShiftBound", "Window", "cap_list", "clear_caches"]
+__all__ = [
+    "si_poisson",
+    "poisson_setup",
+    "caps",
+    "log_cap_failure",
+    "log_step_lipschitz",
+    "si_shift_mu",
+    "step_pld",
+    "PoissonSetup",
+    "capped",
+    "shift_law",
+    "ShiftLaw",
+    "mixture_pld",
+    "compose_plds",
+    "PoissonShiftBound",
+    "Window",
+    "cap_list",
+    "clear_caches",
+]

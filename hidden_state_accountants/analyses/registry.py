@@ -40,18 +40,41 @@ def _infos(*functions) -> Tuple[AnalysisInfo, ...]:
 
 TRAINING_RUN_ANALYSES: Tuple[AnalysisInfo, ...] = _infos(
     # composition baselines: valid even if every iterate is released
-    composition.without_replacement_rdp, composition.poisson_pld, composition.poisson_rdp,
-    bok.thm_4_1, bok.thm_4_4, bok.thm_4_8, bib.composition,
+    composition.without_replacement_rdp,
+    composition.poisson_pld,
+    composition.poisson_rdp,
+    bok.thm_4_1,
+    bok.thm_4_4,
+    bok.thm_4_8,
+    bib.composition,
     # hidden-state (last-iterate) analyses
-    at.eq_3_3, at.eq_3_3_poisson,
-    bok.thm_4_2, bok.thm_4_3, bok.thm_4_5, bok.thm_4_6, bok.thm_4_9, bok.thm_4_10,
-    si.position_average, si.position_average_rdp, si.position_average_constrained,
-    si.reshuffle_average, si.reshuffle_average_rdp, si.reshuffle_worst, si.reshuffle_worst_constrained,
+    at.eq_3_3,
+    at.eq_3_3_poisson,
+    bok.thm_4_2,
+    bok.thm_4_3,
+    bok.thm_4_5,
+    bok.thm_4_6,
+    bok.thm_4_9,
+    bok.thm_4_10,
+    si.position_average,
+    si.position_average_rdp,
+    si.position_average_constrained,
+    si.reshuffle_average,
+    si.reshuffle_average_rdp,
+    si.reshuffle_worst,
+    si.reshuffle_worst_constrained,
     si.affine_exact_average,
-    ph.si_poisson, bib.si_balls_in_bins,
-    chourasia.thm_2, chourasia.cor_1,
-    sa.reshuffle_amplified, sa.position_amplified,
-    ys.thm_2_1, ys.thm_3_3, ys.thm_4_2, ys.thm_4_3, ys.thm_4_3_poisson,
+    ph.si_poisson,
+    bib.si_balls_in_bins,
+    chourasia.thm_2,
+    chourasia.cor_1,
+    sa.reshuffle_amplified,
+    sa.position_amplified,
+    ys.thm_2_1,
+    ys.thm_3_3,
+    ys.thm_4_2,
+    ys.thm_4_3,
+    ys.thm_4_3_poisson,
 )
 """Every analysis of a :class:`~hidden_state_accountants.TrainingRunDpEvent`."""
 
@@ -103,8 +126,9 @@ def analyze(event, ctx: Context = Context()) -> List[Bound]:
         if event.sampling in info.schedules:
             reason = info.relation_reason(ctx.neighboring_relation, event.sampling)
             if reason:
-                bounds.append(NotApplicable(name=info.name, citation=info.citation, hidden_state=info.hidden_state,
-                                            reason=reason))
+                bounds.append(
+                    NotApplicable(name=info.name, citation=info.citation, hidden_state=info.hidden_state, reason=reason)
+                )
             else:
                 bounds.append(info.function(event, ctx))
         elif info.hidden_state:
@@ -122,5 +146,16 @@ def _check_unique() -> None:
 
 _check_unique()
 
-__all__ = ["AnalysisInfo", "analysis", "ANALYSES", "TRAINING_RUN_ANALYSES", "DP_SBCD_ANALYSES", "event_analyses",
-           "all_analyses", "analyses_for", "analyze", "get", "SAMPLINGS"]
+__all__ = [
+    "AnalysisInfo",
+    "analysis",
+    "ANALYSES",
+    "TRAINING_RUN_ANALYSES",
+    "DP_SBCD_ANALYSES",
+    "event_analyses",
+    "all_analyses",
+    "analyses_for",
+    "analyze",
+    "get",
+    "SAMPLINGS",
+]

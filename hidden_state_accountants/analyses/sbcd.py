@@ -183,9 +183,7 @@ class NoiseSchedule:
 def check_noise_value(o, k: int, j: int) -> float:
     """``o(eta, k, j)`` as a float, or a ParameterError naming ``noise``, ``k`` and ``j``."""
     if isinstance(o, bool) or not isinstance(o, numbers.Real) or not math.isfinite(float(o)) or not float(o) > 0:
-        raise v.ParameterError(
-            "noise", f"o(eta, k={k}, j={j}) must be a finite number > 0, got {o!r}"
-        )
+        raise v.ParameterError("noise", f"o(eta, k={k}, j={j}) must be a finite number > 0, got {o!r}")
     return float(o)
 
 
@@ -269,9 +267,7 @@ def as_schedule(noise) -> NoiseSchedule:
         return ConstantNoise(noise)
     if callable(noise):
         return CallableNoise(noise)
-    raise v.ParameterError(
-        "noise", f"must be a NoiseSchedule, a number > 0 or a callable o(eta, k, j); got {noise!r}"
-    )
+    raise v.ParameterError("noise", f"must be a NoiseSchedule, a number > 0 or a callable o(eta, k, j); got {noise!r}")
 
 
 def compress_noise(per_step: Sequence[float], steps_per_epoch: int) -> Tuple[float, ...]:
@@ -293,9 +289,7 @@ def check_sbcd_schedule(dataset_size, batch_size, sampling) -> Tuple[int, int]:
     :func:`~hidden_state_accountants.schedules.check_schedule` (the rule every training run
     follows). Raises :class:`~hidden_state_accountants.ParameterError` naming the parameter."""
     if sampling not in SBCD_SAMPLINGS:
-        raise v.ParameterError(
-            "sampling", f"must be one of {', '.join(SBCD_SAMPLINGS)} for DP-SBCD; got {sampling!r}"
-        )
+        raise v.ParameterError("sampling", f"must be one of {', '.join(SBCD_SAMPLINGS)} for DP-SBCD; got {sampling!r}")
     return sch.check_schedule(dataset_size, batch_size, sampling)
 
 
@@ -409,8 +403,9 @@ class DpSbcdRunDpEvent(dp_event.DpEvent):
             object.__setattr__(self, "radius", radius)
         elif self.variant == "appendix_c":
             raise v.ParameterError(
-                "radius", "the appendix_c variant needs the projection radius of every block "
-                "(its sensitivity grows with the weight norm)"
+                "radius",
+                "the appendix_c variant needs the projection radius of every block "
+                "(its sensitivity grows with the weight norm)",
             )
         l = self.steps_per_epoch
         epochs = math.ceil(t / l)
@@ -488,7 +483,7 @@ def appendix_c_sensitivity(gamma: float, rho: float, radius: float, eta: float) 
         ||G - G'|| <= ||theta|| ||M - M'|| + eta ||A - A'|| ||M|| + eta ||A'|| ||M - M'||
                    <= (eta / b) (gamma rho^2 R + gamma rho + eta gamma^2 rho^3 / 2).
     """
-    return gamma * rho * rho * radius + gamma * rho + eta * gamma * gamma * rho ** 3 / 2.0
+    return gamma * rho * rho * radius + gamma * rho + eta * gamma * gamma * rho**3 / 2.0
 
 
 def layer_constants(event: DpSbcdRunDpEvent) -> List[LayerConstants]:
@@ -536,7 +531,7 @@ def log_decay_factors(o: np.ndarray, c: LayerConstants) -> np.ndarray:
 
 def log_unit(o: np.ndarray, c: LayerConstants, batch_size: int) -> np.ndarray:
     """``log(eta S^2 / (4 b^2 o_t))``: Cor. 4.4 case 2, per step."""
-    return math.log(c.eta * c.sensitivity ** 2 / (4.0 * batch_size ** 2)) - np.log(np.asarray(o, dtype=float))
+    return math.log(c.eta * c.sensitivity**2 / (4.0 * batch_size**2)) - np.log(np.asarray(o, dtype=float))
 
 
 def layer_log_position_bounds(event: DpSbcdRunDpEvent, c: LayerConstants, hidden_state: bool = True) -> np.ndarray:
@@ -627,17 +622,30 @@ def epoch_contributions(event: DpSbcdRunDpEvent, position: int, layer: int = 0) 
 
 # ------------------------------------------------------------------------------ analyses
 # Registered for DpSbcdRunDpEvent in hidden_state_accountants.analyses.registry.
-@analysis(COMPOSITION_NAME, f"{CITE}, Cor. 4.4 case 2 composed over every step and layer (RDP composition)",
-          SBCD_SAMPLINGS, hidden_state=False, needs="per-example clipping (the optimizers')")
+@analysis(
+    COMPOSITION_NAME,
+    f"{CITE}, Cor. 4.4 case 2 composed over every step and layer (RDP composition)",
+    SBCD_SAMPLINGS,
+    hidden_state=False,
+    needs="per-example clipping (the optimizers')",
+)
 def composition(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
     """Composition over all steps and layers (every iterate released); no extra assumption."""
     vals = composition_rdp(event, ctx.orders)
-    return RdpBound(orders=tuple(ctx.orders), values=vals, monotone_in_steps=True,
-                    note=f"sensitivity by per-example clipping; sampling {event.sampling}")
+    return RdpBound(
+        orders=tuple(ctx.orders),
+        values=vals,
+        monotone_in_steps=True,
+        note=f"sensitivity by per-example clipping; sampling {event.sampling}",
+    )
 
 
-@analysis(THM_4_5_NAME, f"{CITE}, Thm 4.5 / eq. (29)-(30), Lemma A.3, Cor. 4.4 (exponent corrected)",
-          SBCD_SAMPLINGS, needs="paper_assumptions=True: LSI and per-layer conditioning (unverifiable)")
+@analysis(
+    THM_4_5_NAME,
+    f"{CITE}, Thm 4.5 / eq. (29)-(30), Lemma A.3, Cor. 4.4 (exponent corrected)",
+    SBCD_SAMPLINGS,
+    needs="paper_assumptions=True: LSI and per-layer conditioning (unverifiable)",
+)
 def thm_4_5(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
     """The paper's hidden-state bound (Thm 4.5 with Lemma A.3 and Cor. 4.4, layers summed)."""
     if not event.paper_assumptions:
@@ -646,8 +654,10 @@ def thm_4_5(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
     consts = layer_constants(event)
     vals = thm_4_5_rdp(event, ctx.orders)
     lf_lt = max(c.lipschitz_f * c.lipschitz_t for c in consts)
-    note = (f"{event.num_layers} layers, L_F*L_T <= {lf_lt:.6g}; assumes LSI and per-layer "
-            "conditioning (unverifiable, see docs/dp_sbcd.md)")
+    note = (
+        f"{event.num_layers} layers, L_F*L_T <= {lf_lt:.6g}; assumes LSI and per-layer "
+        "conditioning (unverifiable, see docs/dp_sbcd.md)"
+    )
     if lf_lt >= 1.0:
         note += "; L_F*L_T >= 1: the bound does not converge (use L2 regularisation)"
     return RdpBound(orders=tuple(ctx.orders), values=vals, note=note)

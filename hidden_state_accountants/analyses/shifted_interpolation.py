@@ -45,7 +45,14 @@ from scipy import special
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
 from hidden_state_accountants.analyses.analysis_info import analysis
-from hidden_state_accountants.bounds import Bound, GdpBound, MixtureGdpBound, NotApplicable, RdpBound, mixture_components
+from hidden_state_accountants.bounds import (
+    Bound,
+    GdpBound,
+    MixtureGdpBound,
+    NotApplicable,
+    RdpBound,
+    mixture_components,
+)
 from hidden_state_accountants.errors import ParameterError
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedule_laws import schedule_law
@@ -121,7 +128,7 @@ class StepModel:
             if first < d_hi:
                 count = (d_hi - 1 - first) // self.spe + 1
                 at = 1.0 if first == 0 else (0.0 if lc2 == -math.inf else math.exp(first * lc2))
-                out += (self.short_scale ** 2 - 1.0) * at * self._geometric(self.spe * lc2, count)
+                out += (self.short_scale**2 - 1.0) * at * self._geometric(self.spe * lc2, count)
         return out
 
     @property
@@ -182,13 +189,18 @@ def chain(model: StepModel, d_last: int, count: int, period: int) -> List[Corner
         log_rest = log_s + math.log(count - 1)
     else:
         lc = model.log_c
-        log_rest = (log_s + (d_last + period) * lc + math.log(-math.expm1(period * (count - 1) * lc))
-                    - math.log(-math.expm1(period * lc)))
+        log_rest = (
+            log_s
+            + (d_last + period) * lc
+            + math.log(-math.expm1(period * (count - 1) * lc))
+            - math.log(-math.expm1(period * lc))
+        )
     return [(d_last + (count - 1) * period, log_rest), last]
 
 
-def constrained_energy(model: StepModel, older: Optional[Tuple[int, int, int]], recent: Sequence[int],
-                       debt: float) -> float:
+def constrained_energy(
+    model: StepModel, older: Optional[Tuple[int, int, int]], recent: Sequence[int], debt: float
+) -> float:
     """The best over starting points of the interpolation (Bok et al.'s ``tau``, the argument
     of their Thm 4.6, re-derived for any visit pattern: docs/derivations.md 2.3) for uses at
     the chain ``older = (d_last, count, period)`` and at the distances ``recent`` (all with a
@@ -215,7 +227,7 @@ def constrained_energy(model: StepModel, older: Optional[Tuple[int, int, int]], 
             continue
         d0 = d - 1  # start with the step right after this use
         start = min(float(special.logsumexp(carried)), log_debt + (d0 + 1) * model.log_c)
-        later = [(x, model.log_injection(x)) for x in recent[i + 1:]]
+        later = [(x, model.log_injection(x)) for x in recent[i + 1 :]]
         best = min(best, corner_energy(model, [(d0, start)] + later))
     return best
 
@@ -228,8 +240,9 @@ def _log_geometric(log_r: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.where(log_r == 0.0, np.log(k), np.where(log_r == -np.inf, 0.0, general))
 
 
-def chain_constrained_energies(model: StepModel, last: Sequence[int], visits: Sequence[int], period: int,
-                               debt: float) -> np.ndarray:
+def chain_constrained_energies(
+    model: StepModel, last: Sequence[int], visits: Sequence[int], period: int, debt: float
+) -> np.ndarray:
     """:func:`constrained_energy` for one chain per entry (``older = (last, visits, period)``, no
     other uses), all entries and starts at once (docs/derivations.md 2.3).
 
@@ -243,8 +256,9 @@ def chain_constrained_energies(model: StepModel, last: Sequence[int], visits: Se
         raise ValueError("chain_constrained_energies: dropped short batches only")
     last = np.asarray(last, dtype=np.int64)
     visits = np.asarray(visits, dtype=np.int64)
-    out = np.array([corner_energy(model, chain(model, int(m), int(v), period)) if v else 0.0
-                    for m, v in zip(last, visits)])
+    out = np.array(
+        [corner_energy(model, chain(model, int(m), int(v), period)) if v else 0.0 for m, v in zip(last, visits)]
+    )
     starts = int(min(MAX_STARTS, visits.max(initial=0)))
     if starts == 0:
         return out
@@ -306,12 +320,18 @@ def _hull_energy(dx: np.ndarray, dy: np.ndarray) -> np.ndarray:
     run_x, run_y = seg_x[0], seg_y[0]
     for k, keep in ((1, keep1), (2, keep2)):
         close = keep
-        energy = energy + np.where(close & (run_y > 0), run_y * run_y / np.where(run_x > 0, run_x, 1.0), 0.0) \
+        energy = (
+            energy
+            + np.where(close & (run_y > 0), run_y * run_y / np.where(run_x > 0, run_x, 1.0), 0.0)
             + np.where(close & (run_y > 0) & (run_x <= 0), np.inf, 0.0)
+        )
         run_x = np.where(close, seg_x[k], run_x + seg_x[k])
         run_y = np.where(close, seg_y[k], run_y + seg_y[k])
-    energy = energy + np.where(run_y > 0, run_y * run_y / np.where(run_x > 0, run_x, 1.0), 0.0) \
+    energy = (
+        energy
+        + np.where(run_y > 0, run_y * run_y / np.where(run_x > 0, run_x, 1.0), 0.0)
         + np.where((run_y > 0) & (run_x <= 0), np.inf, 0.0)
+    )
     return energy
 
 
@@ -349,13 +369,15 @@ def _log_c(run: TrainingRunDpEvent) -> float:
 def _strongly_convex(run: TrainingRunDpEvent) -> Optional[str]:
     """Bok Thm 4.5's conditions: m-strongly convex, M-smooth, ``0 < lr < 2/M`` (Lemma 2.8)."""
     return cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_strong_convexity(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"), _kept_short(run))
+        cm.need_strong_convexity(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M"), _kept_short(run)
+    )
 
 
 def _constrained(run: TrainingRunDpEvent) -> Optional[str]:
     """Bok Thm 4.6's conditions: convex, M-smooth, projection onto a set of diameter ``D``, ``lr <= 2/M``."""
     reason = cm.hidden_state_preconditions(run) or cm.first_reason(
-        cm.need_diameter(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False))
+        cm.need_diameter(run), cm.lr_below(run, 2.0 / run.geometry.smoothness, "2/M", strict=False)
+    )
     if reason is None and run.last_batch != DROPPED:
         reason = "the constrained bounds are derived for dropped short batches only"
     return reason
@@ -369,11 +391,15 @@ def _kept_short(run: TrainingRunDpEvent) -> Optional[str]:
         return None
     m, M, m_reg = run.geometry.strong_convexity, run.geometry.smoothness, run.l2_regularization
     if m_reg is None:
-        return ("a kept short batch divided by b with a projection: its contraction depends on the L2 strength, "
-                "which is not recorded (l2_regularization)")
+        return (
+            "a kept short batch divided by b with a projection: its contraction depends on the L2 strength, "
+            "which is not recorded (l2_regularization)"
+        )
     if not m * (1 - 1e-12) <= m_reg <= M * (1 + 1e-12):
-        return (f"a kept short batch divided by b with a projection contracts like the others only if the L2 "
-                f"strength lies in [m, M] = [{m:g}, {M:g}], got l2_regularization={m_reg:g}")
+        return (
+            f"a kept short batch divided by b with a projection contracts like the others only if the L2 "
+            f"strength lies in [m, M] = [{m:g}, {M:g}], got l2_regularization={m_reg:g}"
+        )
     return None
 
 
@@ -383,8 +409,9 @@ def _mixture(pairs: Sequence[Tuple[float, float]], z: float, note: str) -> Mixtu
 
 
 # ======================================================================= shuffle_partition
-def partition_options(run: TrainingRunDpEvent, exact: int = EXACT_OPTIONS,
-                      total: int = MAX_OPTIONS) -> List[Tuple[float, int, int]]:
+def partition_options(
+    run: TrainingRunDpEvent, exact: int = EXACT_OPTIONS, total: int = MAX_OPTIONS
+) -> List[Tuple[float, int, int]]:
     """``(probability, m, visits)`` of the record's batch in a partition drawn once: uniform over
     the ``n`` slots, the same batch every epoch. With ``m`` the steps after its last use
     (``0 .. l-1``, grouped far back by :func:`_buckets`, each group represented by its most
@@ -400,8 +427,10 @@ def position_energies(run: TrainingRunDpEvent, model: StepModel) -> List[Tuple[f
     """``(probability, energy)`` of the record's batch in a partition drawn once
     (:func:`partition_options`; the never-used slots with energy 0)."""
     n, b, l = run.dataset_size, run.batch_size, run.steps_per_epoch
-    out = [(p, corner_energy(model, chain(model, m, visits, l)) if visits else 0.0)
-           for p, m, visits in partition_options(run)]
+    out = [
+        (p, corner_energy(model, chain(model, m, visits, l)) if visits else 0.0)
+        for p, m, visits in partition_options(run)
+    ]
     if n - l * b:
         out.append(((n - l * b) / n, 0.0))
     return out
@@ -417,10 +446,13 @@ def _position_average(run: TrainingRunDpEvent) -> Bound:
     return _mixture(pairs, float(run.noise_multiplier), "the record's batch uniform, the same every epoch")
 
 
-@analysis("si_position_average",
-          f"{BOK}, Lemma 3.2/Thm 3.3 per batch position (re-derived: docs/derivations.md 2.2, 4.1); "
-          "joint convexity over the uniform position",
-          (SHUFFLE_PARTITION,), needs="m > 0, lr < 2/M, secret batches")
+@analysis(
+    "si_position_average",
+    f"{BOK}, Lemma 3.2/Thm 3.3 per batch position (re-derived: docs/derivations.md 2.2, 4.1); "
+    "joint convexity over the uniform position",
+    (SHUFFLE_PARTITION,),
+    needs="m > 0, lr < 2/M, secret batches",
+)
 def position_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Shuffle-and-partition: ``delta(eps) <= sum_beta (b/n) delta_{G(mu_beta)}(eps)``.
 
@@ -437,9 +469,12 @@ def position_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return bound
 
 
-@analysis("si_position_average_rdp",
-          f"{BOK}, Lemma 3.2/Thm 3.3 per batch position (docs/derivations.md 4.1); {YS}, Lemma 4.1 over the position",
-          (SHUFFLE_PARTITION,), needs="m > 0, lr < 2/M, secret batches")
+@analysis(
+    "si_position_average_rdp",
+    f"{BOK}, Lemma 3.2/Thm 3.3 per batch position (docs/derivations.md 4.1); {YS}, Lemma 4.1 over the position",
+    (SHUFFLE_PARTITION,),
+    needs="m > 0, lr < 2/M, secret batches",
+)
 def position_average_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """RDP of :func:`position_average`: each position's ``mu_beta``-GDP gives
     ``(a, a mu_beta^2 / 2)``-RDP, mixed with Ye & Shokri's Lemma 4.1 (the structure of their
@@ -450,10 +485,13 @@ def position_average_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return RdpBound(orders=ctx.orders, values=bound.rdp(ctx.orders), monotone_in_steps=True)
 
 
-@analysis("si_position_average_constrained",
-          f"{BOK}, Lemma 3.2/Thm 3.3 with a start tau and the diameter (argument of Thm 4.6, re-derived per "
-          "position: docs/derivations.md 2.3, 4.1); joint convexity over the uniform position",
-          (SHUFFLE_PARTITION,), needs="D, lr <= 2/M, secret batches")
+@analysis(
+    "si_position_average_constrained",
+    f"{BOK}, Lemma 3.2/Thm 3.3 with a start tau and the diameter (argument of Thm 4.6, re-derived per "
+    "position: docs/derivations.md 2.3, 4.1); joint convexity over the uniform position",
+    (SHUFFLE_PARTITION,),
+    needs="D, lr <= 2/M, secret batches",
+)
 def position_average_constrained(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Shuffle-and-partition with projection onto a convex set of diameter ``D`` (convex,
     M-smooth, ``lr <= 2/M``): per batch position, the best start of the interpolation
@@ -474,8 +512,9 @@ def position_average_constrained(run: TrainingRunDpEvent, ctx: cm.Context) -> Bo
 
 
 # ============================================================================== reshuffle
-def _epoch_options(run: TrainingRunDpEvent, model: StepModel, e: int, exact: int = EXACT_OPTIONS,
-                   total: int = MAX_OPTIONS) -> List[Tuple[float, Optional[int]]]:
+def _epoch_options(
+    run: TrainingRunDpEvent, model: StepModel, e: int, exact: int = EXACT_OPTIONS, total: int = MAX_OPTIONS
+) -> List[Tuple[float, Optional[int]]]:
     """``(probability, distance of the use or None)`` for the record in epoch ``e``: its slot
     is uniform on ``n``; batch ``j`` (``b`` slots) is used ``T-1-(e spe + j)`` steps before the
     end, a kept short batch holds the last ``n mod b`` slots, the rest are not used."""
@@ -499,8 +538,9 @@ def _epoch_options(run: TrainingRunDpEvent, model: StepModel, e: int, exact: int
     return out
 
 
-def reshuffle_patterns(run: TrainingRunDpEvent, model: StepModel,
-                       random_epochs: int = RANDOM_EPOCHS) -> Tuple[List[Tuple[float, float]], int]:
+def reshuffle_patterns(
+    run: TrainingRunDpEvent, model: StepModel, random_epochs: int = RANDOM_EPOCHS
+) -> Tuple[List[Tuple[float, float]], int]:
     """``(probability, energy)`` of the visit patterns of a reshuffled run: the positions in
     the last ``k <= random_epochs`` epochs averaged exactly (``k`` lowered until there are at
     most :data:`MAX_PATTERNS`), the earlier epochs at their worst position (their last step:
@@ -541,14 +581,20 @@ def _reshuffle_average(run: TrainingRunDpEvent) -> Bound:
         return NotApplicable(reason=reason)
     patterns, k = reshuffle_patterns(run, _model(run, _log_c(run)))
     kept = "" if run.last_batch == DROPPED else f"; short batch {run.last_batch}"
-    return _mixture(patterns, float(run.noise_multiplier),
-                    f"positions in the last {k} epoch(s) averaged, earlier ones at the worst{kept}")
+    return _mixture(
+        patterns,
+        float(run.noise_multiplier),
+        f"positions in the last {k} epoch(s) averaged, earlier ones at the worst{kept}",
+    )
 
 
-@analysis("si_reshuffle_average",
-          f"{BOK}, Lemma 3.2/Thm 3.3 per visit pattern (re-derived: docs/derivations.md 2.2-2.3, 3.5); "
-          "joint convexity over the last epochs' positions",
-          (RESHUFFLE,), needs="m > 0, lr < 2/M, secret batches")
+@analysis(
+    "si_reshuffle_average",
+    f"{BOK}, Lemma 3.2/Thm 3.3 per visit pattern (re-derived: docs/derivations.md 2.2-2.3, 3.5); "
+    "joint convexity over the last epochs' positions",
+    (RESHUFFLE,),
+    needs="m > 0, lr < 2/M, secret batches",
+)
 def reshuffle_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Reshuffling (a fresh secret permutation every epoch), f-DP.
 
@@ -565,9 +611,12 @@ def reshuffle_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return _reshuffle_average(run)
 
 
-@analysis("si_reshuffle_average_rdp",
-          f"{BOK}, Lemma 3.2/Thm 3.3 per visit pattern (docs/derivations.md 3.3); {YS}, Lemma 4.1 over the positions",
-          (RESHUFFLE,), needs="m > 0, lr < 2/M, secret batches")
+@analysis(
+    "si_reshuffle_average_rdp",
+    f"{BOK}, Lemma 3.2/Thm 3.3 per visit pattern (docs/derivations.md 3.3); {YS}, Lemma 4.1 over the positions",
+    (RESHUFFLE,),
+    needs="m > 0, lr < 2/M, secret batches",
+)
 def reshuffle_average_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """RDP of :func:`reshuffle_average` (each pattern's ``mu``-GDP as ``(a, a mu^2/2)``-RDP,
     mixed by Ye & Shokri's Lemma 4.1: the structure of their Thm 4.2, with the
@@ -578,10 +627,13 @@ def reshuffle_average_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     return RdpBound(orders=ctx.orders, values=bound.rdp(ctx.orders))
 
 
-@analysis("si_reshuffle_worst",
-          f"{BOK}, Thm 4.5's argument at the worst visit pattern (re-derived for partial epochs: "
-          "docs/derivations.md 2.3-2.4, 3.5)",
-          (RESHUFFLE,), needs="m > 0, lr < 2/M")
+@analysis(
+    "si_reshuffle_worst",
+    f"{BOK}, Thm 4.5's argument at the worst visit pattern (re-derived for partial epochs: "
+    "docs/derivations.md 2.3-2.4, 3.5)",
+    (RESHUFFLE,),
+    needs="m > 0, lr < 2/M",
+)
 def reshuffle_worst(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Reshuffling at the worst visit pattern (:func:`worst_pattern`): holds for ANY
     positions, so also for public batches. Whole epochs of dropped short batches: exactly
@@ -591,14 +643,19 @@ def reshuffle_worst(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     model = _model(run, _log_c(run))
-    return GdpBound(mu=(2.0 / float(run.noise_multiplier)) * math.sqrt(corner_energy(model, worst_pattern(run, model))),
-                    note="worst visit pattern")
+    return GdpBound(
+        mu=(2.0 / float(run.noise_multiplier)) * math.sqrt(corner_energy(model, worst_pattern(run, model))),
+        note="worst visit pattern",
+    )
 
 
-@analysis("si_reshuffle_worst_constrained",
-          f"{BOK}, Thm 4.6's argument (start tau, diameter) at the worst visit pattern (re-derived: "
-          "docs/derivations.md 2.3-2.4)",
-          (RESHUFFLE,), needs="D, lr <= 2/M")
+@analysis(
+    "si_reshuffle_worst_constrained",
+    f"{BOK}, Thm 4.6's argument (start tau, diameter) at the worst visit pattern (re-derived: "
+    "docs/derivations.md 2.3-2.4)",
+    (RESHUFFLE,),
+    needs="D, lr <= 2/M",
+)
 def reshuffle_worst_constrained(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Reshuffling with projection onto a convex set of diameter ``D`` (convex, M-smooth,
     ``lr <= 2/M``) at the worst visit pattern, the start of the interpolation optimised
@@ -617,10 +674,13 @@ def reshuffle_worst_constrained(run: TrainingRunDpEvent, ctx: cm.Context) -> Bou
 
 
 # ============================================================== affine per-example maps only
-@analysis("affine_exact_average",
-          "exact Gaussian per batch pattern when every per-example map is affine (declared M = m, no "
-          "projection; docs/derivations.md 4.2) + joint convexity",
-          SAMPLINGS, needs="M = m (affine maps), no projection, lr < 2/M")
+@analysis(
+    "affine_exact_average",
+    "exact Gaussian per batch pattern when every per-example map is affine (declared M = m, no "
+    "projection; docs/derivations.md 4.2) + joint convexity",
+    SAMPLINGS,
+    needs="M = m (affine maps), no projection, lr < 2/M",
+)
 def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """VALID ONLY WHEN the declared geometry has ``M = m`` and there is no projection.
 
@@ -662,10 +722,21 @@ def affine_exact_average(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 
 __all__ = [
-    "StepModel", "corner_energy", "chain", "constrained_energy", "chain_constrained_energies", "partition_options",
+    "StepModel",
+    "corner_energy",
+    "chain",
+    "constrained_energy",
+    "chain_constrained_energies",
+    "partition_options",
     "position_energies",
     "reshuffle_patterns",
-    "worst_pattern", "position_average", "position_average_rdp", "position_average_constrained",
-    "reshuffle_average", "reshuffle_average_rdp", "reshuffle_worst", "reshuffle_worst_constrained",
+    "worst_pattern",
+    "position_average",
+    "position_average_rdp",
+    "position_average_constrained",
+    "reshuffle_average",
+    "reshuffle_average_rdp",
+    "reshuffle_worst",
+    "reshuffle_worst_constrained",
     "affine_exact_average",
 ]

@@ -136,8 +136,13 @@ def plan_terms(log_c: float, tau: float, split: Split, cost: bool = True):
     log_demand = _lse(l_rest + l_cross)
     if not cost:
         return math.nan, log_demand, log_supply
-    terms = np.concatenate([split.lw_p + _log_hockey(mp, lg), split.lw_o + log_c - l_rho + _log_hockey(ms, l_rho),
-                            l_rest + _log_hockey(mx, l_cross)])
+    terms = np.concatenate(
+        [
+            split.lw_p + _log_hockey(mp, lg),
+            split.lw_o + log_c - l_rho + _log_hockey(ms, l_rho),
+            l_rest + _log_hockey(mx, l_cross),
+        ]
+    )
     return _lse(terms), log_demand, log_supply
 
 
@@ -146,6 +151,7 @@ def plan_log_delta(log_c: float, split: Split, tau_guess: Optional[float] = None
     the non-pool components' demand meets the pool's supply (with :data:`MARGIN`), the plan's
     exact cost there (``inf`` if no price is feasible). Any ``tau`` with demand below supply is a
     valid plan; the search (from ``tau_guess`` when given) only picks one."""
+
     def gap(tau):
         _, dem, sup = plan_terms(log_c, tau, split, cost=False)
         if sup == -math.inf:
@@ -199,8 +205,11 @@ class PairedMixtureBound(Bound):
         keep = w > 0
         self._lw = np.log(w[keep])
         self._mu = np.asarray(self.mu_self, dtype=float)[keep]
-        self._pools = tuple(Pool(p.in_pool[keep], p.mu_cross[keep], p.threshold) for p in self.pools
-                            if np.any(p.in_pool[keep]) and np.any(~p.in_pool[keep]))
+        self._pools = tuple(
+            Pool(p.in_pool[keep], p.mu_cross[keep], p.threshold)
+            for p in self.pools
+            if np.any(p.in_pool[keep]) and np.any(~p.in_pool[keep])
+        )
         self._splits = {p.threshold: Split.of(self._lw, self._mu, p) for p in self._pools}
         self._tau, self._epsilons = {}, {}
 
@@ -288,8 +297,11 @@ class PairedMixtureBound(Bound):
     def detail(self, delta: float) -> str:
         eps = self.epsilon(delta)
         _, pool = self._log_delta(eps, self._pools) if math.isfinite(eps) and eps > 0 else (0, None)
-        text = (f"{self._mu.size} components; pool threshold {pool.threshold} steps before the end" if pool is not None
-                else f"{self._mu.size} components; diagonal plan (joint convexity)")
+        text = (
+            f"{self._mu.size} components; pool threshold {pool.threshold} steps before the end"
+            if pool is not None
+            else f"{self._mu.size} components; diagonal plan (joint convexity)"
+        )
         return "; ".join(s for s in (text, self.note) if s)
 
 
@@ -327,8 +339,17 @@ CACHE_SIZE = 16
 def _cached(build, run: TrainingRunDpEvent) -> Energies:
     """``build(run)``, remembered for the run without its noise (what the energies depend on)."""
     g = run.geometry
-    key = (build.__name__, run.sampling, run.dataset_size, run.batch_size, run.steps, float(run.learning_rate),
-           g.strong_convexity, g.smoothness, run.last_batch)
+    key = (
+        build.__name__,
+        run.sampling,
+        run.dataset_size,
+        run.batch_size,
+        run.steps,
+        float(run.learning_rate),
+        g.strong_convexity,
+        g.smoothness,
+        run.last_batch,
+    )
     if key not in _CACHE:
         _CACHE[key] = build(run)
         while len(_CACHE) > CACHE_SIZE:
@@ -404,18 +425,22 @@ def _partition_energies(run: TrainingRunDpEvent) -> Energies:
 def _bound(energies: Energies, z: float, note: str) -> PairedMixtureBound:
     scale = lambda e: (2.0 / z) * np.sqrt(np.asarray(e, dtype=float))
     pools = tuple(Pool(np.asarray(mask, dtype=bool), scale(cross), k) for mask, cross, k in energies.pools)
-    return PairedMixtureBound(weights=energies.weights, mu_self=tuple(scale(energies.self_energy).tolist()),
-                              pools=pools, note=note)
+    return PairedMixtureBound(
+        weights=energies.weights, mu_self=tuple(scale(energies.self_energy).tolist()), pools=pools, note=note
+    )
 
 
 BOK = si.BOK
 BBG = "Balle, Barthe & Gaboardi (2018)"
 
 
-@analysis("si_reshuffle_amplified",
-          f"{BOK}, Lemma 3.2/Thm 3.3 per pair of positions (re-derived: docs/derivations.md 2.2, 5a); the last "
-          f"epoch's mixture paired by Lemma 5a.1 (generalises {BBG}, Thm 2)",
-          (RESHUFFLE,), needs="m > 0, lr < 2/M, secret batches")
+@analysis(
+    "si_reshuffle_amplified",
+    f"{BOK}, Lemma 3.2/Thm 3.3 per pair of positions (re-derived: docs/derivations.md 2.2, 5a); the last "
+    f"epoch's mixture paired by Lemma 5a.1 (generalises {BBG}, Thm 2)",
+    (RESHUFFLE,),
+    needs="m > 0, lr < 2/M, secret batches",
+)
 def reshuffle_amplified(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Reshuffling (a fresh secret permutation every epoch), amplified by the last epoch's shuffle.
 
@@ -432,14 +457,20 @@ def reshuffle_amplified(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     reason = si._strongly_convex(run) or cm.need_secret_batches(run)
     if reason:
         return NotApplicable(reason=reason)
-    return _bound(_cached(_reshuffle_energies, run), float(run.noise_multiplier),
-                  "the last epoch's positions paired, earlier epochs at the worst")
+    return _bound(
+        _cached(_reshuffle_energies, run),
+        float(run.noise_multiplier),
+        "the last epoch's positions paired, earlier epochs at the worst",
+    )
 
 
-@analysis("si_position_amplified",
-          f"{BOK}, Lemma 3.2/Thm 3.3 per pair of batch positions (re-derived: docs/derivations.md 2.2, 5a); the "
-          f"partition's mixture paired by Lemma 5a.1 (generalises {BBG}, Thm 2)",
-          (SHUFFLE_PARTITION,), needs="m > 0, lr < 2/M, secret batches")
+@analysis(
+    "si_position_amplified",
+    f"{BOK}, Lemma 3.2/Thm 3.3 per pair of batch positions (re-derived: docs/derivations.md 2.2, 5a); the "
+    f"partition's mixture paired by Lemma 5a.1 (generalises {BBG}, Thm 2)",
+    (SHUFFLE_PARTITION,),
+    needs="m > 0, lr < 2/M, secret batches",
+)
 def position_amplified(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Shuffle-and-partition (one secret partition, visited in order every epoch), amplified by
     the partition's randomness: as :func:`reshuffle_amplified` with the record's batch the same
@@ -450,11 +481,18 @@ def position_amplified(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     reason = si._strongly_convex(run) or cm.need_secret_batches(run)
     if reason:
         return NotApplicable(reason=reason)
-    bound = _bound(_cached(_partition_energies, run), float(run.noise_multiplier),
-                   "the partition's positions paired")
+    bound = _bound(_cached(_partition_energies, run), float(run.noise_multiplier), "the partition's positions paired")
     bound.monotone_in_steps = True
     return bound
 
 
-__all__ = ["PairedMixtureBound", "Pool", "Split", "plan_terms", "plan_log_delta", "diagonal_log_delta",
-           "reshuffle_amplified", "position_amplified"]
+__all__ = [
+    "PairedMixtureBound",
+    "Pool",
+    "Split",
+    "plan_terms",
+    "plan_log_delta",
+    "diagonal_log_delta",
+    "reshuffle_amplified",
+    "position_amplified",
+]

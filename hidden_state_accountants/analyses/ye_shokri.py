@@ -94,8 +94,12 @@ def _first_term(run: TrainingRunDpEvent, orders: np.ndarray, epochs: int) -> np.
 
 
 @analysis(
-    "ye_shokri_thm2.1", f"{CITE}, Thm 2.1 (naive baseline)", (CYCLIC, SHUFFLE_PARTITION),
-    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
+    "ye_shokri_thm2.1",
+    f"{CITE}, Thm 2.1 (naive baseline)",
+    (CYCLIC, SHUFFLE_PARTITION),
+    hidden_state=True,
+    needs="m > 0, lr < 2/(m+M), n/b >= 2",
+)
 def thm_2_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 2.1 (naive extension of Chourasia et al. to SGD): with ``eta < 2/(lambda+beta)``,
 
@@ -112,8 +116,7 @@ def thm_2_1(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     orders = np.asarray(ctx.orders, dtype=float)
     with np.errstate(divide="ignore", over="ignore"):  # sigma^2 underflows to 0 at z ~ 1e-160: inf
         vals = orders * sg * sg / (lam * sigma2 * b * b) * (-math.expm1(-lam * eta * run.steps / 2.0))
-    return RdpBound(orders=ctx.orders, values=vals,
-                    monotone_in_steps=True)
+    return RdpBound(orders=ctx.orders, values=vals, monotone_in_steps=True)
 
 
 def fixed_order_rdp(run: TrainingRunDpEvent, orders: Sequence[float], position: Optional[int] = None) -> np.ndarray:
@@ -133,8 +136,12 @@ def fixed_order_rdp(run: TrainingRunDpEvent, orders: Sequence[float], position: 
 
 
 @analysis(
-    "ye_shokri_thm3.3", f"{CITE}, Thm 3.3 (fixed order, worst position)", (CYCLIC, SHUFFLE_PARTITION),
-    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
+    "ye_shokri_thm3.3",
+    f"{CITE}, Thm 3.3 (fixed order, worst position)",
+    (CYCLIC, SHUFFLE_PARTITION),
+    hidden_state=True,
+    needs="m > 0, lr < 2/(m+M), n/b >= 2",
+)
 def thm_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 3.3 at the worst batch position (fixed order: ``cyclic``; also ``shuffle_partition``
     by conditioning on the partition). See :func:`fixed_order_rdp` for any position."""
@@ -142,13 +149,16 @@ def thm_3_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if reason:
         return NotApplicable(reason=reason)
     vals = fixed_order_rdp(run, ctx.orders)
-    return RdpBound(orders=ctx.orders, values=vals,
-                    monotone_in_steps=True)
+    return RdpBound(orders=ctx.orders, values=vals, monotone_in_steps=True)
 
 
 @analysis(
-    "ye_shokri_thm4.2", f"{CITE}, Thm 4.2 (shuffle and partition)", (SHUFFLE_PARTITION,),
-    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
+    "ye_shokri_thm4.2",
+    f"{CITE}, Thm 4.2 (shuffle and partition)",
+    (SHUFFLE_PARTITION,),
+    hidden_state=True,
+    needs="m > 0, lr < 2/(m+M), n/b >= 2",
+)
 def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.2 (shuffle and partition), eq. (5)::
 
@@ -166,8 +176,7 @@ def thm_4_2(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     l = run.steps_per_epoch
     second = log_mean_exp_eps0(run, orders, l) / (orders - 1)
     vals = _first_term(run, orders, cm.epochs_visited(run)) + second
-    return RdpBound(orders=ctx.orders, values=vals,
-                    monotone_in_steps=True)
+    return RdpBound(orders=ctx.orders, values=vals, monotone_in_steps=True)
 
 
 # Positions j of Thm 4.2's average summed term by term; the rest is bounded in closed form.
@@ -210,7 +219,9 @@ def log_mean_exp_eps0(run: TrainingRunDpEvent, orders: np.ndarray, l: int) -> np
             log_chord = np.where(s == 0, 0.0, _log_expm1(s) - np.log(np.where(s > 0, s, 1.0)))
             # int_H^l f = (1-rho)/(rho log(1/rho)) * log r, log r = log(-expm1(l lr)) - log(-expm1(H lr)) >= 0
             log_r = math.log(-math.expm1(l * lr)) - math.log(-math.expm1(h * lr))
-            log_integral = (math.log(-math.expm1(lr)) - lr - math.log(-lr) + math.log(log_r)) if log_r > 0 else -math.inf
+            log_integral = (
+                (math.log(-math.expm1(lr)) - lr - math.log(-lr) + math.log(log_r)) if log_r > 0 else -math.inf
+            )
             log_tail = log_c + log_chord + log_integral + 1e-12  # + a float rounding margin
             parts.append(log_tail[:, None])
         log_excess = special.logsumexp(np.hstack(parts), axis=1)
@@ -320,8 +331,9 @@ def _iterate_one(y, a, b, rho, fixed, slope_at_fixed, steps, done):
         done += chunk
         if steps == 0:
             return y
-        upper, finished = _certified_end(np.array([y]), np.array([last]), np.array([a]), b, rho,
-                                         fixed, slope_at_fixed, steps)
+        upper, finished = _certified_end(
+            np.array([y]), np.array([last]), np.array([a]), b, rho, fixed, slope_at_fixed, steps
+        )
         if finished[0] or done >= MAX_ITERATIONS:
             return float(upper[0])
     return y
@@ -356,8 +368,12 @@ def _fixed_point_or_inf(a, b, rho) -> float:
 
 
 @analysis(
-    "ye_shokri_thm4.3", f"{CITE}, Thm 4.3 (sampling without replacement)", (WITHOUT_REPLACEMENT,),
-    hidden_state=True, needs="m > 0, lr < 2/(m+M), n/b >= 2")
+    "ye_shokri_thm4.3",
+    f"{CITE}, Thm 4.3 (sampling without replacement)",
+    (WITHOUT_REPLACEMENT,),
+    hidden_state=True,
+    needs="m > 0, lr < 2/(m+M), n/b >= 2",
+)
 def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.3 (sampling without replacement), eq. (6): ``eps <= log(S^0_K(alpha)) / (alpha - 1)``
     with the recursion of :func:`thm_4_3_log_s` run for every step."""
@@ -366,15 +382,17 @@ def thm_4_3(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
         return NotApplicable(reason=reason)
     orders = np.asarray(ctx.orders, dtype=float)
     vals = thm_4_3_log_s(run, orders, run.steps) / (orders - 1)
-    return RdpBound(orders=ctx.orders, values=vals,
-                    monotone_in_steps=True)
+    return RdpBound(orders=ctx.orders, values=vals, monotone_in_steps=True)
 
 
 @analysis(
     "ye_shokri_thm4.3_poisson",
     f"{CITE}, Thm 4.3 with b/n -> q for Poisson batches (docs/derivations.md section 10); batch-size cap (sections 6-7)",
-    ("poisson",), hidden_state=True, needs="l2_regularization > 0, lr < 2/(m_reg + M_(K+1))",
-    add_or_remove="native")
+    ("poisson",),
+    hidden_state=True,
+    needs="l2_regularization > 0, lr < 2/(m_reg + M_(K+1))",
+    add_or_remove="native",
+)
 def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     """Thm 4.3's recursion for Poisson batches (section 10), conditioned on a cap ``K`` on the other
     records' batch size: ``lambda = m_reg`` (an empty batch is possible), ``beta = M_{K+1} =
@@ -389,7 +407,9 @@ def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     if s.m_reg is None or s.m_reg <= 0:
         return NotApplicable(reason=ph.NEED_L2)
     if math.log1p(-min(s.lr * s.m_reg, 0.5)) == 0.0:
-        return NotApplicable(reason="lr * l2_regularization underflows: the contraction 1 - lr m_reg is 1 in floating point")
+        return NotApplicable(
+            reason="lr * l2_regularization underflows: the contraction 1 - lr m_reg is 1 in floating point"
+        )
     target = math.log1p(-s.lr * s.m_reg) if s.lr * s.m_reg < 1 else -math.inf
     admissible = lambda lc: lc <= target + 1e-15 * abs(target)
     orders = np.asarray(ctx.orders, dtype=float)
@@ -399,8 +419,10 @@ def thm_4_3_poisson(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     def inner(c) -> Bound:
         beta = s.m_reg + ((c.cap + 1) / s.b) * (s.M - s.m_reg)
         if not s.lr < 2.0 / (s.m_reg + beta):
-            return NotApplicable(reason=f"needs lr < 2/(lambda + beta) = {2.0 / (s.m_reg + beta):.6g} for batches of "
-                                        f"up to {c.cap + 1} records, got {s.lr:.6g}")
+            return NotApplicable(
+                reason=f"needs lr < 2/(lambda + beta) = {2.0 / (s.m_reg + beta):.6g} for batches of "
+                f"up to {c.cap + 1} records, got {s.lr:.6g}"
+            )
         log_rho = 2.0 * math.log1p(-s.lr * s.m_reg)
         vals = recursion_log_s(s.q, log_rho, unit, orders, s.steps) / (orders - 1)
         return RdpBound(orders=ctx.orders, values=vals, note=f"rho = (1 - lr m_reg)^2, batches of <= {c.cap + 1}")

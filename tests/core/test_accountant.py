@@ -16,9 +16,16 @@ from hidden_state_accountants.schedules import SAMPLINGS
 
 def make_run(sampling="cyclic", geometry=True, steps=400, **kw):
     n, b = 2000, 100
-    args = dict(dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps, noise_multiplier=2.0,
-                clip_norm=1.0, learning_rate=0.1, sampling=sampling,
-                geometry=LossGeometry(strong_convexity=0.05, smoothness=1.05, diameter=2.0) if geometry else None)
+    args = dict(
+        dataset_size=n,
+        batch_size=n if sampling == "full" else b,
+        steps=steps,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=0.05, smoothness=1.05, diameter=2.0) if geometry else None,
+    )
     args.update(kw)
     return TrainingRunDpEvent(**args)
 
@@ -99,6 +106,7 @@ def test_noise_schedule_composition():
     report = HiddenStateAccountant().compose(run).explain(1e-5)
     mu = math.sqrt(200 * (2 / 2.0) ** 2 + 200 * (2 / 1.0) ** 2)
     from hidden_state_accountants.fdp import gdp_epsilon
+
     assert report.epsilon == pytest.approx(gdp_epsilon(mu, 1e-5))
 
 
@@ -122,6 +130,7 @@ def test_composes_with_standard_events_and_repeats():
 def test_gaussian_event_uses_replace_one_sensitivity():
     acc = HiddenStateAccountant().compose(dpa.GaussianDpEvent(2.0))
     from hidden_state_accountants.fdp import gdp_epsilon
+
     assert acc.get_epsilon(1e-5) == pytest.approx(gdp_epsilon(1.0, 1e-5))  # mu = 2C / (zC) = 1
 
 
@@ -137,8 +146,8 @@ def test_curves_for_plotting():
     alpha = np.linspace(0, 1, 101)
     beta = acc.tradeoff_curve(alpha)
     assert beta[0] <= 1 and beta[-1] == 0
-    assert np.all(np.diff(beta) <= 1e-12)          # a tradeoff function decreases
-    assert np.all(beta <= 1 - alpha + 1e-12)       # and lies below Id
+    assert np.all(np.diff(beta) <= 1e-12)  # a tradeoff function decreases
+    assert np.all(beta <= 1 - alpha + 1e-12)  # and lies below Id
     eps = acc.get_epsilon(1e-5)
     # (eps, 1e-5) constrains the curve: beta(alpha) >= 1 - 1e-5 - e^eps alpha
     assert np.all(beta >= 1 - 1e-5 - math.exp(eps) * alpha - 1e-6)
@@ -152,21 +161,47 @@ def test_registry_covers_design_table():
     assert table == {
         "full": affine + ["bok_thm4.2", "bok_thm4.3", "chourasia_cor1", "chourasia_thm2"],
         "cyclic": affine + ["bok_thm4.5", "bok_thm4.6", "ye_shokri_thm2.1", "ye_shokri_thm3.3"],
-        "shuffle_partition": affine + ["bok_thm4.5", "bok_thm4.6", "si_position_amplified", "si_position_average",
-                                       "si_position_average_constrained", "si_position_average_rdp",
-                                       "ye_shokri_thm2.1", "ye_shokri_thm3.3", "ye_shokri_thm4.2"],
+        "shuffle_partition": affine
+        + [
+            "bok_thm4.5",
+            "bok_thm4.6",
+            "si_position_amplified",
+            "si_position_average",
+            "si_position_average_constrained",
+            "si_position_average_rdp",
+            "ye_shokri_thm2.1",
+            "ye_shokri_thm3.3",
+            "ye_shokri_thm4.2",
+        ],
         # issue 11: no fixed-order theorem for reshuffling (they fail at a partial last epoch)
-        "reshuffle": affine + ["si_reshuffle_amplified", "si_reshuffle_average", "si_reshuffle_average_rdp",
-                               "si_reshuffle_worst", "si_reshuffle_worst_constrained"],
+        "reshuffle": affine
+        + [
+            "si_reshuffle_amplified",
+            "si_reshuffle_average",
+            "si_reshuffle_average_rdp",
+            "si_reshuffle_worst",
+            "si_reshuffle_worst_constrained",
+        ],
         "without_replacement": affine + ["altschuler_talwar_eq3.3", "bok_thm4.10", "bok_thm4.9", "ye_shokri_thm4.3"],
         "poisson": affine + ["altschuler_talwar_eq3.3_poisson", "si_poisson", "ye_shokri_thm4.3_poisson"],
         "balls_in_bins": affine + ["si_balls_in_bins"],  # issue 19: docs/derivations.md, "Balls-in-bins sampling"
     }
     # issue 12: which analyses hold under ADD_OR_REMOVE_ONE (docs/derivations.md section 11)
     add_remove = sorted(a.name for a in registry.all_analyses() if "ADD_OR_REMOVE_ONE" in a.relations)
-    assert add_remove == ["altschuler_talwar_eq3.3_poisson", "bok_thm4.1", "bok_thm4.2", "bok_thm4.3",
-                          "chourasia_cor1", "chourasia_thm2", "composition_balls_in_bins", "composition_poisson_pld",
-                          "composition_poisson_rdp", "si_balls_in_bins", "si_poisson", "ye_shokri_thm4.3_poisson"]
+    assert add_remove == [
+        "altschuler_talwar_eq3.3_poisson",
+        "bok_thm4.1",
+        "bok_thm4.2",
+        "bok_thm4.3",
+        "chourasia_cor1",
+        "chourasia_thm2",
+        "composition_balls_in_bins",
+        "composition_poisson_pld",
+        "composition_poisson_rdp",
+        "si_balls_in_bins",
+        "si_poisson",
+        "ye_shokri_thm4.3_poisson",
+    ]
     for s in SAMPLINGS:
         assert any(not a.hidden_state for a in registry.analyses_for(s)), s
     for a in registry.all_analyses():  # each analysis describes itself
@@ -179,8 +214,9 @@ def test_inapplicable_analyses_are_listed_without_running_them(monkeypatch):
     def boom(run, ctx):
         raise AssertionError("an analysis for another schedule was run")
 
-    swapped = tuple(dataclasses.replace(i, function=boom) if i.name == info.name else i
-                    for i in registry.TRAINING_RUN_ANALYSES)
+    swapped = tuple(
+        dataclasses.replace(i, function=boom) if i.name == info.name else i for i in registry.TRAINING_RUN_ANALYSES
+    )
     monkeypatch.setitem(registry.ANALYSES, TrainingRunDpEvent, swapped)
     report = HiddenStateAccountant().compose(make_run()).explain(1e-5)
     row = next(a for a in report.analyses if a.name == "bok_thm4.9")

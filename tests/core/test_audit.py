@@ -15,11 +15,21 @@ SAMPLINGS = ["full", "cyclic", "shuffle_partition", "reshuffle", "without_replac
 
 def make(sampling, construction, z=0.6, steps=40, lr=0.5, m=0.5, D=0.3):
     n = 60
-    geometry = (LossGeometry(strong_convexity=m, smoothness=max(m, 0.5)) if construction == "strongly_convex"
-                else LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=D))
-    return TrainingRunDpEvent(dataset_size=n, batch_size=n if sampling == "full" else 6, steps=steps,
-                              noise_multiplier=z, clip_norm=1.0, learning_rate=lr, sampling=sampling,
-                              geometry=geometry)
+    geometry = (
+        LossGeometry(strong_convexity=m, smoothness=max(m, 0.5))
+        if construction == "strongly_convex"
+        else LossGeometry(strong_convexity=0.0, smoothness=0.5, diameter=D)
+    )
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=n if sampling == "full" else 6,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=geometry,
+    )
 
 
 @pytest.mark.parametrize("construction", ["strongly_convex", "constrained"])
@@ -47,15 +57,19 @@ def test_audit_detects_an_overclaimed_bound():
     result = audit(true_run, repetitions=50000, seed=2)
     claimed = make("full", "strongly_convex", z=8.0, steps=30)
     from hidden_state_accountants import HiddenStateAccountant
+
     assert HiddenStateAccountant().compose(claimed).get_epsilon(1e-5) < result.epsilon_lower
 
 
-@pytest.mark.parametrize("kwargs,parameter", [
-    (dict(construction="nonsense"), "construction"),
-    (dict(repetitions=10), "repetitions"),
-    (dict(delta=0.0), "delta"),
-    (dict(confidence=1.0), "confidence"),
-])
+@pytest.mark.parametrize(
+    "kwargs,parameter",
+    [
+        (dict(construction="nonsense"), "construction"),
+        (dict(repetitions=10), "repetitions"),
+        (dict(delta=0.0), "delta"),
+        (dict(confidence=1.0), "confidence"),
+    ],
+)
 def test_bad_audit_arguments(kwargs, parameter):
     with pytest.raises(ParameterError) as err:
         audit(make("full", "strongly_convex"), **kwargs)
@@ -72,10 +86,34 @@ def test_constructions_need_the_matching_geometry():
 
 
 def test_hsa_audit_command(capsys):
-    code = main(["audit", "--dataset-size", "60", "--batch-size", "6", "--steps", "40", "--noise-multiplier", "0.6",
-                 "--clip-norm", "1", "--learning-rate", "0.5", "--sampling", "shuffle_partition",
-                 "--strong-convexity", "0.5", "--smoothness", "0.5", "--delta", "1e-5",
-                 "--repetitions", "5000", "--json"])
+    code = main(
+        [
+            "audit",
+            "--dataset-size",
+            "60",
+            "--batch-size",
+            "6",
+            "--steps",
+            "40",
+            "--noise-multiplier",
+            "0.6",
+            "--clip-norm",
+            "1",
+            "--learning-rate",
+            "0.5",
+            "--sampling",
+            "shuffle_partition",
+            "--strong-convexity",
+            "0.5",
+            "--smoothness",
+            "0.5",
+            "--delta",
+            "1e-5",
+            "--repetitions",
+            "5000",
+            "--json",
+        ]
+    )
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["consistent"] is True
     assert {"epsilon_lower", "epsilon_reported", "construction", "repetitions"} <= set(data)
@@ -100,6 +138,7 @@ class _TimeLimit:
     def __enter__(self):
         def fail(*_):
             raise AssertionError(f"took more than {self.seconds} s")
+
         self.old = signal.signal(signal.SIGALRM, fail)
         signal.alarm(self.seconds)
 
@@ -143,9 +182,35 @@ def test_hsa_audit_refuses_too_much_work_with_one_line(capsys):
 
 
 def _main_audit_too_long():
-    return main(["audit", "--dataset-size", "60", "--batch-size", "6", "--steps", str(10**12), "--noise-multiplier", "0.6",
-                 "--clip-norm", "1", "--learning-rate", "0.5", "--sampling", "cyclic", "--smoothness", "0.5",
-                 "--diameter", "0.3", "--construction", "constrained", "--delta", "1e-5", "--repetitions", "1000"])
+    return main(
+        [
+            "audit",
+            "--dataset-size",
+            "60",
+            "--batch-size",
+            "6",
+            "--steps",
+            str(10**12),
+            "--noise-multiplier",
+            "0.6",
+            "--clip-norm",
+            "1",
+            "--learning-rate",
+            "0.5",
+            "--sampling",
+            "cyclic",
+            "--smoothness",
+            "0.5",
+            "--diameter",
+            "0.3",
+            "--construction",
+            "constrained",
+            "--delta",
+            "1e-5",
+            "--repetitions",
+            "1000",
+        ]
+    )
 
 
 def _loop_reference(run, sign, reps, construction, rng):
@@ -161,8 +226,13 @@ def _loop_reference(run, sign, reps, construction, rng):
     x = sign if construction == "constrained" or run.sampling == "poisson" else (2.0 if sign > 0 else 0.0)
     l = run.steps_per_epoch
     slot_batch = lambda: rng.integers(0, n, reps) // b
-    position = (np.full(reps, l - 1) if run.sampling == "cyclic"
-                else slot_batch() if run.sampling == "shuffle_partition" else None)
+    position = (
+        np.full(reps, l - 1)
+        if run.sampling == "cyclic"
+        else slot_batch()
+        if run.sampling == "shuffle_partition"
+        else None
+    )
     theta = np.zeros(reps)
     for t in range(run.steps):
         scale = 1.0
@@ -197,9 +267,17 @@ def test_vectorised_simulation_has_the_law_of_the_step_loop(sampling, constructi
 
 @pytest.mark.parametrize("last_batch", ["kept_own_size", "kept_batch_size"])
 def test_reshuffle_with_a_kept_short_batch_has_the_law_of_the_step_loop(last_batch):
-    run = TrainingRunDpEvent(dataset_size=63, batch_size=6, steps=25, noise_multiplier=0.6, clip_norm=1.0,
-                             learning_rate=0.5, sampling="reshuffle", last_batch=last_batch,
-                             geometry=LossGeometry(strong_convexity=0.3, smoothness=0.5))
+    run = TrainingRunDpEvent(
+        dataset_size=63,
+        batch_size=6,
+        steps=25,
+        noise_multiplier=0.6,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="reshuffle",
+        last_batch=last_batch,
+        geometry=LossGeometry(strong_convexity=0.3, smoothness=0.5),
+    )
     for sign in (1.0, -1.0):
         fast = audit_module.simulate(run, sign, 20000, "strongly_convex", np.random.default_rng(1))
         slow = _loop_reference(run, sign, 20000, "strongly_convex", np.random.default_rng(2))
@@ -235,9 +313,16 @@ def test_clip_map_composition_equals_the_step_loop():
 
 def test_long_audit_is_vectorised_over_steps():
     # 10^6 steps x 100 repetitions took 37 s with one Python iteration per step
-    run = TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=10**6, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.05, sampling="cyclic",
-                             geometry=LossGeometry(strong_convexity=0.01, smoothness=1.0))
+    run = TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=10**6,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="cyclic",
+        geometry=LossGeometry(strong_convexity=0.01, smoothness=1.0),
+    )
     start = time.perf_counter()
     result = audit(run, repetitions=100, seed=0)
     assert time.perf_counter() - start < 10
@@ -246,9 +331,16 @@ def test_long_audit_is_vectorised_over_steps():
 
 @pytest.mark.slow
 def test_long_projected_audit_is_vectorised_over_steps():
-    run = TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=10**6, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.05, sampling="poisson",
-                             geometry=LossGeometry(strong_convexity=0.0, smoothness=1.0, diameter=1.0))
+    run = TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=10**6,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="poisson",
+        geometry=LossGeometry(strong_convexity=0.0, smoothness=1.0, diameter=1.0),
+    )
     start = time.perf_counter()
     result = audit(run, construction="constrained", repetitions=100, seed=0, progress=False)
     assert time.perf_counter() - start < 60

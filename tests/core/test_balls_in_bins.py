@@ -29,10 +29,18 @@ SLACK = 1e-6
 
 
 def run_of(n, b, T, z, lr, m, M=None, l2="same", **kw):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=T, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=lr, sampling=BALLS_IN_BINS,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M),
-                              l2_regularization=m if l2 == "same" else l2, **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=T,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=BALLS_IN_BINS,
+        geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M),
+        l2_regularization=m if l2 == "same" else l2,
+        **kw,
+    )
 
 
 def ctx_of(relation):
@@ -151,9 +159,17 @@ def test_one_step_equals_the_sampled_gaussian():
 
 
 @pytest.mark.parametrize("relation", RELATIONS, ids=lambda r: r.name)
-@pytest.mark.parametrize("n,b,T,z,lrm,Mfac", [
-    (6, 2, 2, 0.5, 0.5, 1.0), (9, 3, 5, 1.0, 0.1, 1.5), (12, 3, 7, 2.0, 0.9, 1.0), (12, 4, 4, 4.0, 0.5, 1.2),
-    (9, 3, 3, 1.0, 0.5, 1.5), (20, 4, 6, 1.0, 0.5, 1.0)])
+@pytest.mark.parametrize(
+    "n,b,T,z,lrm,Mfac",
+    [
+        (6, 2, 2, 0.5, 0.5, 1.0),
+        (9, 3, 5, 1.0, 0.1, 1.5),
+        (12, 3, 7, 2.0, 0.9, 1.0),
+        (12, 4, 4, 4.0, 0.5, 1.2),
+        (9, 3, 3, 1.0, 0.5, 1.5),
+        (20, 4, 6, 1.0, 0.5, 1.0),
+    ],
+)
 def test_bound_is_at_least_the_exact_pair(relation, n, b, T, z, lrm, Mfac):
     m = 0.5
     check(run_of(n, b, T, z, lrm / m, m, M=m * Mfac), relation)
@@ -165,8 +181,9 @@ def test_bound_is_at_least_the_exact_pair_on_a_grid(relation):
     """340 settings per relation (300 with a cap below delta), three deltas: the ratios quoted in
     docs/derivations.md B.3/B.4."""
     ratios = []
-    for (n, b), T, z, lrm, Mfac in itertools.product(((6, 2), (9, 3), (12, 3)), (1, 2, 3, 5, 9), (0.5, 1, 2, 4),
-                                                    (0.1, 0.5, 0.9), (1.0, 1.5)):
+    for (n, b), T, z, lrm, Mfac in itertools.product(
+        ((6, 2), (9, 3), (12, 3)), (1, 2, 3, 5, 9), (0.5, 1, 2, 4), (0.1, 0.5, 0.9), (1.0, 1.5)
+    ):
         m = 0.5
         if (lrm / m) * m * Mfac * (b + 1) / b >= 2:
             continue
@@ -183,21 +200,46 @@ def test_binding_cap_against_brute_force(relation):
     """A Huber loss whose batches of more than 19 records are expansive: the largest admissible cap
     (18 others) fails with probability about 2e-3, which the bound adds to delta."""
     n, b, lr, m_reg, h = 30, 10, 0.976, 0.1, 1.0
-    run = TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=3, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=lr, sampling=BALLS_IN_BINS, l2_regularization=m_reg,
-                             geometry=LossGeometry(strong_convexity=m_reg, smoothness=m_reg + h))
+    run = TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=3,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=BALLS_IN_BINS,
+        l2_regularization=m_reg,
+        geometry=LossGeometry(strong_convexity=m_reg, smoothness=m_reg + h),
+    )
     setup, _ = bib.allocation_setup(run, ctx_of(relation))
     caps = bib.allocation_caps(setup)
     assert caps and max(c.cap for c in caps) < n and all(1e-4 < c.p < 1e-2 for c in caps)  # binding
     bound = bib.si_balls_in_bins(run, ctx_of(relation))
     others = n if relation == ADD_OR_REMOVE_ONE else n - 1
-    truth = exact.balls_in_bins_huber_epsilon(n_others=others, b=b, steps_per_epoch=n // b, steps=3, z=1.0, C=1.0,
-                                              lr=lr, m_reg=m_reg, h=h, relation=relation.name, delta=1e-2)
+    truth = exact.balls_in_bins_huber_epsilon(
+        n_others=others,
+        b=b,
+        steps_per_epoch=n // b,
+        steps=3,
+        z=1.0,
+        C=1.0,
+        lr=lr,
+        m_reg=m_reg,
+        h=h,
+        relation=relation.name,
+        delta=1e-2,
+    )
     assert bound.epsilon(1e-2) >= truth * (1 + 1e-3)
 
 
-@given(n=st.integers(4, 14), b=st.integers(1, 4), T=st.integers(1, 8), z=st.floats(0.4, 5.0),
-       lrm=st.floats(0.05, 0.95), relation=st.sampled_from(RELATIONS))
+@given(
+    n=st.integers(4, 14),
+    b=st.integers(1, 4),
+    T=st.integers(1, 8),
+    z=st.floats(0.4, 5.0),
+    lrm=st.floats(0.05, 0.95),
+    relation=st.sampled_from(RELATIONS),
+)
 def test_random_settings_are_sound(n, b, T, z, lrm, relation):
     if b > n:
         return
@@ -255,7 +297,8 @@ def test_composition_is_one_gaussian_per_epoch(relation, rho):
     assert bound.mu == pytest.approx(rho * math.sqrt(3) / 2.0)
     noisy = run.replace(noise_multiplier=tuple([2.0] * 11 + [1.0]))  # the last epoch's noisiest step
     assert registry.get("composition_balls_in_bins").function(noisy, ctx_of(relation)).mu == pytest.approx(
-        rho * math.sqrt(1 / 4 + 1 / 4 + 1.0))
+        rho * math.sqrt(1 / 4 + 1 / 4 + 1.0)
+    )
 
 
 def test_public_draws_get_the_worst_pattern_and_missing_l2_is_a_reason():
@@ -297,13 +340,25 @@ def test_mnist_scale_numbers_and_speed():
     import time
 
     geom = LossGeometry.logistic_regression(1.0, 0.01)
-    run = TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=234 * 20, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling=BALLS_IN_BINS, geometry=geom, l2_regularization=0.01)
+    run = TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=234 * 20,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=BALLS_IN_BINS,
+        geometry=geom,
+        l2_regularization=0.01,
+    )
     add_remove = bib.si_balls_in_bins(run, ctx_of(ADD_OR_REMOVE_ONE)).epsilon(1e-5)
     replace = bib.si_balls_in_bins(run, ctx_of(REPLACE_ONE)).epsilon(1e-5)
     assert add_remove == pytest.approx(0.5445, abs=2e-3) and replace == pytest.approx(0.987, abs=5e-3)
-    truth = exact.exact_pair(run.replace(geometry=LossGeometry(strong_convexity=0.01, smoothness=0.01)),
-                             relation="ADD_OR_REMOVE_ONE", grid_points=1 << 13)
+    truth = exact.exact_pair(
+        run.replace(geometry=LossGeometry(strong_convexity=0.01, smoothness=0.01)),
+        relation="ADD_OR_REMOVE_ONE",
+        grid_points=1 << 13,
+    )
     assert add_remove >= truth.epsilon_bracket(1e-5)[1]
     long = run.replace(steps=10**5)
     start = time.perf_counter()

@@ -1,16 +1,28 @@
 """Noise calibration and epoch budgets."""
 
-
 import pytest
 
-from hidden_state_accountants import (HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent,
-                                      calibrate_noise_multiplier, max_epochs_within_budget)
+from hidden_state_accountants import (
+    HiddenStateAccountant,
+    LossGeometry,
+    ParameterError,
+    TrainingRunDpEvent,
+    calibrate_noise_multiplier,
+    max_epochs_within_budget,
+)
 
 
 def cyclic_run(epochs=50, z=1.0, m=0.002):
-    return TrainingRunDpEvent.from_epochs(dataset_size=60000, batch_size=1500, epochs=epochs, noise_multiplier=z,
-                                          clip_norm=1.0, learning_rate=0.05, sampling="cyclic",
-                                          geometry=LossGeometry(strong_convexity=m, smoothness=1.0 + m))
+    return TrainingRunDpEvent.from_epochs(
+        dataset_size=60000,
+        batch_size=1500,
+        epochs=epochs,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="cyclic",
+        geometry=LossGeometry(strong_convexity=m, smoothness=1.0 + m),
+    )
 
 
 def eps(run):
@@ -74,8 +86,16 @@ def test_epochs_budget_without_geometry_is_composition():
 
 # ------------------------------------------------------------------ issue 10
 def sampled(steps, sampling="poisson", z=1.0, geometry=None):
-    return TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.05, sampling=sampling, geometry=geometry)
+    return TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling=sampling,
+        geometry=geometry,
+    )
 
 
 @pytest.mark.parametrize("sampling", ["cyclic", pytest.param("poisson", marks=pytest.mark.slow)])
@@ -110,6 +130,7 @@ def test_noise_calibration_finds_the_smallest_noise_over_every_analysis():
 def test_noise_calibration_at_ten_million_poisson_steps_is_fast():
     # was 177 s (and the bound itself gave way above 10^7 steps); target < 10 s on an idle machine
     import time
+
     start = time.perf_counter()
     result = calibrate_noise_multiplier(sampled(10**7), 8.0, 1e-5)
     assert time.perf_counter() - start < 40  # generous: shared test machines
@@ -121,9 +142,17 @@ def test_noise_calibration_at_ten_million_poisson_steps_is_fast():
 @pytest.mark.parametrize("sampling", ["without_replacement", "shuffle_partition", "cyclic", "full"])
 def test_noise_calibration_at_ten_million_steps_is_fast(sampling):
     import time
+
     n, b = (60000, 60000) if sampling == "full" else (60000, 256)
-    run = TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=10**7, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.05, sampling=sampling)
+    run = TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=10**7,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling=sampling,
+    )
     start = time.perf_counter()
     result = calibrate_noise_multiplier(run, 8.0, 1e-5)
     assert time.perf_counter() - start < 40

@@ -19,8 +19,15 @@ from hidden_state_accountants.analyses import registry
 
 
 def test_search_starts_with_an_analysis_that_applies_when_it_is_slow(monkeypatch):
-    run = TrainingRunDpEvent(dataset_size=60, batch_size=10, steps=18, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling="cyclic")  # no geometry: bok_thm4.4 alone applies
+    run = TrainingRunDpEvent(
+        dataset_size=60,
+        batch_size=10,
+        steps=18,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="cyclic",
+    )  # no geometry: bok_thm4.4 alone applies
     target, delta = 4.0, 1e-5
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

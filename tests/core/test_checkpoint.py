@@ -42,8 +42,12 @@ def test_a_sealed_state_refuses_any_edit():
     rec = live()
     sealed = seal_state({"ledger": rec.ledger_state(), "seed": 12345})
     assert unseal_state(json.loads(json.dumps(sealed))) == {"ledger": rec.ledger_state(), "seed": 12345}
-    edits = [lambda s: s["ledger"][0].__setitem__(1, 29), lambda s: s.__setitem__("seed", 12346),
-             lambda s: s["ledger"][0][0].__setitem__("noise_multiplier", 2.5), lambda s: s.__setitem__("x", 1)]
+    edits = [
+        lambda s: s["ledger"][0].__setitem__(1, 29),
+        lambda s: s.__setitem__("seed", 12346),
+        lambda s: s["ledger"][0][0].__setitem__("noise_multiplier", 2.5),
+        lambda s: s.__setitem__("x", 1),
+    ]
     for edit in edits:
         forged = json.loads(json.dumps(sealed))
         edit(forged)
@@ -59,11 +63,17 @@ def test_a_sealed_state_refuses_any_edit():
 
 def test_open_state_checks_format_keys_and_steps():
     with pytest.raises(ParameterError, match="^checkpoint: the state lacks ledger$"):
-        open_state(seal_state({"format": "f", "version": 2, "steps": 0}), subject="the state", fmt="f", version=2,
-                   keys=("ledger",))
+        open_state(
+            seal_state({"format": "f", "version": 2, "steps": 0}),
+            subject="the state",
+            fmt="f",
+            version=2,
+            keys=("ledger",),
+        )
     with pytest.raises(ParameterError, match=r"^checkpoint: the state has steps=-1; must be an integer >= 0$"):
-        open_state(seal_state({"format": "f", "version": 2, "steps": -1}), subject="the state", fmt="f", version=2,
-                   keys=())
+        open_state(
+            seal_state({"format": "f", "version": 2, "steps": -1}), subject="the state", fmt="f", version=2, keys=()
+        )
 
 
 def test_a_run_round_trips_through_json_exactly():
@@ -73,8 +83,11 @@ def test_a_run_round_trips_through_json_exactly():
     assert extra == {"extra_field": [1, 2]}
     assert run.recorder.ledger == rec.ledger and run.steps == 30
     assert run.recorder.run(warn=False) == rec.run(warn=False)
-    assert run.claim == rec.claim and (run.schedule, run.claim.geometry, run.claim.model) == (rec.claim.schedule, GEOM,
-                                                                                               LINEAR)
+    assert run.claim == rec.claim and (run.schedule, run.claim.geometry, run.claim.model) == (
+        rec.claim.schedule,
+        GEOM,
+        LINEAR,
+    )
     assert run.claim.relation()[0].name == "REPLACE_ONE" and run.weights_digest == "ab" * 32
     assert run.recorder.largest_feature_norm == 0.9
     assert seal_run(run, fmt="f", version=1, extra_field=[1, 2]) == sealed
@@ -104,39 +117,54 @@ def _resealed(edit):
     return seal_state(payload)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda p: p.update(steps=31), "says 31 steps were taken but its ledger accounts 30$"),
-    (lambda p: p["ledger"][0][0].update(divisor=7), "has an invalid ledger .*divides the clipped sum by 7"),
-    (lambda p: p["ledger"][0][0].update(learning_rate=5.0),
-     "has an invalid ledger .*learning_rate: must be < 2/smoothness"),
-    (lambda p: p["claim"].update(model=None), "has a claim that does not hold .*model structure is unknown"),
-    (lambda p: p["claim"].update(seed_is_secret="yes"), "has seed_is_secret='yes'; must be true or false"),
-    (lambda p: p["claim"]["schedule"].update(seed=None), "has a shuffle_partition schedule without its seed"),
-    (lambda p: p["claim"]["schedule"].update(sampling="sometimes"), "has an invalid schedule"),
-    (lambda p: p["claim"].update(dataset_size=True), "has dataset_size=True; must be a positive integer or null"),
-    (lambda p: p["claim"].update(neighboring_relation="REPLACE_SPECIAL"), "has a claim that does not hold"),
-    (lambda p: p["claim"].update(default_relation=None), "has a claim that does not hold"),
-    (lambda p: p["claim"].update(loss=["other"]), "has loss=\\['other'\\]; must be \\[kind or null, description\\]"),
-    (lambda p: p["claim"].update(loss=["other", "MeanSquaredError"]), "has a claim that does not hold .*loss"),
-    (lambda p: p["claim"].update(feature_unobservable=3), "has feature_unobservable=3; must be a reason or null"),
-    (lambda p: p["claim"].update(feature_unobservable="unseen"),  # only with assume_convex_model
-     "has a claim that does not hold .*feature_norm_bound: 1 can be neither enforced nor checked: unseen"),
-    (lambda p: p.update(largest_feature_norm=1.5), "has 30 steps whose largest input norm is 1.5"),
-    (lambda p: p.update(largest_feature_norm=None), "has 30 steps whose largest input norm is not known"),
-    (lambda p: p.update(largest_feature_norm="0.5"), "has largest_feature_norm='0.5'; must be a number"),
-    (lambda p: p["ledger"][0][0].update(optimizer="Adam"), "has an invalid ledger .*optimizer: must be one of sgd"),
-    (lambda p: p["claim"]["model"]["layers"][0].update(trainable=1), "has an invalid geometry or model"),
-    (lambda p: p["claim"].update(geometry={"smoothness": -1}), "has an invalid geometry or model .*smoothness"),
-    (lambda p: p["claim"].pop("geometry"), "has a claim with fields"),
-    (lambda p: p["claim"]["geometry"].update(loss="hinge"), "has an invalid geometry or model .*loss"),
-    (lambda p: p["claim"]["model"].pop("feature_clip_norm"), "has an invalid geometry or model"),
-    (lambda p: p["claim"]["model"].update(feature_clip_norm=True), "has an invalid geometry or model .*feature_clip"),
-    (lambda p: p["claim"]["model"].update(feature_clip_norm=2.0),
-     "has a claim that does not hold .*feature clip \\(max_norm=2\\) .* above the declared bound 1"),
-    (lambda p: p.update(weights_digest=12), "has weights_digest=12; must be a SHA-256 hex digest or null"),
-    (lambda p: p.update(extra=1), "has unknown fields extra"),
-    (lambda p: p.update(claim=None), "accounts 30 steps without a claim"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda p: p.update(steps=31), "says 31 steps were taken but its ledger accounts 30$"),
+        (lambda p: p["ledger"][0][0].update(divisor=7), "has an invalid ledger .*divides the clipped sum by 7"),
+        (
+            lambda p: p["ledger"][0][0].update(learning_rate=5.0),
+            "has an invalid ledger .*learning_rate: must be < 2/smoothness",
+        ),
+        (lambda p: p["claim"].update(model=None), "has a claim that does not hold .*model structure is unknown"),
+        (lambda p: p["claim"].update(seed_is_secret="yes"), "has seed_is_secret='yes'; must be true or false"),
+        (lambda p: p["claim"]["schedule"].update(seed=None), "has a shuffle_partition schedule without its seed"),
+        (lambda p: p["claim"]["schedule"].update(sampling="sometimes"), "has an invalid schedule"),
+        (lambda p: p["claim"].update(dataset_size=True), "has dataset_size=True; must be a positive integer or null"),
+        (lambda p: p["claim"].update(neighboring_relation="REPLACE_SPECIAL"), "has a claim that does not hold"),
+        (lambda p: p["claim"].update(default_relation=None), "has a claim that does not hold"),
+        (
+            lambda p: p["claim"].update(loss=["other"]),
+            "has loss=\\['other'\\]; must be \\[kind or null, description\\]",
+        ),
+        (lambda p: p["claim"].update(loss=["other", "MeanSquaredError"]), "has a claim that does not hold .*loss"),
+        (lambda p: p["claim"].update(feature_unobservable=3), "has feature_unobservable=3; must be a reason or null"),
+        (
+            lambda p: p["claim"].update(feature_unobservable="unseen"),  # only with assume_convex_model
+            "has a claim that does not hold .*feature_norm_bound: 1 can be neither enforced nor checked: unseen",
+        ),
+        (lambda p: p.update(largest_feature_norm=1.5), "has 30 steps whose largest input norm is 1.5"),
+        (lambda p: p.update(largest_feature_norm=None), "has 30 steps whose largest input norm is not known"),
+        (lambda p: p.update(largest_feature_norm="0.5"), "has largest_feature_norm='0.5'; must be a number"),
+        (lambda p: p["ledger"][0][0].update(optimizer="Adam"), "has an invalid ledger .*optimizer: must be one of sgd"),
+        (lambda p: p["claim"]["model"]["layers"][0].update(trainable=1), "has an invalid geometry or model"),
+        (lambda p: p["claim"].update(geometry={"smoothness": -1}), "has an invalid geometry or model .*smoothness"),
+        (lambda p: p["claim"].pop("geometry"), "has a claim with fields"),
+        (lambda p: p["claim"]["geometry"].update(loss="hinge"), "has an invalid geometry or model .*loss"),
+        (lambda p: p["claim"]["model"].pop("feature_clip_norm"), "has an invalid geometry or model"),
+        (
+            lambda p: p["claim"]["model"].update(feature_clip_norm=True),
+            "has an invalid geometry or model .*feature_clip",
+        ),
+        (
+            lambda p: p["claim"]["model"].update(feature_clip_norm=2.0),
+            "has a claim that does not hold .*feature clip \\(max_norm=2\\) .* above the declared bound 1",
+        ),
+        (lambda p: p.update(weights_digest=12), "has weights_digest=12; must be a SHA-256 hex digest or null"),
+        (lambda p: p.update(extra=1), "has unknown fields extra"),
+        (lambda p: p.update(claim=None), "accounts 30 steps without a claim"),
+    ],
+)
 def test_an_inconsistent_run_is_refused_with_what_does_not_hold(edit, message):
     with pytest.raises(ParameterError, match="^checkpoint: the state " + message):
         open_run(_resealed(edit), fmt="f", version=1, subject="the state")
@@ -145,8 +173,9 @@ def test_an_inconsistent_run_is_refused_with_what_does_not_hold(edit, message):
 def test_the_weights_binding():
     run = RunState.of(live(), weights_digest="0" * 64, subject="the state")
     run.check_weights("0" * 64, "the weights")
-    with pytest.raises(ParameterError, match="^checkpoint: the state was saved with other model weights than the "
-                                             "weights"):
+    with pytest.raises(
+        ParameterError, match="^checkpoint: the state was saved with other model weights than the weights"
+    ):
         run.check_weights("1" * 64, "the weights")
     with pytest.raises(ParameterError, match="^checkpoint: the run's state is not bound to model weights"):
         RunState.of(live()).check_weights("0" * 64, "the weights")

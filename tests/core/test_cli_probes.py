@@ -13,12 +13,28 @@ from hidden_state_accountants import calibration
 from hidden_state_accountants.bounds import Bound
 from hidden_state_accountants.cli import FLAG_FOR_PARAMETER, main
 
-CYCLIC = {"--dataset-size": "60000", "--batch-size": "1500", "--noise-multiplier": "3", "--clip-norm": "1",
-          "--learning-rate": "0.05", "--sampling": "cyclic", "--strong-convexity": "0.002", "--smoothness": "1.002",
-          "--delta": "1e-5"}
-POISSON = {"--dataset-size": "6000", "--batch-size": "60", "--noise-multiplier": "1.7", "--clip-norm": "1",
-           "--learning-rate": "0.5", "--sampling": "poisson", "--smoothness": "1.01", "--l2-regularization": "0.01",
-           "--delta": "1e-5"}
+CYCLIC = {
+    "--dataset-size": "60000",
+    "--batch-size": "1500",
+    "--noise-multiplier": "3",
+    "--clip-norm": "1",
+    "--learning-rate": "0.05",
+    "--sampling": "cyclic",
+    "--strong-convexity": "0.002",
+    "--smoothness": "1.002",
+    "--delta": "1e-5",
+}
+POISSON = {
+    "--dataset-size": "6000",
+    "--batch-size": "60",
+    "--noise-multiplier": "1.7",
+    "--clip-norm": "1",
+    "--learning-rate": "0.5",
+    "--sampling": "poisson",
+    "--smoothness": "1.01",
+    "--l2-regularization": "0.01",
+    "--delta": "1e-5",
+}
 
 
 def argv(command, base, *extra, drop=()):
@@ -44,8 +60,7 @@ def refused(capsys, args, flag):
 
 
 # ------------------------------------------------------------------------- bad input, one line
-@pytest.mark.parametrize("command,extra", [("epochs", ["--target-epsilon", "5"]),
-                                           ("plot", ["--output", "x.png"])])
+@pytest.mark.parametrize("command,extra", [("epochs", ["--target-epsilon", "5"]), ("plot", ["--output", "x.png"])])
 def test_a_zero_batch_size_is_named(capsys, tmp_path, command, extra):
     # was: ZeroDivisionError in steps_per_epoch before any validation
     if command == "plot":
@@ -56,16 +71,22 @@ def test_a_zero_batch_size_is_named(capsys, tmp_path, command, extra):
 @pytest.mark.parametrize("command", ["plot", "demo"])
 def test_an_output_where_no_file_can_be_created_is_refused_before_the_work(capsys, command):
     # was: FileNotFoundError from matplotlib after the whole computation
-    args = ["demo", "--output", "/proc/x.png"] if command == "demo" else \
-        argv("plot", CYCLIC, "--output", "/proc/x.png", "--max-epochs", "2")
+    args = (
+        ["demo", "--output", "/proc/x.png"]
+        if command == "demo"
+        else argv("plot", CYCLIC, "--output", "/proc/x.png", "--max-epochs", "2")
+    )
     out, err = refused(capsys, args, "--output")
     assert out == "" and "/proc" in err
 
 
-@pytest.mark.parametrize("change,flag", [
-    ({"--epochs": "1e30"}, "--epochs"),
-    ({"--epochs": "10", "--dataset-size": "1" + "0" * 30}, "--dataset-size"),
-])
+@pytest.mark.parametrize(
+    "change,flag",
+    [
+        ({"--epochs": "1e30"}, "--epochs"),
+        ({"--epochs": "10", "--dataset-size": "1" + "0" * 30}, "--dataset-size"),
+    ],
+)
 def test_too_many_steps_name_the_flag_typed(capsys, change, flag):
     # was: "--steps: must be at most 1e+18", a flag the user never typed
     out, err = refused(capsys, argv("epsilon", {**CYCLIC, **change}), flag)
@@ -74,37 +95,46 @@ def test_too_many_steps_name_the_flag_typed(capsys, change, flag):
 
 def test_a_max_epochs_beyond_any_run_is_named(capsys, tmp_path):
     # was: --steps named (plot), or a silent answer (epochs)
-    refused(capsys, argv("plot", CYCLIC, "--output", str(tmp_path / "x.png"), "--max-epochs", "1e30"),
-            "--max-epochs")
+    refused(capsys, argv("plot", CYCLIC, "--output", str(tmp_path / "x.png"), "--max-epochs", "1e30"), "--max-epochs")
     refused(capsys, argv("epochs", CYCLIC, "--target-epsilon", "5", "--max-epochs", "1" + "0" * 30), "--max-epochs")
 
 
 def test_a_plot_of_less_than_one_epoch_is_refused(capsys, tmp_path):
     # was: one epoch plotted for --max-epochs 0.5
-    out, _ = refused(capsys, argv("plot", CYCLIC, "--output", str(tmp_path / "x.png"), "--max-epochs", "0.5"),
-                     "--max-epochs")
+    out, _ = refused(
+        capsys, argv("plot", CYCLIC, "--output", str(tmp_path / "x.png"), "--max-epochs", "0.5"), "--max-epochs"
+    )
     assert out == "" and not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.parametrize("parameter,flag", [("l2_regularization", "--l2-regularization"),
-                                            ("neighboring_relation", "--neighboring-relation")])
+@pytest.mark.parametrize(
+    "parameter,flag", [("l2_regularization", "--l2-regularization"), ("neighboring_relation", "--neighboring-relation")]
+)
 def test_every_parameter_of_a_flag_maps_to_it(capsys, parameter, flag):
     assert FLAG_FOR_PARAMETER[parameter] == flag
 
 
 def test_a_bad_l2_strength_names_its_flag(capsys):
     # was: "hsa: error: l2_regularization: must be >= 0" (the parameter, not the flag)
-    refused(capsys, argv("epsilon", {**POISSON, "--l2-regularization": "-1"}, "--steps", "10"),
-            "--l2-regularization")
+    refused(capsys, argv("epsilon", {**POISSON, "--l2-regularization": "-1"}, "--steps", "10"), "--l2-regularization")
 
 
 def test_vanishing_noise_prints_no_floating_point_warnings():
     # was: numpy RuntimeWarnings with source lines on stderr (a real process: what the user sees)
     for sampling in ("cyclic", "poisson"):
-        base = {**POISSON, "--sampling": sampling, "--noise-multiplier": "1e-308", "--strong-convexity": "0.01",
-                "--diameter": "10"}
-        proc = subprocess.run([sys.executable, "-m", "hidden_state_accountants", *argv("epsilon", base, "--steps", "200")],
-                              capture_output=True, text=True, timeout=300)
+        base = {
+            **POISSON,
+            "--sampling": sampling,
+            "--noise-multiplier": "1e-308",
+            "--strong-convexity": "0.01",
+            "--diameter": "10",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "hidden_state_accountants", *argv("epsilon", base, "--steps", "200")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0 and proc.stderr == "", (sampling, proc.stderr)
         assert "inf" in proc.stdout
 
@@ -112,21 +142,52 @@ def test_vanishing_noise_prints_no_floating_point_warnings():
 # ------------------------------------------------------------------- relations, plots, budgets
 def test_epochs_under_add_remove_for_a_fixed_size_schedule_is_the_noise_refusal(capsys):
     # was: "0 epochs fit in epsilon 5 ... (epsilon 0.0000, from none)", exit 0
-    _, epochs = refused(capsys, argv("epochs", CYCLIC, "--target-epsilon", "5", "--neighboring-relation",
-                                     "add_or_remove_one"), "--neighboring-relation")
-    _, noise = refused(capsys, argv("noise", CYCLIC, "--epochs", "5", "--target-epsilon", "5",
-                                    "--neighboring-relation", "add_or_remove_one", drop=("--noise-multiplier",)),
-                       "--neighboring-relation")
+    _, epochs = refused(
+        capsys,
+        argv("epochs", CYCLIC, "--target-epsilon", "5", "--neighboring-relation", "add_or_remove_one"),
+        "--neighboring-relation",
+    )
+    _, noise = refused(
+        capsys,
+        argv(
+            "noise",
+            CYCLIC,
+            "--epochs",
+            "5",
+            "--target-epsilon",
+            "5",
+            "--neighboring-relation",
+            "add_or_remove_one",
+            drop=("--noise-multiplier",),
+        ),
+        "--neighboring-relation",
+    )
     assert epochs == noise
 
 
 def test_a_plot_with_nothing_to_plot_says_why(capsys, tmp_path):
     # was: a matplotlib traceback (every value infinite on a log scale)
-    out, err = refused(capsys, argv("plot", CYCLIC, "--output", str(tmp_path / "x.png"), "--max-epochs", "3",
-                                    "--neighboring-relation", "add_or_remove_one"), "--neighboring-relation")
+    out, err = refused(
+        capsys,
+        argv(
+            "plot",
+            CYCLIC,
+            "--output",
+            str(tmp_path / "x.png"),
+            "--max-epochs",
+            "3",
+            "--neighboring-relation",
+            "add_or_remove_one",
+        ),
+        "--neighboring-relation",
+    )
     assert "nothing to plot" in err and "ADD_OR_REMOVE_ONE" in err and out == ""
-    code, out, err = cli(capsys, argv("plot", {**CYCLIC, "--noise-multiplier": "1e-308"},
-                                      "--output", str(tmp_path / "y.png"), "--max-epochs", "3"))
+    code, out, err = cli(
+        capsys,
+        argv(
+            "plot", {**CYCLIC, "--noise-multiplier": "1e-308"}, "--output", str(tmp_path / "y.png"), "--max-epochs", "3"
+        ),
+    )
     assert code == 2 and err.startswith("hsa: error: nothing to plot") and err.count("\n") == 1
     assert not (tmp_path / "y.png").exists()
 
@@ -135,8 +196,15 @@ def test_the_plot_axis_names_the_relation(tmp_path):
     from hidden_state_accountants import TrainingRunDpEvent
     from hidden_state_accountants.plotting import epsilon_curves
 
-    run = TrainingRunDpEvent(dataset_size=600, batch_size=600, steps=1, noise_multiplier=3.0, clip_norm=1.0,
-                             learning_rate=0.1, sampling="full")
+    run = TrainingRunDpEvent(
+        dataset_size=600,
+        batch_size=600,
+        steps=1,
+        noise_multiplier=3.0,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling="full",
+    )
     curves = epsilon_curves(run, [1, 2], 1e-5, neighboring_relation="ADD_OR_REMOVE_ONE")
     assert curves.neighboring_relation == "ADD_OR_REMOVE_ONE"
 
@@ -174,8 +242,9 @@ def test_noise_and_epochs_json_list_the_analyses_as_epsilon_does(capsys):
     # was: noise and epochs printed no analyses, so nobody could see why one was dropped
     code, out, _ = cli(capsys, argv("epsilon", CYCLIC, "--epochs", "5", "--json"))
     names = analyses_contract(json.loads(out))
-    code, out, _ = cli(capsys, argv("noise", CYCLIC, "--epochs", "5", "--target-epsilon", "3", "--json",
-                                    drop=("--noise-multiplier",)))
+    code, out, _ = cli(
+        capsys, argv("noise", CYCLIC, "--epochs", "5", "--target-epsilon", "3", "--json", drop=("--noise-multiplier",))
+    )
     noise = json.loads(out)
     assert code == 0 and analyses_contract(noise) == names
     winner = {a["name"]: a for a in noise["analyses"]}[noise["analysis"]]

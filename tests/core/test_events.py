@@ -6,26 +6,36 @@ import pytest
 
 from hidden_state_accountants import LossGeometry, ParameterError, TrainingRunDpEvent
 
-BASE = dict(dataset_size=1000, batch_size=50, steps=100, noise_multiplier=1.0, clip_norm=1.0,
-            learning_rate=0.1, sampling="cyclic")
+BASE = dict(
+    dataset_size=1000,
+    batch_size=50,
+    steps=100,
+    noise_multiplier=1.0,
+    clip_norm=1.0,
+    learning_rate=0.1,
+    sampling="cyclic",
+)
 
 
-@pytest.mark.parametrize("field,value,fragment", [
-    ("dataset_size", 0, "positive integer"),
-    ("dataset_size", -5, "positive integer"),
-    ("dataset_size", 10.5, "positive integer"),
-    ("batch_size", 0, "positive integer"),
-    ("batch_size", 2000, "<= dataset_size"),
-    ("steps", 0, "positive integer"),
-    ("noise_multiplier", 0.0, "> 0"),
-    ("noise_multiplier", -1.0, "> 0"),
-    ("noise_multiplier", math.nan, "finite"),
-    ("noise_multiplier", math.inf, "finite"),
-    ("clip_norm", 0.0, "> 0"),
-    ("learning_rate", -0.1, "> 0"),
-    ("learning_rate", "0.1", "finite number"),
-    ("sampling", "shuffle", "must be one of"),
-])
+@pytest.mark.parametrize(
+    "field,value,fragment",
+    [
+        ("dataset_size", 0, "positive integer"),
+        ("dataset_size", -5, "positive integer"),
+        ("dataset_size", 10.5, "positive integer"),
+        ("batch_size", 0, "positive integer"),
+        ("batch_size", 2000, "<= dataset_size"),
+        ("steps", 0, "positive integer"),
+        ("noise_multiplier", 0.0, "> 0"),
+        ("noise_multiplier", -1.0, "> 0"),
+        ("noise_multiplier", math.nan, "finite"),
+        ("noise_multiplier", math.inf, "finite"),
+        ("clip_norm", 0.0, "> 0"),
+        ("learning_rate", -0.1, "> 0"),
+        ("learning_rate", "0.1", "finite number"),
+        ("sampling", "shuffle", "must be one of"),
+    ],
+)
 def test_bad_run_parameters_name_the_parameter(field, value, fragment):
     with pytest.raises(ParameterError) as err:
         TrainingRunDpEvent(**{**BASE, field: value})
@@ -53,16 +63,19 @@ def test_schedule_specific_rules():
     TrainingRunDpEvent(**{**BASE, "batch_size": 600, "sampling": "without_replacement"})
 
 
-@pytest.mark.parametrize("kw,parameter", [
-    (dict(smoothness=0.0), "smoothness"),
-    (dict(smoothness=-1.0), "smoothness"),
-    (dict(smoothness=1.0, strong_convexity=2.0), "strong_convexity"),
-    (dict(smoothness=1.0, strong_convexity=-0.1), "strong_convexity"),
-    (dict(smoothness=1.0, diameter=0.0), "diameter"),
-    (dict(smoothness=1.0, diameter=math.inf), "diameter"),
-    (dict(smoothness=math.nan), "smoothness"),
-    (dict(smoothness=1.0, lsi_constant=-1.0), "lsi_constant"),
-])
+@pytest.mark.parametrize(
+    "kw,parameter",
+    [
+        (dict(smoothness=0.0), "smoothness"),
+        (dict(smoothness=-1.0), "smoothness"),
+        (dict(smoothness=1.0, strong_convexity=2.0), "strong_convexity"),
+        (dict(smoothness=1.0, strong_convexity=-0.1), "strong_convexity"),
+        (dict(smoothness=1.0, diameter=0.0), "diameter"),
+        (dict(smoothness=1.0, diameter=math.inf), "diameter"),
+        (dict(smoothness=math.nan), "smoothness"),
+        (dict(smoothness=1.0, lsi_constant=-1.0), "lsi_constant"),
+    ],
+)
 def test_bad_geometry(kw, parameter):
     with pytest.raises(ParameterError) as err:
         LossGeometry(**kw)
@@ -84,13 +97,15 @@ def test_logistic_regression_geometry_ye_shokri_prop_5_2():
 def test_from_epochs_and_epoch_arithmetic():
     run = TrainingRunDpEvent.from_epochs(**{k: v for k, v in BASE.items() if k != "steps"}, epochs=3)
     assert run.steps == 60 and run.steps_per_epoch == 20 and run.epochs == 3
-    odd = TrainingRunDpEvent.from_epochs(**{**{k: v for k, v in BASE.items() if k != "steps"},
-                                           "dataset_size": 1049}, epochs=2)
+    odd = TrainingRunDpEvent.from_epochs(
+        **{**{k: v for k, v in BASE.items() if k != "steps"}, "dataset_size": 1049}, epochs=2
+    )
     assert odd.steps_per_epoch == 20  # the remainder of 49 records is dropped each epoch
     with pytest.raises(ParameterError, match="epochs"):
         TrainingRunDpEvent.from_epochs(**{k: v for k, v in BASE.items() if k != "steps"}, epochs=0.01)
-    full = TrainingRunDpEvent.from_epochs(**{**{k: v for k, v in BASE.items() if k != "steps"},
-                                            "batch_size": 1000, "sampling": "full"}, epochs=7)
+    full = TrainingRunDpEvent.from_epochs(
+        **{**{k: v for k, v in BASE.items() if k != "steps"}, "batch_size": 1000, "sampling": "full"}, epochs=7
+    )
     assert full.steps == 7
 
 

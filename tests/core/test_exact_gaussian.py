@@ -23,8 +23,17 @@ DELTAS = (1e-3, 1e-5)
 def run_for(sampling, *, n=24, b=6, steps=12, z=1.2, lr=0.3, m=0.5, M=None, C=1.0, **kw):
     b = n if sampling == "full" else b
     geometry = LossGeometry(strong_convexity=m, smoothness=m if M is None else M)
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=C,
-                              learning_rate=lr, sampling=sampling, geometry=geometry, **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=C,
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=geometry,
+        **kw,
+    )
 
 
 def check_all_bounds_above_exact(run, pair):
@@ -90,9 +99,13 @@ def test_cyclic_positions_ye_shokri_3_3_above_exact_everywhere():
 
 def test_chourasia_cor1_above_exact_with_its_gaussian_initialisation():
     run = run_for("full", m=0.5, lr=0.3, z=1.2, steps=30, gaussian_initialization=True)
-    std = chourasia.required_initial_std(dataset_size=run.dataset_size, noise_multiplier=run.noise_multiplier,
-                                         clip_norm=run.clip_norm, learning_rate=run.learning_rate,
-                                         strong_convexity=0.5)
+    std = chourasia.required_initial_std(
+        dataset_size=run.dataset_size,
+        noise_multiplier=run.noise_multiplier,
+        clip_norm=run.clip_norm,
+        learning_rate=run.learning_rate,
+        strong_convexity=0.5,
+    )
     pair = exact_pair(run, init_variance=std**2)
     bound = chourasia.cor_1(run, Context())
     assert bound.applicable

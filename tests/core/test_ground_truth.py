@@ -13,18 +13,35 @@ GEOMETRY = LossGeometry(strong_convexity=0.5, smoothness=0.5)
 
 
 def run(sampling, steps, z, n=60, b=6, lr=0.5, m=0.5, **kw):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps,
-                              noise_multiplier=z, clip_norm=1.0, learning_rate=lr, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=max(m, 1e-9)), **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=n if sampling == "full" else b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=m, smoothness=max(m, 1e-9)),
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("sampling,steps,z,expected", [
-    ("shuffle_partition", 40, 0.5, 11.526), ("shuffle_partition", 40, 2.0, 1.360),   # the issue's numbers
-    ("without_replacement", 10, 0.5, 32.902), ("without_replacement", 10, 2.0, 2.009),
-    ("cyclic", 40, 0.5, 15.282), ("cyclic", 40, 2.0, 2.914), ("full", 40, 2.0, 14.191),
-    ("poisson", 10, 0.5, 8.948), ("poisson", 10, 2.0, 0.992),                         # mirror is Poisson's worst
-    ("reshuffle", 40, 0.5, 10.939), ("reshuffle", 40, 2.0, 1.317),
-])
+@pytest.mark.parametrize(
+    "sampling,steps,z,expected",
+    [
+        ("shuffle_partition", 40, 0.5, 11.526),
+        ("shuffle_partition", 40, 2.0, 1.360),  # the issue's numbers
+        ("without_replacement", 10, 0.5, 32.902),
+        ("without_replacement", 10, 2.0, 2.009),
+        ("cyclic", 40, 0.5, 15.282),
+        ("cyclic", 40, 2.0, 2.914),
+        ("full", 40, 2.0, 14.191),
+        ("poisson", 10, 0.5, 8.948),
+        ("poisson", 10, 2.0, 0.992),  # mirror is Poisson's worst
+        ("reshuffle", 40, 0.5, 10.939),
+        ("reshuffle", 40, 2.0, 1.317),
+    ],
+)
 def test_the_worst_pair_reproduces_the_issue(sampling, steps, z, expected):
     assert exact_pair(run(sampling, steps, z)).epsilon(1e-5) == pytest.approx(expected, abs=6e-4)
 
@@ -42,8 +59,10 @@ def test_the_old_pair_was_weaker_where_the_batches_are_random():
     assert exact_pair(c, construction="mirror").epsilon(1e-5) == pytest.approx(exact_pair(c).epsilon(1e-5))
 
 
-@pytest.mark.parametrize("sampling,z", [("shuffle_partition", 0.5), ("reshuffle", 1.0), ("without_replacement", 2.0),
-                                        ("shuffle_partition", 4.0)])
+@pytest.mark.parametrize(
+    "sampling,z",
+    [("shuffle_partition", 0.5), ("reshuffle", 1.0), ("without_replacement", 2.0), ("shuffle_partition", 4.0)],
+)
 def test_one_step_is_exactly_the_subsampled_gaussian(sampling, z):
     """At T = 1 the worst pair is C_p(G(2/z)) (Bok, Su & Altschuler Def. 4.7), which Thm 4.8 reports."""
     pair = exact_pair(run(sampling, 1, z))

@@ -82,7 +82,7 @@ def _imports(name: str) -> Iterator[Tuple[str, ast.AST]]:
                 parts = name.split(".")
                 if not _is_package(name):
                     parts = parts[:-1]
-                parts = parts[:len(parts) - (node.level - 1)]
+                parts = parts[: len(parts) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"
@@ -209,8 +209,14 @@ def test_no_bound_selection_or_calibration_code_depends_on_the_ground_truth():
     assert {m for m in MODULES if _core(m) and exact in GRAPH[m]} == {lower}
     assert {m for m in MODULES if lower in GRAPH[m]} == {f"{PKG}.accountant"}
     report_only = {(f"{PKG}.accountant", lower)}
-    for top in (f"{PKG}.accountant", f"{PKG}.calibration", f"{PKG}.selection", f"{PKG}.bounds",
-                f"{PKG}.analyses.registry", f"{PKG}.recording"):
+    for top in (
+        f"{PKG}.accountant",
+        f"{PKG}.calibration",
+        f"{PKG}.selection",
+        f"{PKG}.bounds",
+        f"{PKG}.analyses.registry",
+        f"{PKG}.recording",
+    ):
         assert exact not in _closure(top, without=report_only), top
     assert exact in _closure(f"{PKG}.accountant")  # the rule above is not vacuous
     assert {f"{PKG}.schedule_laws", f"{PKG}.mixture_pair"} <= _closure(f"{PKG}.analyses.registry") & _closure(exact)
@@ -233,8 +239,9 @@ def test_each_adapter_imports_only_its_own_framework():
             root = target.split(".")[0]
             if root in FRAMEWORKS:
                 assert root in ADAPTER_FRAMEWORKS[adapter], f"{name} imports {target}"
-            other = next((a for a in ADAPTER_FRAMEWORKS if a != adapter and (target == a or target.startswith(a + "."))),
-                         None)
+            other = next(
+                (a for a in ADAPTER_FRAMEWORKS if a != adapter and (target == a or target.startswith(a + "."))), None
+            )
             if other is not None:
                 assert (name, other) in ADAPTER_IMPORTS_ADAPTER, f"{name} imports the adapter {target}"
 
@@ -242,8 +249,9 @@ def test_each_adapter_imports_only_its_own_framework():
 def test_the_leaf_modules_import_no_module_that_imports_them():
     assert not {t for t in GRAPH[f"{PKG}.errors"]}
     for leaf in (f"{PKG}.errors", f"{PKG}.analyses.analysis_info", f"{PKG}.schedule_laws", f"{PKG}.mixture_pair"):
-        assert not any(m.startswith(f"{PKG}.analyses.") and m != f"{PKG}.analyses._common"
-                       for m in _closure(leaf) - {leaf}), leaf
+        assert not any(
+            m.startswith(f"{PKG}.analyses.") and m != f"{PKG}.analyses._common" for m in _closure(leaf) - {leaf}
+        ), leaf
 
 
 def _classes() -> Dict[str, List[str]]:
@@ -258,8 +266,10 @@ def _classes() -> Dict[str, List[str]]:
 def test_every_class_is_defined_once():
     twice = {c: sorted(where) for c, where in _classes().items() if len(where) > 1}
     # one DP-SBCD trainer and one feature clip (a torch module, a Keras layer) per framework
-    assert twice == {"DPSBCD": [f"{PKG}.keras.sbcd", f"{PKG}.pytorch.sbcd"],
-                     "FeatureClip": [f"{PKG}.opacus.features", f"{PKG}.tf_privacy.model"]}
+    assert twice == {
+        "DPSBCD": [f"{PKG}.keras.sbcd", f"{PKG}.pytorch.sbcd"],
+        "FeatureClip": [f"{PKG}.opacus.features", f"{PKG}.tf_privacy.model"],
+    }
     assert _classes()["UnsupportedLayerError"] == [f"{PKG}.errors"]
 
 
@@ -283,19 +293,26 @@ def test_every_warning_the_package_emits_is_a_hidden_state_warning():
     emitted = 0
     for name, tree in TREES.items():
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "warn"
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "warnings"):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "warn"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "warnings"
+            ):
                 continue
             emitted += 1
-            category = next((k.value for k in node.keywords if k.arg == "category"),
-                            node.args[1] if len(node.args) > 1 else None)
+            category = next(
+                (k.value for k in node.keywords if k.arg == "category"), node.args[1] if len(node.args) > 1 else None
+            )
             if category is None and node.args and isinstance(node.args[0], ast.Call):
                 category = node.args[0].func  # warnings.warn(CalibrationWarning("..."))
             if isinstance(category, ast.Name) and category.id in ours:
                 continue
             text = ast.get_source_segment(MODULES[name].read_text(), node) or ""
-            assert any(name == m and marker in text for m, marker in FOREIGN_WARNINGS), \
+            assert any(name == m and marker in text for m, marker in FOREIGN_WARNINGS), (
                 f"{name}:{node.lineno} warns without a HiddenStateWarning category"
+            )
     assert emitted >= 10
 
 
@@ -306,6 +323,7 @@ def test_the_installed_names_are_setup_pys():
     assert adapters, "no adapter found under adapters/"
     mapped = {f"{PKG}.{name}": ROOT / "adapters" / name for name in adapters}
     assert {k: v for k, v in PACKAGE_DIRS.items() if k != PKG} == mapped
+
 
 def test_every_declared_analysis_is_registered():
     """An ``@analysis`` the registry does not list would be silently left out of every report."""
@@ -318,8 +336,11 @@ def test_every_declared_analysis_is_registered():
     declared = set()
     for module in pkgutil.iter_modules(package.__path__):
         mod = importlib.import_module(f"{package.__name__}.{module.name}")
-        declared |= {obj.info.name for obj in vars(mod).values()
-                     if callable(obj) and isinstance(getattr(obj, "info", None), AnalysisInfo)}
+        declared |= {
+            obj.info.name
+            for obj in vars(mod).values()
+            if callable(obj) and isinstance(getattr(obj, "info", None), AnalysisInfo)
+        }
     registered = {info.name for infos in registry.ANALYSES.values() for info in infos}
     assert declared, "no @analysis found"
     assert declared == registered, f"declared but not registered: {sorted(declared - registered)}"

@@ -45,9 +45,19 @@ def small(sampling, *, z=1.0, steps=24, n=24, b=6, m=0.1, M=1.0, l2=0.1, lr=0.5,
     q = {"sampling_probability": b / n} if sampling == "poisson" else {}
     if sampling == "full":
         b = n
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=lr, sampling=sampling, l2_regularization=l2,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=M), **q, **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=sampling,
+        l2_regularization=l2,
+        geometry=LossGeometry(strong_convexity=m, smoothness=M),
+        **q,
+        **kw,
+    )
 
 
 def report(run, relation=REPLACE, delta=DELTA):
@@ -56,8 +66,10 @@ def report(run, relation=REPLACE, delta=DELTA):
         return HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
 
 
-CASES = [(s, REPLACE, {}) for s in ("full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement",
-                                     "poisson", "balls_in_bins")]
+CASES = [
+    (s, REPLACE, {})
+    for s in ("full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement", "poisson", "balls_in_bins")
+]
 CASES += [(s, ADD, {}) for s in ADD_REMOVE_SCHEDULES]
 CASES += [("reshuffle", REPLACE, {"n": 26, "last_batch": lb}) for lb in ("kept_own_size", "kept_batch_size")]
 CASES += [(s, REPLACE, {"secret_batches": False}) for s in ("shuffle_partition", "reshuffle")]
@@ -86,22 +98,31 @@ def test_below_the_reported_bound_on_a_wider_grid(sampling, relation, kw, z, ste
     _check_below(sampling, relation, {**kw, "steps": steps, "M": 0.1}, z)
 
 
-@pytest.mark.parametrize("sampling,relation,kw", [
-    ("full", REPLACE, {}), ("full", ADD, {}), ("cyclic", REPLACE, {}), ("shuffle_partition", REPLACE, {}),
-    ("reshuffle", REPLACE, {"n": 12, "b": 3, "steps": 8}),  # 2 epochs of 4 batches: enumerated
-    ("reshuffle", REPLACE, {"n": 13, "b": 3, "steps": 10, "last_batch": "kept_own_size"}),
-    ("without_replacement", REPLACE, {"steps": 8}),
-    ("balls_in_bins", REPLACE, {"n": 12, "b": 3, "steps": 8}), ("balls_in_bins", ADD, {"n": 12, "b": 3, "steps": 8}),
-    ("poisson", REPLACE, {"steps": 6}), ("poisson", ADD, {"steps": 6}),
-])
+@pytest.mark.parametrize(
+    "sampling,relation,kw",
+    [
+        ("full", REPLACE, {}),
+        ("full", ADD, {}),
+        ("cyclic", REPLACE, {}),
+        ("shuffle_partition", REPLACE, {}),
+        ("reshuffle", REPLACE, {"n": 12, "b": 3, "steps": 8}),  # 2 epochs of 4 batches: enumerated
+        ("reshuffle", REPLACE, {"n": 13, "b": 3, "steps": 10, "last_batch": "kept_own_size"}),
+        ("without_replacement", REPLACE, {"steps": 8}),
+        ("balls_in_bins", REPLACE, {"n": 12, "b": 3, "steps": 8}),
+        ("balls_in_bins", ADD, {"n": 12, "b": 3, "steps": 8}),
+        ("poisson", REPLACE, {"steps": 6}),
+        ("poisson", ADD, {"steps": 6}),
+    ],
+)
 @pytest.mark.parametrize("m,l2", [(0.1, 0.1), (0.05, 0.2)])
 def test_equals_the_exact_pair_on_small_runs(sampling, relation, kw, m, l2):
     """The construction is exact_pair's worst known pair at curvature = the L2 strength (exact_pair
     takes the curvature from the declared m, so it is given m = L2 here)."""
     run = small(sampling, m=m, l2=l2, **kw)
     lower = best_known_lower_bound(run, DELTA, relation)
-    truth = exact_pair(run.replace(geometry=LossGeometry(strong_convexity=l2, smoothness=1.0)),
-                       relation=relation).epsilon(DELTA)
+    truth = exact_pair(
+        run.replace(geometry=LossGeometry(strong_convexity=l2, smoothness=1.0)), relation=relation
+    ).epsilon(DELTA)
     assert lower.epsilon == pytest.approx(truth, rel=1e-5 if sampling == "poisson" else 1e-7)
     assert "an instance of the declared class" in lower.note and f"L2 {l2:g} once per step" in lower.note
 
@@ -111,7 +132,8 @@ def test_equals_closed_forms_computed_elsewhere():
     is the sampled Gaussian, which dp_accounting's PLD computes. A factor 2 in a shift fails both."""
     run = small("full", m=0.2, M=0.2, l2=0.2, steps=30)
     assert best_known_lower_bound(run, DELTA).epsilon == pytest.approx(
-        bok.thm_4_2(run, Context()).epsilon(DELTA), rel=1e-7)
+        bok.thm_4_2(run, Context()).epsilon(DELTA), rel=1e-7
+    )
     one = small("poisson", n=20, b=6, steps=1, z=1.0)
     acc = pld.PLDAccountant(value_discretization_interval=1e-4)
     acc.compose(dp_event.PoissonSampledDpEvent(0.3, dp_event.GaussianDpEvent(1.0)))
@@ -121,15 +143,32 @@ def test_equals_closed_forms_computed_elsewhere():
 def test_issue19_sizes():
     """The numbers of issue 19's table at MNIST scale, the exact instances (curvature = the L2 strength)."""
     geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
-    poisson = TrainingRunDpEvent(dataset_size=60000, batch_size=255, steps=20 * 235, noise_multiplier=1.0,
-                                 clip_norm=1.0, learning_rate=0.5, sampling="poisson", sampling_probability=1 / 235,
-                                 l2_regularization=0.01, geometry=geometry)
+    poisson = TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=255,
+        steps=20 * 235,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="poisson",
+        sampling_probability=1 / 235,
+        l2_regularization=0.01,
+        geometry=geometry,
+    )
     assert best_known_lower_bound(poisson, DELTA, ADD).epsilon == pytest.approx(0.3133, abs=2e-4)
     assert best_known_lower_bound(poisson, DELTA, REPLACE).epsilon == pytest.approx(0.6104, abs=2e-4)
     for sampling, expected in (("reshuffle", 0.620), ("cyclic", 1.087), ("balls_in_bins", 0.609)):
-        run = TrainingRunDpEvent.from_epochs(dataset_size=60000, batch_size=256, epochs=20, noise_multiplier=1.0,
-                                             clip_norm=1.0, learning_rate=0.5, sampling=sampling, geometry=geometry,
-                                             l2_regularization=0.01)
+        run = TrainingRunDpEvent.from_epochs(
+            dataset_size=60000,
+            batch_size=256,
+            epochs=20,
+            noise_multiplier=1.0,
+            clip_norm=1.0,
+            learning_rate=0.5,
+            sampling=sampling,
+            geometry=geometry,
+            l2_regularization=0.01,
+        )
         start = time.perf_counter()
         assert best_known_lower_bound(run, DELTA).epsilon == pytest.approx(expected, abs=1e-3), sampling
         assert time.perf_counter() - start < 5.0  # about 0.05 s; generous on a shared machine
@@ -172,15 +211,18 @@ def test_computed_once_and_the_report_pickles(monkeypatch):
 
 
 # ----------------------------------------------------------------------- none, and why
-@pytest.mark.parametrize("change,why", [
-    (lambda r: r.replace(geometry=None), "no loss geometry"),
-    (lambda r: r.replace(hidden_state_refusal="momentum 0.9"), "momentum 0.9"),
-    (lambda r: r.replace(learning_rate=tuple([0.5] * 23 + [0.4])), "learning rate or noise multiplier changes"),
-    (lambda r: r.replace(geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0, diameter=2.0)), "projection"),
-    (lambda r: r.replace(geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0, lsi_constant=1.0)), "LSI"),
-    (lambda r: r.replace(gaussian_initialization=True), "Gaussian initialisation"),
-    (lambda r: r.replace(l2_regularization=0.01), "outside the declared [m, M]"),
-])
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        (lambda r: r.replace(geometry=None), "no loss geometry"),
+        (lambda r: r.replace(hidden_state_refusal="momentum 0.9"), "momentum 0.9"),
+        (lambda r: r.replace(learning_rate=tuple([0.5] * 23 + [0.4])), "learning rate or noise multiplier changes"),
+        (lambda r: r.replace(geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0, diameter=2.0)), "projection"),
+        (lambda r: r.replace(geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0, lsi_constant=1.0)), "LSI"),
+        (lambda r: r.replace(gaussian_initialization=True), "Gaussian initialisation"),
+        (lambda r: r.replace(l2_regularization=0.01), "outside the declared [m, M]"),
+    ],
+)
 def test_none_with_the_reason(change, why):
     lower = best_known_lower_bound(change(small("cyclic")), DELTA)
     assert lower.epsilon is None and why in lower.note
@@ -206,15 +248,18 @@ def test_gaussian_initialisation_full_batch():
     assert rep.lower_bound < best_known_lower_bound(run.replace(gaussian_initialization=False), DELTA).epsilon
 
 
-@pytest.mark.parametrize("run,what", [
-    (small("cyclic", n=10**7, b=1, steps=10), "batches per epoch"),
-    (small("shuffle_partition", n=10**6, b=1, steps=10), "batches per epoch"),
-    (small("reshuffle", n=4, b=2, steps=10**6), "epochs"),
-    (small("balls_in_bins", n=4, b=2, steps=10**6), "epochs"),
-    (small("without_replacement", n=10**4, b=2, steps=10**6), "steps"),
-    (small("without_replacement", n=10**4, b=2, steps=3000, m=1e-6, l2=1e-6), "grid"),
-    (small("poisson", n=10**6, b=10**4, steps=10**7, m=0.0, l2=1e-7), "Fourier terms"),
-])
+@pytest.mark.parametrize(
+    "run,what",
+    [
+        (small("cyclic", n=10**7, b=1, steps=10), "batches per epoch"),
+        (small("shuffle_partition", n=10**6, b=1, steps=10), "batches per epoch"),
+        (small("reshuffle", n=4, b=2, steps=10**6), "epochs"),
+        (small("balls_in_bins", n=4, b=2, steps=10**6), "epochs"),
+        (small("without_replacement", n=10**4, b=2, steps=10**6), "steps"),
+        (small("without_replacement", n=10**4, b=2, steps=3000, m=1e-6, l2=1e-6), "grid"),
+        (small("poisson", n=10**6, b=10**4, steps=10**7, m=0.0, l2=1e-7), "Fourier terms"),
+    ],
+)
 def test_too_large_is_decided_before_computing(run, what):
     start = time.perf_counter()
     lower = best_known_lower_bound(run, DELTA)
@@ -223,16 +268,19 @@ def test_too_large_is_decided_before_computing(run, what):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("run", [
-    small("cyclic", n=2 * 10**6, b=1, steps=3 * 10**6),
-    small("shuffle_partition", n=5 * 10**5, b=1, steps=10**6),
-    small("reshuffle", n=60000, b=256, steps=234 * 1000, m=1e-4, l2=1e-4),
-    small("reshuffle", n=60000, b=256, steps=234 * 4000, m=1e-2, l2=1e-2),
-    small("balls_in_bins", n=60000, b=256, steps=234 * 1000, m=1e-4, l2=1e-4),
-    small("without_replacement", n=10**4, b=10, steps=1000, m=1e-4, l2=1e-4),
-    small("without_replacement", n=10**4, b=10, steps=4000, m=1e-2, l2=1e-2),
-    small("poisson", n=10**5, b=100, steps=10**5, z=0.5, m=0.0, l2=1e-3),
-])
+@pytest.mark.parametrize(
+    "run",
+    [
+        small("cyclic", n=2 * 10**6, b=1, steps=3 * 10**6),
+        small("shuffle_partition", n=5 * 10**5, b=1, steps=10**6),
+        small("reshuffle", n=60000, b=256, steps=234 * 1000, m=1e-4, l2=1e-4),
+        small("reshuffle", n=60000, b=256, steps=234 * 4000, m=1e-2, l2=1e-2),
+        small("balls_in_bins", n=60000, b=256, steps=234 * 1000, m=1e-4, l2=1e-4),
+        small("without_replacement", n=10**4, b=10, steps=1000, m=1e-4, l2=1e-4),
+        small("without_replacement", n=10**4, b=10, steps=4000, m=1e-2, l2=1e-2),
+        small("poisson", n=10**5, b=100, steps=10**5, z=0.5, m=0.0, l2=1e-3),
+    ],
+)
 def test_what_fits_takes_about_a_second_at_most(run):
     start = time.perf_counter()
     lower = best_known_lower_bound(run, DELTA)
@@ -250,9 +298,30 @@ def test_the_core_report_says_the_geometry_is_declared():
     assert sum("declared, not verified" in n for n in twice.notes) == 1
 
 
-POISSON_ARGS = ["--dataset-size", "60000", "--batch-size", "255", "--epochs", "20", "--noise-multiplier", "1",
-                "--clip-norm", "1", "--learning-rate", "0.5", "--sampling", "poisson", "--smoothness", "1.01",
-                "--l2-regularization", "0.01", "--delta", "1e-5", "--neighboring-relation", "add_or_remove_one"]
+POISSON_ARGS = [
+    "--dataset-size",
+    "60000",
+    "--batch-size",
+    "255",
+    "--epochs",
+    "20",
+    "--noise-multiplier",
+    "1",
+    "--clip-norm",
+    "1",
+    "--learning-rate",
+    "0.5",
+    "--sampling",
+    "poisson",
+    "--smoothness",
+    "1.01",
+    "--l2-regularization",
+    "0.01",
+    "--delta",
+    "1e-5",
+    "--neighboring-relation",
+    "add_or_remove_one",
+]
 
 
 def test_cli_epsilon_shows_the_lower_bound(capsys):

@@ -26,8 +26,17 @@ AR = "ADD_OR_REMOVE_ONE"
 
 def poisson_run(q=0.01, z=1.0, steps=200, n=60000, **kw):
     b = int(round(q * n))
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.1, sampling="poisson", sampling_probability=q, **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling="poisson",
+        sampling_probability=q,
+        **kw,
+    )
 
 
 def quiet(fn):
@@ -45,8 +54,12 @@ def rows(report):
 
 
 @settings(max_examples=8, deadline=None)
-@given(q=st.sampled_from([0.004, 0.01, 0.05]), z=st.sampled_from([0.8, 1.0, 2.0]),
-       steps=st.sampled_from([1, 10, 300]), delta=st.sampled_from([1e-3, 1e-5, 1e-7]))
+@given(
+    q=st.sampled_from([0.004, 0.01, 0.05]),
+    z=st.sampled_from([0.8, 1.0, 2.0]),
+    steps=st.sampled_from([1, 10, 300]),
+    delta=st.sampled_from([1e-3, 1e-5, 1e-7]),
+)
 @example(q=0.004, z=0.8, steps=1, delta=1e-7)  # one step: dp_accounting's self_compose(1) truncates tails too
 def test_poisson_composition_equals_dp_accounting(q, z, steps, delta):
     report = report_of(poisson_run(q, z, steps), delta=delta)
@@ -67,7 +80,9 @@ def test_standard_events_under_add_remove():
     ref = pld_privacy_accountant.PLDAccountant(NR.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4)
     ref.compose(dp_event.GaussianDpEvent(2.0), 5)
     assert acc.get_epsilon(1e-5) == pytest.approx(ref.get_epsilon(1e-5), abs=1e-3)
-    assert acc.get_epsilon(1e-5) < 0.6 * HiddenStateAccountant().compose(dp_event.GaussianDpEvent(2.0), 5).get_epsilon(1e-5)
+    assert acc.get_epsilon(1e-5) < 0.6 * HiddenStateAccountant().compose(dp_event.GaussianDpEvent(2.0), 5).get_epsilon(
+        1e-5
+    )
     # a Poisson event composed several times: dp_accounting's RDP curve exactly
     ev = dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(1.1))
     acc = HiddenStateAccountant(neighboring_relation=AR).compose(ev, 50)
@@ -81,8 +96,15 @@ def test_standard_events_under_add_remove():
 
 
 def test_full_batch_composition_is_the_gaussian_with_sensitivity_c():
-    run = TrainingRunDpEvent(dataset_size=1000, batch_size=1000, steps=40, noise_multiplier=3.0, clip_norm=2.0,
-                             learning_rate=0.1, sampling="full")
+    run = TrainingRunDpEvent(
+        dataset_size=1000,
+        batch_size=1000,
+        steps=40,
+        noise_multiplier=3.0,
+        clip_norm=2.0,
+        learning_rate=0.1,
+        sampling="full",
+    )
     r = rows(report_of(run))
     orders = HiddenStateAccountant()._ctx.orders
     ref = rdp_privacy_accountant.RdpAccountant(orders, NR.ADD_OR_REMOVE_ONE)
@@ -96,15 +118,33 @@ def test_full_batch_composition_is_the_gaussian_with_sensitivity_c():
 
 def test_full_batch_hidden_state_halves_mu_and_checks_the_larger_batch():
     geom = LossGeometry(smoothness=1.0, strong_convexity=0.5)
-    run = TrainingRunDpEvent(dataset_size=100, batch_size=100, steps=50, noise_multiplier=5.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling="full", geometry=geom, l2_regularization=0.0)
+    run = TrainingRunDpEvent(
+        dataset_size=100,
+        batch_size=100,
+        steps=50,
+        noise_multiplier=5.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="full",
+        geometry=geom,
+        l2_regularization=0.0,
+    )
     a, r = rows(report_of(run)), rows(report_of(run, "REPLACE_ONE"))
     mu_a = float(a["bok_thm4.2"].detail.split("mu = ")[1].split(";")[0])
     mu_r = float(r["bok_thm4.2"].detail.split("mu = ")[1].split(";")[0])
     assert mu_a == pytest.approx(mu_r / 2, rel=1e-5)
     # n = 10, lr = 1.95/M: fine for D, but the batch of D' (11 records over divisor 10) is 1.1 M-smooth
-    run = TrainingRunDpEvent(dataset_size=10, batch_size=10, steps=50, noise_multiplier=5.0, clip_norm=1.0,
-                             learning_rate=1.95, sampling="full", geometry=geom, l2_regularization=0.0)
+    run = TrainingRunDpEvent(
+        dataset_size=10,
+        batch_size=10,
+        steps=50,
+        noise_multiplier=5.0,
+        clip_norm=1.0,
+        learning_rate=1.95,
+        sampling="full",
+        geometry=geom,
+        l2_regularization=0.0,
+    )
     a = rows(report_of(run))
     assert a["bok_thm4.2"].epsilon is None and "one record more than the divisor" in a["bok_thm4.2"].reason
     assert rows(report_of(run, "REPLACE_ONE"))["bok_thm4.2"].epsilon is not None
@@ -114,8 +154,16 @@ def test_full_batch_hidden_state_halves_mu_and_checks_the_larger_batch():
 @pytest.mark.parametrize("sampling", ["cyclic", "shuffle_partition", "reshuffle", "without_replacement"])
 def test_position_samplers_are_not_covered_under_add_remove(sampling):
     geom = LossGeometry(smoothness=1.0, strong_convexity=0.1, diameter=5.0)
-    run = TrainingRunDpEvent(dataset_size=100, batch_size=10, steps=30, noise_multiplier=2.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling=sampling, geometry=geom)
+    run = TrainingRunDpEvent(
+        dataset_size=100,
+        batch_size=10,
+        steps=30,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=geom,
+    )
     report = report_of(run)
     assert report.epsilon == math.inf
     applicable_here = [a for a in report.analyses if not a.reason or not a.reason.startswith("applies to")]
@@ -140,8 +188,24 @@ def test_bad_relation(bad):
         HiddenStateAccountant(neighboring_relation=bad)
 
 
-CLI_RUN = ["--dataset-size", "60000", "--batch-size", "600", "--epochs", "1", "--noise-multiplier", "1",
-           "--clip-norm", "1", "--learning-rate", "0.1", "--sampling", "poisson", "--delta", "1e-5"]
+CLI_RUN = [
+    "--dataset-size",
+    "60000",
+    "--batch-size",
+    "600",
+    "--epochs",
+    "1",
+    "--noise-multiplier",
+    "1",
+    "--clip-norm",
+    "1",
+    "--learning-rate",
+    "0.1",
+    "--sampling",
+    "poisson",
+    "--delta",
+    "1e-5",
+]
 
 
 def run_cli(capsys, args):
@@ -161,16 +225,57 @@ def test_cli_flag_and_json_field(capsys, relation):
     assert data["neighboring_relation"] == relation.upper()
     expected = report_of(poisson_run(steps=100, n=60000), relation.upper()).epsilon
     assert data["epsilon"] == pytest.approx(expected, rel=1e-9)
-    code, out, _ = run_cli(capsys, ["epochs", "--dataset-size", "60000", "--batch-size", "600", "--noise-multiplier", "1",
-                                    "--clip-norm", "1", "--learning-rate", "0.1", "--sampling", "poisson",
-                                    "--delta", "1e-5", "--target-epsilon", "2", "--max-epochs", "50",
-                                    "--neighboring-relation", relation, "--json"])
+    code, out, _ = run_cli(
+        capsys,
+        [
+            "epochs",
+            "--dataset-size",
+            "60000",
+            "--batch-size",
+            "600",
+            "--noise-multiplier",
+            "1",
+            "--clip-norm",
+            "1",
+            "--learning-rate",
+            "0.1",
+            "--sampling",
+            "poisson",
+            "--delta",
+            "1e-5",
+            "--target-epsilon",
+            "2",
+            "--max-epochs",
+            "50",
+            "--neighboring-relation",
+            relation,
+            "--json",
+        ],
+    )
     assert code == 0 and json.loads(out)["neighboring_relation"] == relation.upper()
 
 
 def test_cli_noise_under_add_remove_needs_less_noise(capsys):
-    base = ["noise", "--dataset-size", "60000", "--batch-size", "600", "--epochs", "1", "--clip-norm", "1",
-            "--learning-rate", "0.1", "--sampling", "poisson", "--delta", "1e-5", "--target-epsilon", "1", "--json"]
+    base = [
+        "noise",
+        "--dataset-size",
+        "60000",
+        "--batch-size",
+        "600",
+        "--epochs",
+        "1",
+        "--clip-norm",
+        "1",
+        "--learning-rate",
+        "0.1",
+        "--sampling",
+        "poisson",
+        "--delta",
+        "1e-5",
+        "--target-epsilon",
+        "1",
+        "--json",
+    ]
     code, out, _ = run_cli(capsys, base + ["--neighboring-relation", "add_or_remove_one"])
     ar = json.loads(out)
     code2, out, _ = run_cli(capsys, base)
@@ -182,10 +287,34 @@ def test_cli_noise_under_add_remove_needs_less_noise(capsys):
 
 
 def test_cli_audit_refuses_add_remove(capsys):
-    code, _, err = run_cli(capsys, ["audit", "--dataset-size", "100", "--batch-size", "100", "--epochs", "1",
-                                    "--noise-multiplier", "1", "--clip-norm", "1", "--learning-rate", "0.5",
-                                    "--sampling", "full", "--smoothness", "1", "--strong-convexity", "0.1",
-                                    "--delta", "1e-5", "--neighboring-relation", "add_or_remove_one"])
+    code, _, err = run_cli(
+        capsys,
+        [
+            "audit",
+            "--dataset-size",
+            "100",
+            "--batch-size",
+            "100",
+            "--epochs",
+            "1",
+            "--noise-multiplier",
+            "1",
+            "--clip-norm",
+            "1",
+            "--learning-rate",
+            "0.5",
+            "--sampling",
+            "full",
+            "--smoothness",
+            "1",
+            "--strong-convexity",
+            "0.1",
+            "--delta",
+            "1e-5",
+            "--neighboring-relation",
+            "add_or_remove_one",
+        ],
+    )
     assert code == 2 and "--neighboring-relation" in err
 
 
@@ -195,12 +324,27 @@ def test_calibration_follows_the_relation():
     from hidden_state_accountants import calibrate_noise_multiplier
 
     geom = LossGeometry(smoothness=1.01, strong_convexity=0.01)
-    run = TrainingRunDpEvent(dataset_size=6000, batch_size=60, steps=100, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.05, sampling="cyclic", geometry=geom)
+    run = TrainingRunDpEvent(
+        dataset_size=6000,
+        batch_size=60,
+        steps=100,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="cyclic",
+        geometry=geom,
+    )
     with pytest.raises(ParameterError, match="neighboring_relation.*not covered under ADD_OR_REMOVE_ONE"):
         calibrate_noise_multiplier(run, 2.0, 1e-5, neighboring_relation=AR)
-    full = TrainingRunDpEvent(dataset_size=1000, batch_size=1000, steps=100, noise_multiplier=1.0, clip_norm=1.0,
-                              learning_rate=0.05, sampling="full")
+    full = TrainingRunDpEvent(
+        dataset_size=1000,
+        batch_size=1000,
+        steps=100,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="full",
+    )
     ar = quiet(lambda: calibrate_noise_multiplier(full, 2.0, 1e-5, neighboring_relation=AR))
     r1 = quiet(lambda: calibrate_noise_multiplier(full, 2.0, 1e-5))
     assert ar.noise_multiplier == pytest.approx(r1.noise_multiplier / 2, rel=2e-3)  # sensitivity C vs 2C

@@ -9,11 +9,19 @@ from hidden_state_accountants import HiddenStateAccountant, LossGeometry, Traini
 from hidden_state_accountants import fdp
 from hidden_state_accountants.accountant import analyze_training_run
 
+
 def run(sampling, steps, z, m=1e-6, n=10000, b=100):
     b = n if sampling == "full" else b
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.5, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=1.0, diameter=1.0))
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=m, smoothness=1.0, diameter=1.0),
+    )
 
 
 def assert_valid(value):
@@ -57,8 +65,12 @@ def test_gdp_conversion_extremes():
 
 def test_profiles_in_range_for_extreme_arguments():
     eps = np.array([-1e3, -5.0, 0.0, 1e-9, 5.0, 1e3])
-    for profile in (fdp.subsampled_gaussian_profile(50.0, 0.5), fdp.subsampled_gaussian_profile(1e-6, 1e-6),
-                    fdp.poisson_replace_one_profile(1e-3, 0.3), fdp.rdp_profile([2.0, 1e4], [1e-3, 1e9])):
+    for profile in (
+        fdp.subsampled_gaussian_profile(50.0, 0.5),
+        fdp.subsampled_gaussian_profile(1e-6, 1e-6),
+        fdp.poisson_replace_one_profile(1e-3, 0.3),
+        fdp.rdp_profile([2.0, 1e4], [1e-3, 1e9]),
+    ):
         values = profile(eps)
         assert np.all(np.isfinite(values)) and np.all((0 <= values) & (values <= 1))
         assert np.all(np.diff(values) <= 1e-15)
@@ -73,8 +85,15 @@ def test_gdp_epsilon_is_on_the_safe_side_of_the_root():
         for delta in (1e-3, 1e-5, 1e-8, 1e-12, 1e-15):
             eps = fdp.gdp_epsilon(float(mu), delta)
             assert eps == 0.0 or fdp.gdp_log_delta(float(mu), eps) <= math.log(delta), (mu, delta, eps)
-    run = TrainingRunDpEvent(dataset_size=1000, batch_size=1000, steps=10, noise_multiplier=300.0, clip_norm=1.0,
-                             learning_rate=0.1, sampling="full")
+    run = TrainingRunDpEvent(
+        dataset_size=1000,
+        batch_size=1000,
+        steps=10,
+        noise_multiplier=300.0,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling="full",
+    )
     with pytest.warns(UserWarning):
         eps = HiddenStateAccountant().compose(run).get_epsilon(1e-12)
     assert fdp.gdp_log_delta(2.0 / 300.0 * math.sqrt(10.0), eps) <= math.log(1e-12)

@@ -27,8 +27,11 @@ CORE = "hidden_state_accountants"
 def wheel(tmp_path_factory) -> pathlib.Path:
     pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools (the dev extra)")
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(["bash", str(ROOT / "scripts" / "build_wheel.sh"), str(out), "--no-build-isolation"],
-                   check=True, env={**os.environ, "PYTHON": sys.executable})
+    subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build_wheel.sh"), str(out), "--no-build-isolation"],
+        check=True,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     (built,) = out.glob(f"{CORE}-*.whl")
     return built
 
@@ -96,10 +99,15 @@ def test_wheel_installs_into_a_fresh_environment_and_runs(wheel, tmp_path):
     env_dir = tmp_path / "fresh"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheel)],
-                   check=True)
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", str(wheel)], check=True
+    )
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # after the venv's own site-packages, so the wheel's copy wins over any other
     pathlib.Path(purelib, "zz_dependencies.pth").write_text("\n".join(_site_dirs()) + "\n")
     run = dict(cwd=tmp_path, check=True, capture_output=True, text=True)  # outside the source tree
@@ -107,8 +115,12 @@ def test_wheel_installs_into_a_fresh_environment_and_runs(wheel, tmp_path):
     assert subprocess.run([hsa, "--version"], **run).stdout.strip() == f"hsa {hidden_state_accountants.__version__}"
     demo = subprocess.run([hsa, "demo", "--output", str(tmp_path / "demo.png")], **run)
     assert "hidden-state" in demo.stdout and (tmp_path / "demo.png").stat().st_size > 0
-    adapters = [name for name, needs in (("opacus", "opacus"), ("pytorch", "torch"), ("tf_privacy", "tensorflow_privacy"))
-                if subprocess.run([sys.executable, "-c", f"import {needs}"], capture_output=True).returncode == 0]
-    check = (f"import sys, {CORE} as h\nassert h.__file__.startswith(sys.prefix), h.__file__\n"
-             + "".join(f"import {CORE}.{a}\n" for a in adapters))
+    adapters = [
+        name
+        for name, needs in (("opacus", "opacus"), ("pytorch", "torch"), ("tf_privacy", "tensorflow_privacy"))
+        if subprocess.run([sys.executable, "-c", f"import {needs}"], capture_output=True).returncode == 0
+    ]
+    check = f"import sys, {CORE} as h\nassert h.__file__.startswith(sys.prefix), h.__file__\n" + "".join(
+        f"import {CORE}.{a}\n" for a in adapters
+    )
     subprocess.run([str(python), "-c", check], **run)

@@ -31,9 +31,18 @@ SLACK = 1e-6
 
 def run_of(n, q, b, T, z, lr, m_reg, M=None, D=None, l2="same"):
     geom = LossGeometry(smoothness=m_reg if M is None else M, strong_convexity=m_reg, diameter=D)
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=T, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=lr, sampling="poisson", sampling_probability=q, geometry=geom,
-                              l2_regularization=m_reg if l2 == "same" else l2)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=T,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling="poisson",
+        sampling_probability=q,
+        geometry=geom,
+        l2_regularization=m_reg if l2 == "same" else l2,
+    )
 
 
 def bounds_of(run, relation):
@@ -81,8 +90,9 @@ def test_binding_cap_adds_its_failure_probability(relation):
     """A declared smoothness that makes batches of 12+ records expansive: the cap binds, P(fail) > 0 is
     added to delta, no unconditional RDP curve is exposed, and every bound stays above exact."""
     run = run_of(40, 0.05, 2, 8, 1.0, 0.5, 0.4, M=1.0)
-    bounds = check(run, relation, deltas=(1e-2, 1e-3, 1e-4),
-                   expect_applicable=("si_poisson", "altschuler_talwar_eq3.3_poisson"))
+    bounds = check(
+        run, relation, deltas=(1e-2, 1e-3, 1e-4), expect_applicable=("si_poisson", "altschuler_talwar_eq3.3_poisson")
+    )
     si = bounds["si_poisson"]
     fails = [math.exp(ph.log_cap_failure(si.setup.others, run.sampling_rate, run.steps, K)) for K, _ in si.cap_list]
     assert isinstance(si, ph.PoissonShiftBound) and all(p > 0 for p in fails)
@@ -126,8 +136,14 @@ def test_cap_failure_probability():
 
 
 @settings(max_examples=60, deadline=None)
-@given(lr=st.floats(0.01, 1.5), m_reg=st.floats(0, 0.5), m_data=st.floats(0, 0.3), extra=st.floats(0.3, 3),
-       b=st.integers(1, 50), K=st.integers(0, 200))
+@given(
+    lr=st.floats(0.01, 1.5),
+    m_reg=st.floats(0, 0.5),
+    m_data=st.floats(0, 0.3),
+    extra=st.floats(0.3, 3),
+    b=st.integers(1, 50),
+    K=st.integers(0, 200),
+)
 def test_contraction_cap_endpoints(lr, m_reg, m_data, extra, b, K):
     """The largest step Lipschitz constant over batch sizes 0..K+1 sits at an end (brute force)."""
     M = m_reg + extra
@@ -137,10 +153,12 @@ def test_contraction_cap_endpoints(lr, m_reg, m_data, extra, b, K):
 
 def test_needs_are_checked():
     base = run_of(20, 0.3, 2, 4, 1.0, 0.5, 0.2)
-    for run, text in [(base.replace(l2_regularization=None), "l2_regularization declared"),
-                      (base.replace(l2_regularization=0.0), "l2_regularization > 0"),
-                      (base.replace(l2_regularization=0.3), "exceeds the declared strong_convexity"),
-                      (base.replace(geometry=None), "no loss geometry")]:
+    for run, text in [
+        (base.replace(l2_regularization=None), "l2_regularization declared"),
+        (base.replace(l2_regularization=0.0), "l2_regularization > 0"),
+        (base.replace(l2_regularization=0.3), "exceeds the declared strong_convexity"),
+        (base.replace(geometry=None), "no loss geometry"),
+    ]:
         for name, b in bounds_of(run, REPLACE_ONE).items():
             assert not b.applicable and text in b.reason, (name, b.reason)
 
@@ -152,9 +170,17 @@ def test_mnist_scale_add_remove_below_composition():
     geom = LossGeometry(smoothness=1.01, strong_convexity=0.01)
     out = {}
     for epochs in (10, 50):
-        run = TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=epochs * 234, noise_multiplier=1.0,
-                                 clip_norm=1.0, learning_rate=0.5, sampling="poisson", geometry=geom,
-                                 l2_regularization=0.01)
+        run = TrainingRunDpEvent(
+            dataset_size=60000,
+            batch_size=256,
+            steps=epochs * 234,
+            noise_multiplier=1.0,
+            clip_norm=1.0,
+            learning_rate=0.5,
+            sampling="poisson",
+            geometry=geom,
+            l2_regularization=0.01,
+        )
         report = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run).explain(1e-5)
         out[epochs] = report
         assert report.analysis == "si_poisson" and report.epsilon < report.composition_epsilon
@@ -168,14 +194,24 @@ def test_nonlinear_brute_force_with_expansive_batches(relation):
     """Huber loss, slope 1 - lr (m_reg + k h/b): batches of 8+ records are expansive; every capped
     bound with P(fail) added to delta stays above the brute-force value (~1e-4 accuracy)."""
     n_others, q, b, T, z, lr, m_reg, h = 8, 0.1, 2, 6, 1.0, 0.5, 0.3, 1.0
-    run = TrainingRunDpEvent(dataset_size=n_others + 1, batch_size=b, steps=T, noise_multiplier=z, clip_norm=1.0,
-                             learning_rate=lr, sampling="poisson", sampling_probability=q,
-                             geometry=LossGeometry(smoothness=m_reg + h, strong_convexity=m_reg), l2_regularization=m_reg)
+    run = TrainingRunDpEvent(
+        dataset_size=n_others + 1,
+        batch_size=b,
+        steps=T,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling="poisson",
+        sampling_probability=q,
+        geometry=LossGeometry(smoothness=m_reg + h, strong_convexity=m_reg),
+        l2_regularization=m_reg,
+    )
     bounds = bounds_of(run, REPLACE_ONE if relation == "REPLACE_ONE" else ADD_OR_REMOVE_ONE)
     finite = 0
     for d in (1e-2, 1e-3, 1e-5):
-        truth = exact.poisson_huber_epsilon(n_others=n_others, q=q, b=b, steps=T, z=z, C=1.0, lr=lr, m_reg=m_reg,
-                                            h=h, relation=relation, delta=d)
+        truth = exact.poisson_huber_epsilon(
+            n_others=n_others, q=q, b=b, steps=T, z=z, C=1.0, lr=lr, m_reg=m_reg, h=h, relation=relation, delta=d
+        )
         for name, bound in bounds.items():
             e = bound.epsilon(d)
             finite += math.isfinite(e)
@@ -188,24 +224,39 @@ def test_nonlinear_brute_force_with_expansive_batches(relation):
 @pytest.mark.parametrize("z,T,q,lr,D", [(1.0, 30, 0.2, 0.5, 1.0), (2.0, 60, 0.1, 1.0, 0.5), (0.5, 40, 0.3, 0.3, 0.4)])
 def test_projected_linear_brute_force(relation, z, T, q, lr, D):
     """Convex (c = 1) with a diameter: projected linear losses ([AT]'s lower-bound construction)."""
-    run = TrainingRunDpEvent(dataset_size=50, batch_size=2, steps=T, noise_multiplier=z, clip_norm=1.0,
-                             learning_rate=lr, sampling="poisson", sampling_probability=q,
-                             geometry=LossGeometry(smoothness=1e-3, strong_convexity=0.0, diameter=D),
-                             l2_regularization=0.0)
+    run = TrainingRunDpEvent(
+        dataset_size=50,
+        batch_size=2,
+        steps=T,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling="poisson",
+        sampling_probability=q,
+        geometry=LossGeometry(smoothness=1e-3, strong_convexity=0.0, diameter=D),
+        l2_regularization=0.0,
+    )
     bounds = bounds_of(run, REPLACE_ONE if relation == "REPLACE_ONE" else ADD_OR_REMOVE_ONE)
     assert bounds["si_poisson"].applicable and bounds["altschuler_talwar_eq3.3_poisson"].applicable
     for d in (1e-3, 1e-5):
-        truth = exact.poisson_projected_epsilon(q=q, b=2, steps=T, z=z, C=1.0, lr=lr, m_reg=0.0, diameter=D,
-                                                relation=relation, delta=d, grid=801)
+        truth = exact.poisson_projected_epsilon(
+            q=q, b=2, steps=T, z=z, C=1.0, lr=lr, m_reg=0.0, diameter=D, relation=relation, delta=d, grid=801
+        )
         for name, bound in bounds.items():
             assert bound.epsilon(d) >= truth * (1 - 1e-3) - 1e-6, (name, relation, d)
 
 
 @pytest.mark.slow
 @settings(max_examples=12, deadline=None)
-@given(z=st.sampled_from([0.5, 1.0, 2.0, 4.0]), T=st.integers(1, 10), q=st.floats(0.02, 0.6),
-       lr=st.floats(0.05, 1.2), contraction=st.floats(0.05, 0.95), Mx=st.floats(1.0, 4.0),
-       rel=st.sampled_from(RELATIONS))
+@given(
+    z=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
+    T=st.integers(1, 10),
+    q=st.floats(0.02, 0.6),
+    lr=st.floats(0.05, 1.2),
+    contraction=st.floats(0.05, 0.95),
+    Mx=st.floats(1.0, 4.0),
+    rel=st.sampled_from(RELATIONS),
+)
 def test_randomised_settings(z, T, q, lr, contraction, Mx, rel):
     m = contraction / lr
     b = max(1, int(round(q * 20)))
@@ -215,9 +266,13 @@ def test_randomised_settings(z, T, q, lr, contraction, Mx, rel):
         check(run_of(20, q, b, T, z, lr, m, M=M), rel, deltas=(1e-5,), expect_applicable=())
 
 
-FULL_GRID = [(20, q, max(1, int(round(q * 20))), T, z, lr, m)
-             for z in (0.5, 1.0, 2.0, 4.0) for T in (1, 3, 8, 12) for q in (0.05, 0.3)
-             for (lr, m) in ((0.5, 0.2), (1.0, 0.5), (0.5, 1.8))]
+FULL_GRID = [
+    (20, q, max(1, int(round(q * 20))), T, z, lr, m)
+    for z in (0.5, 1.0, 2.0, 4.0)
+    for T in (1, 3, 8, 12)
+    for q in (0.05, 0.3)
+    for (lr, m) in ((0.5, 0.2), (1.0, 0.5), (0.5, 1.8))
+]
 
 
 @pytest.mark.slow
@@ -233,9 +288,17 @@ def test_full_grid(setting):
 def test_bok_4_2_add_remove_is_the_exact_pair(n, T, z, lr, m):
     """Full batch, divisor n fixed: Bok et al. Thm 4.2 with L = C equals the exact add/remove
     Gaussian pair (lr <= 2/(m + M') with M' = ((n+1)/n) m for the quadratic loss)."""
-    run = TrainingRunDpEvent(dataset_size=n, batch_size=n, steps=T, noise_multiplier=z, clip_norm=1.0,
-                             learning_rate=lr, sampling="full", geometry=LossGeometry(smoothness=m, strong_convexity=m),
-                             l2_regularization=m)
+    run = TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=n,
+        steps=T,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling="full",
+        geometry=LossGeometry(smoothness=m, strong_convexity=m),
+        l2_regularization=m,
+    )
     b = {x.name: x for x in analyze_training_run(run, cm.Context(neighboring_relation=ADD_OR_REMOVE_ONE))}
     truth = exact.exact_pair(run, relation="ADD_OR_REMOVE_ONE")
     assert b["bok_thm4.2"].mu == pytest.approx(truth.mu, rel=1e-9)

@@ -28,17 +28,35 @@ POISSON = ("si_poisson", "altschuler_talwar_eq3.3_poisson", "ye_shokri_thm4.3_po
 
 def mnist(epochs=20, **kw):
     """Opacus' default loader on MNIST (issue 19): n = 60000, q = 1/235 (b = 255), z = 1, lr = 0.5, L2 0.01."""
-    args = dict(dataset_size=60000, batch_size=255, steps=epochs * 235, noise_multiplier=1.0, clip_norm=1.0,
-                learning_rate=0.5, sampling="poisson", sampling_probability=1 / 235, l2_regularization=0.01,
-                geometry=LossGeometry(smoothness=1.01, strong_convexity=0.01))
+    args = dict(
+        dataset_size=60000,
+        batch_size=255,
+        steps=epochs * 235,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="poisson",
+        sampling_probability=1 / 235,
+        l2_regularization=0.01,
+        geometry=LossGeometry(smoothness=1.01, strong_convexity=0.01),
+    )
     args.update(kw)
     return TrainingRunDpEvent(**args)
 
 
 def small(n=20, q=0.3, b=6, T=4, z=1.0, lr=0.5, m=0.2, M=None, **kw):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=T, noise_multiplier=z, clip_norm=1.0, learning_rate=lr,
-                              sampling="poisson", sampling_probability=q, l2_regularization=kw.pop("l2", m),
-                              geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M, **kw))
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=T,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling="poisson",
+        sampling_probability=q,
+        l2_regularization=kw.pop("l2", m),
+        geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M, **kw),
+    )
 
 
 def bound(run, relation, name="si_poisson"):
@@ -57,8 +75,13 @@ def hockey_2d(q, a, b, eps, half_width=9.0, points=481):
     return float(np.sum(np.maximum(p - math.exp(eps) * r, 0.0))) * (x[1] - x[0]) ** 2
 
 
-@pytest.mark.parametrize("q,r", [(0.3, 1.5)] + [pytest.param(q, r, marks=pytest.mark.slow) for q in (0.05, 0.3, 0.7)
-                                                  for r in (0.5, 1.5) if (q, r) != (0.3, 1.5)])
+@pytest.mark.parametrize(
+    "q,r",
+    [(0.3, 1.5)]
+    + [
+        pytest.param(q, r, marks=pytest.mark.slow) for q in (0.05, 0.3, 0.7) for r in (0.5, 1.5) if (q, r) != (0.3, 1.5)
+    ],
+)
 def test_antipodal_pair_dominates_every_pair_of_gradients(q, r):
     """Section 13's theorem on a grid of 2-D pairs: norms 0, r/2, r, angles 0..pi, eps from -1 to 3; the
     antipodal pair itself is attained (the quadrature, accurate to ~1e-4 relative at the kink of
@@ -107,8 +130,13 @@ def test_profiles_stay_finite_for_extreme_shifts():
 def test_add_remove_steps_equal_dp_accounting(q, z, k):
     """The vectorised step PLD (exact closed-form profiles, connect-the-dots) composes like dp_accounting's."""
     ours = ph.self_compose(ph.step_pld(z, q, ADD_OR_REMOVE_ONE, 1e-3), k)
-    ref = pld_lib.from_gaussian_mechanism(standard_deviation=z, sensitivity=1.0, pessimistic_estimate=True,
-                                          value_discretization_interval=1e-3, sampling_prob=q).self_compose(k)
+    ref = pld_lib.from_gaussian_mechanism(
+        standard_deviation=z,
+        sensitivity=1.0,
+        pessimistic_estimate=True,
+        value_discretization_interval=1e-3,
+        sampling_prob=q,
+    ).self_compose(k)
     for d in (1e-5, 1e-8):
         assert fdp.pld_epsilon(ours, d) == pytest.approx(fdp.pld_epsilon(ref, d), abs=1e-5)
 
@@ -124,7 +152,7 @@ def test_shift_law_dominates_the_uses(q, c):
     truth = np.zeros(int(1.0 / (1 - c) / h) + 2)
     truth[0] = 1.0
     for j in range(J):
-        k = int(math.floor(c ** j / h))
+        k = int(math.floor(c**j / h))
         truth[k:] = (1 - q) * truth[k:] + q * truth[: truth.size - k] if k else truth[k:]
         truth[:k] *= 1 - q
     true_sf = np.cumsum(truth[::-1])[::-1]  # P(S_lo >= i h)
@@ -207,8 +235,14 @@ def test_monotone_in_steps_and_finite_without_bound(relation):
 
 @pytest.mark.slow
 @settings(max_examples=10, deadline=None)
-@given(q=st.floats(0.005, 0.3), z=st.sampled_from([0.7, 1.0, 2.0]), contraction=st.floats(0.005, 0.3),
-       t1=st.integers(1, 3000), extra=st.integers(1, 3000), rel=st.sampled_from(RELATIONS))
+@given(
+    q=st.floats(0.005, 0.3),
+    z=st.sampled_from([0.7, 1.0, 2.0]),
+    contraction=st.floats(0.005, 0.3),
+    t1=st.integers(1, 3000),
+    extra=st.integers(1, 3000),
+    rel=st.sampled_from(RELATIONS),
+)
 def test_monotone_in_steps_randomised(q, z, contraction, t1, extra, rel):
     lr = 0.5
     run = small(n=4000, q=q, b=max(1, int(q * 4000)), T=t1, z=z, lr=lr, m=contraction / lr, M=1.0)
@@ -226,9 +260,17 @@ def test_window_does_not_depend_on_the_length():
 def test_no_cap_is_refused_with_a_learning_rate_that_works():
     """n = 6000, b = 60, 40 epochs at lr = 1.5: every batch of more than 78 records is expansive and
     one occurs almost surely. It used to come back with neither epsilon nor reason."""
-    run = TrainingRunDpEvent(dataset_size=6000, batch_size=60, steps=4000, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=1.5, sampling="poisson", l2_regularization=0.01,
-                             geometry=LossGeometry(smoothness=1.01, strong_convexity=0.01))
+    run = TrainingRunDpEvent(
+        dataset_size=6000,
+        batch_size=60,
+        steps=4000,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=1.5,
+        sampling="poisson",
+        l2_regularization=0.01,
+        geometry=LossGeometry(smoothness=1.01, strong_convexity=0.01),
+    )
     for rel in RELATIONS:
         for name in POISSON[:2]:
             b = bound(run, rel, name)
@@ -257,9 +299,17 @@ def test_add_remove_geometry_uses_the_added_records_batch():
     """Section 16 (b): the batch holding the added record has curvature down to
     m_reg + ((B+1)/B)(m - m_reg), below m when the weight decay exceeds m; refused when it is not convex
     or the L2 strength is unknown (it used to keep m)."""
-    run = TrainingRunDpEvent(dataset_size=4, batch_size=4, steps=10, noise_multiplier=3.0, clip_norm=1.0,
-                             learning_rate=1.0, sampling="full", l2_regularization=0.5,
-                             geometry=LossGeometry(strong_convexity=0.3, smoothness=0.9))
+    run = TrainingRunDpEvent(
+        dataset_size=4,
+        batch_size=4,
+        steps=10,
+        noise_multiplier=3.0,
+        clip_norm=1.0,
+        learning_rate=1.0,
+        sampling="full",
+        l2_regularization=0.5,
+        geometry=LossGeometry(strong_convexity=0.3, smoothness=0.9),
+    )
     g = as_add_remove(run).geometry
     assert g.strong_convexity == pytest.approx(0.5 + 1.25 * (0.3 - 0.5))  # 0.25 < 0.3
     assert g.smoothness == pytest.approx(0.5 + 1.25 * (0.9 - 0.5))
@@ -267,34 +317,50 @@ def test_add_remove_geometry_uses_the_added_records_batch():
         as_add_remove(run.replace(l2_regularization=0.9, geometry=LossGeometry(strong_convexity=0.1, smoothness=0.9)))
     with pytest.raises(ParameterError, match="l2_regularization.*must be declared"):
         as_add_remove(run.replace(l2_regularization=None))
-    report = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(
-        run.replace(l2_regularization=None)).explain(1e-5)
+    report = (
+        HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE")
+        .compose(run.replace(l2_regularization=None))
+        .explain(1e-5)
+    )
     rows = {a.name: a for a in report.analyses}
     assert rows["bok_thm4.2"].epsilon is None and "l2_regularization" in rows["bok_thm4.2"].reason
     assert rows["bok_thm4.1"].epsilon is not None  # composition does not depend on the geometry
 
 
 # ----------------------------------------------------------------- section 17: the fast lower bound
-@pytest.mark.parametrize("setting", [(0.3, 6, 1, 1.0, 0.5, 0.2), (0.3, 6, 4, 1.0, 0.5, 0.2), (0.1, 2, 10, 2.0, 0.5, 0.9),
-                                     (0.05, 1, 12, 1.0, 1.0, 0.5), (0.5, 2, 12, 4.0, 0.3, 1.0)])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        (0.3, 6, 1, 1.0, 0.5, 0.2),
+        (0.3, 6, 4, 1.0, 0.5, 0.2),
+        (0.1, 2, 10, 2.0, 0.5, 0.9),
+        (0.05, 1, 12, 1.0, 1.0, 0.5),
+        (0.5, 2, 12, 4.0, 0.3, 1.0),
+    ],
+)
 def test_lower_bound_equals_exact_pair(setting):
     q, b, T, z, lr, m = setting
     run = small(q=q, b=b, T=T, z=z, lr=lr, m=m, M=max(m, 1.0))
     for rel in ("ADD_OR_REMOVE_ONE", "REPLACE_ONE"):
         for d in (1e-3, 1e-5, 1e-7):
             assert exact.poisson_lower_bound(run, d, rel) == pytest.approx(
-                exact.exact_pair(run, relation=rel).epsilon(d), rel=1e-5, abs=1e-6)
+                exact.exact_pair(run, relation=rel).epsilon(d), rel=1e-5, abs=1e-6
+            )
 
 
 def test_lower_bound_refusals_and_speed():
     run = mnist(20)
     t = time.perf_counter()
-    assert exact.poisson_lower_bound(run.replace(steps=10**12), 1e-5, "ADD_OR_REMOVE_ONE") == pytest.approx(0.3133, abs=2e-4)
+    assert exact.poisson_lower_bound(run.replace(steps=10**12), 1e-5, "ADD_OR_REMOVE_ONE") == pytest.approx(
+        0.3133, abs=2e-4
+    )
     assert time.perf_counter() - t < 5.0
-    bad = [(run.replace(l2_regularization=None), "l2_regularization"),
-           (run.replace(l2_regularization=0.005), "l2_regularization"),
-           (run.replace(geometry=LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=3.0)), "geometry"),
-           (run.replace(sampling="cyclic", sampling_probability=None), "sampling")]
+    bad = [
+        (run.replace(l2_regularization=None), "l2_regularization"),
+        (run.replace(l2_regularization=0.005), "l2_regularization"),
+        (run.replace(geometry=LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=3.0)), "geometry"),
+        (run.replace(sampling="cyclic", sampling_probability=None), "sampling"),
+    ]
     for r, name in bad:
         with pytest.raises(ParameterError, match=name):
             exact.poisson_lower_bound(r, 1e-5)

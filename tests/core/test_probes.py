@@ -17,8 +17,15 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 import dp_accounting as dpa
-from hidden_state_accountants import (HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent,
-                                      calibrate_noise_multiplier, fdp, max_epochs_within_budget)
+from hidden_state_accountants import (
+    HiddenStateAccountant,
+    LossGeometry,
+    ParameterError,
+    TrainingRunDpEvent,
+    calibrate_noise_multiplier,
+    fdp,
+    max_epochs_within_budget,
+)
 from hidden_state_accountants import accountant as accountant_module
 from hidden_state_accountants import calibration
 from hidden_state_accountants import rdp as rdp_tools
@@ -34,9 +41,16 @@ GEOMETRY = LossGeometry(strong_convexity=0.1, smoothness=1.1)
 
 def wor_run(z=1.0):
     """Ye & Shokri's Thm 4.3 gives the reported epsilon here (31.15 at delta 1e-5)."""
-    return TrainingRunDpEvent.from_epochs(dataset_size=1000, batch_size=100, epochs=20, noise_multiplier=z,
-                                          clip_norm=1.0, learning_rate=0.5, sampling="without_replacement",
-                                          geometry=GEOMETRY)
+    return TrainingRunDpEvent.from_epochs(
+        dataset_size=1000,
+        batch_size=100,
+        epochs=20,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="without_replacement",
+        geometry=GEOMETRY,
+    )
 
 
 # ----------------------------------------------------------------------------- NaN and orders
@@ -69,8 +83,10 @@ def test_a_nan_rdp_value_counts_as_infinity_in_every_conversion():
     assert rdp_tools.rdp_to_epsilon(orders, [math.nan] * 3, 1e-5)[0] == math.inf
     assert rdp_tools.rdp_to_delta(orders, [math.nan] * 3, 1.0) == 1.0
     # one NaN order: the other orders still answer, never below what they say alone
-    assert rdp_tools.rdp_to_epsilon(orders, [1.0, math.nan, 3.0], 1e-5)[0] == \
-        rdp_tools.rdp_to_epsilon(orders, [1.0, math.inf, 3.0], 1e-5)[0]
+    assert (
+        rdp_tools.rdp_to_epsilon(orders, [1.0, math.nan, 3.0], 1e-5)[0]
+        == rdp_tools.rdp_to_epsilon(orders, [1.0, math.inf, 3.0], 1e-5)[0]
+    )
     bound = RdpBound(orders=orders, values=np.array([math.nan, math.nan, math.nan]))
     assert bound.epsilon(1e-5) == math.inf and np.all(bound.rdp(orders) == math.inf)
 
@@ -104,8 +120,9 @@ def test_a_nan_from_an_analysis_never_lowers_the_report(monkeypatch):
     assert composed.get_epsilon(1e-5) == math.inf
 
 
-@pytest.mark.parametrize("orders", [["a"], 5, [2, None], [], "2", [2.0, math.nan], [2.0, math.inf], [1.0, 2.0],
-                                    [2.0, True], [2.0, 0.5]])
+@pytest.mark.parametrize(
+    "orders", [["a"], 5, [2, None], [], "2", [2.0, math.nan], [2.0, math.inf], [1.0, 2.0], [2.0, True], [2.0, 0.5]]
+)
 def test_stray_orders_are_a_parameter_error(orders):
     # was: ValueError / TypeError from float() or iteration
     with pytest.raises(ParameterError, match="orders"):
@@ -128,7 +145,9 @@ def test_two_high_epsilon_gaussians_compose_exactly():
 
 def test_a_high_epsilon_gaussian_with_a_pld_event_answers():
     acc = HiddenStateAccountant(neighboring_relation=AR)
-    acc.compose(dp_event.GaussianDpEvent(0.1)).compose(dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0)))
+    acc.compose(dp_event.GaussianDpEvent(0.1)).compose(
+        dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0))
+    )
     eps = acc.get_epsilon(1e-5)
     assert math.isfinite(eps) and eps >= fdp.gdp_epsilon(10.0, 1e-5)
 
@@ -150,10 +169,10 @@ def test_a_gaussian_self_composed_ten_million_times_is_one_gaussian(relation, se
 @pytest.mark.parametrize("relation", ["REPLACE_ONE", AR])
 def test_a_billion_step_self_composition_answers_in_under_a_second(relation):
     gauss = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1000.0), 10**9)
-    poisson = dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(1e-3, dp_event.GaussianDpEvent(10.0)),
-                                           10**9)
+    poisson = dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(1e-3, dp_event.GaussianDpEvent(10.0)), 10**9)
     HiddenStateAccountant(neighboring_relation=relation).compose(
-        dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(1.0))).get_epsilon(1e-5)  # imports, caches
+        dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(1.0))
+    ).get_epsilon(1e-5)  # imports, caches
     for event in (gauss, poisson):
         start = time.process_time()
         acc = HiddenStateAccountant(neighboring_relation=relation).compose(event)
@@ -170,8 +189,9 @@ def test_a_folded_poisson_self_composition_stays_above_dp_accounting():
     # own PLD at a 10x finer grid (closer to the truth), and close to it
     event = dp_event.PoissonSampledDpEvent(0.02, dp_event.GaussianDpEvent(1.1))
     ours = HiddenStateAccountant(neighboring_relation=AR).compose(dp_event.SelfComposedDpEvent(event, 500))
-    ref = pld_privacy_accountant.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                               value_discretization_interval=1e-4).compose(event, 500)
+    ref = pld_privacy_accountant.PLDAccountant(
+        dpa.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-4
+    ).compose(event, 500)
     for delta in (1e-3, 1e-5, 1e-7):
         assert ref.get_epsilon(delta) - 1e-3 <= ours.get_epsilon(delta) <= ref.get_epsilon(delta) + 0.02
 
@@ -184,13 +204,22 @@ def test_coarsening_an_add_remove_pld_rounds_both_directions_up():
     assert np.all(np.asarray(coarse.get_delta_for_epsilon(eps)) >= np.asarray(pld.get_delta_for_epsilon(eps)) - 1e-15)
     for direction in ("_pmf_remove", "_pmf_add"):
         fine, rough = getattr(pld, direction), getattr(coarse, direction)
-        assert np.all(np.asarray(rough.get_delta_for_epsilon(eps)) >= np.asarray(fine.get_delta_for_epsilon(eps)) - 1e-15)
+        assert np.all(
+            np.asarray(rough.get_delta_for_epsilon(eps)) >= np.asarray(fine.get_delta_for_epsilon(eps)) - 1e-15
+        )
 
 
 def test_poisson_add_remove_composition_takes_seconds_at_ten_million_steps():
     # was: 50 s (dp_accounting's sparse self-composition of the whole run in one piece)
-    run = TrainingRunDpEvent(dataset_size=60000, batch_size=600, steps=10**7, noise_multiplier=3.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling="poisson")
+    run = TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=600,
+        steps=10**7,
+        noise_multiplier=3.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="poisson",
+    )
     ctx = Context(neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
     start = time.process_time()
     bound = composition.poisson_pld(run, ctx)
@@ -211,9 +240,17 @@ def test_calibration_of_a_stray_type_names_the_run(run):
 
 
 def table1(epochs=50, **kw):
-    return TrainingRunDpEvent.from_epochs(dataset_size=60000, batch_size=1500, epochs=epochs, noise_multiplier=3.0,
-                                          clip_norm=1.0, learning_rate=0.05, sampling="cyclic",
-                                          geometry=LossGeometry(strong_convexity=0.002, smoothness=1.002), **kw)
+    return TrainingRunDpEvent.from_epochs(
+        dataset_size=60000,
+        batch_size=1500,
+        epochs=epochs,
+        noise_multiplier=3.0,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="cyclic",
+        geometry=LossGeometry(strong_convexity=0.002, smoothness=1.002),
+        **kw,
+    )
 
 
 def caught(fn):
@@ -231,12 +268,26 @@ def test_an_early_stopped_calibration_warns_and_says_so():
     assert result.epsilon <= 2.0 and not result.converged
 
 
-@pytest.mark.parametrize("sampling", ["cyclic", pytest.param("without_replacement", marks=pytest.mark.slow),
-                                      pytest.param("poisson", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        "cyclic",
+        pytest.param("without_replacement", marks=pytest.mark.slow),
+        pytest.param("poisson", marks=pytest.mark.slow),
+    ],
+)
 def test_a_converged_calibration_is_the_smallest_noise_to_rel_tol(sampling):
-    run = TrainingRunDpEvent.from_epochs(dataset_size=6000, batch_size=60, epochs=3, noise_multiplier=1.0,
-                                         clip_norm=1.0, learning_rate=0.5, sampling=sampling, geometry=GEOMETRY,
-                                         l2_regularization=0.1)
+    run = TrainingRunDpEvent.from_epochs(
+        dataset_size=6000,
+        batch_size=60,
+        epochs=3,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=GEOMETRY,
+        l2_regularization=0.1,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", calibration.CalibrationWarning)
         result = calibrate_noise_multiplier(run, 2.0, 1e-5, rel_tol=1e-3)
@@ -265,6 +316,7 @@ class _Fixed(Bound):
 
 def _synthetic(monkeypatch, bounds_of_epochs):
     """Replaces every analysis of a run by ``bounds_of_epochs(epochs)``."""
+
     def analyze(run, ctx=None):
         return bounds_of_epochs(run.steps / run.steps_per_epoch)
 
@@ -273,8 +325,16 @@ def _synthetic(monkeypatch, bounds_of_epochs):
 
 
 def small_cyclic():
-    return TrainingRunDpEvent(dataset_size=600, batch_size=60, steps=10, noise_multiplier=1.0, clip_norm=1.0,
-                              learning_rate=0.1, sampling="cyclic", geometry=GEOMETRY)
+    return TrainingRunDpEvent(
+        dataset_size=600,
+        batch_size=60,
+        steps=10,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling="cyclic",
+        geometry=GEOMETRY,
+    )
 
 
 def dipping(e):
@@ -307,8 +367,10 @@ def test_the_budget_says_when_its_epoch_by_epoch_check_stopped(monkeypatch):
 
 def test_the_limit_counts_every_bound_flagged_monotone_f_dp_too(monkeypatch):
     # was: f-DP bounds skipped, so a converging f-DP analysis never made the budget unlimited
-    _synthetic(monkeypatch, lambda e: [_Fixed("composition", 0.1 * e, True, "gdp"),
-                                       _Fixed("converging_fdp", 2.0 - 1.0 / e, True, "fdp")])
+    _synthetic(
+        monkeypatch,
+        lambda e: [_Fixed("composition", 0.1 * e, True, "gdp"), _Fixed("converging_fdp", 2.0 - 1.0 / e, True, "fdp")],
+    )
     budget = max_epochs_within_budget(small_cyclic(), 3.0, 1e-5)
     assert budget.unlimited and budget.limit_epsilon == pytest.approx(2.0) and budget.analysis == "converging_fdp"
 

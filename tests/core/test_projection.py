@@ -25,8 +25,8 @@ def test_a_point_rescaled_by_the_rule_stays_inside_the_ball_in_its_dtype(dtype):
 
 
 def test_the_margin_grows_with_the_dtypes_rounding_and_the_diameter_is_exact():
-    assert inside_factor(2.0 ** -52) == inside_factor(2.0 ** -23) == 1 - MARGIN
-    assert inside_factor(2.0 ** -7) == 1 - 4 * 2.0 ** -7  # bfloat16
+    assert inside_factor(2.0**-52) == inside_factor(2.0**-23) == 1 - MARGIN
+    assert inside_factor(2.0**-7) == 1 - 4 * 2.0**-7  # bfloat16
     assert ball_product_diameter([2.5]) == 5.0
     assert ball_product_diameter([0.3, 0.1]) == pytest.approx(2 * math.sqrt(0.1), rel=1e-15)
     for bad in ([], [0.0], [math.inf]):

@@ -25,9 +25,16 @@ def runs(draw, samplings=FAST):
     z = draw(st.floats(0.5, 8.0))
     b_eff = n if sampling == "full" else b
     spe = 1 if sampling == "full" else n // b
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b_eff, steps=epochs * spe, noise_multiplier=z,
-                              clip_norm=draw(st.floats(0.1, 10.0)), learning_rate=lr, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=M))
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b_eff,
+        steps=epochs * spe,
+        noise_multiplier=z,
+        clip_norm=draw(st.floats(0.1, 10.0)),
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=m, smoothness=M),
+    )
 
 
 def eps(run):
@@ -78,7 +85,14 @@ def test_huge_noise_gives_tiny_epsilon(run):
 @settings(max_examples=5)
 @given(z=st.floats(0.8, 6.0), factor=st.floats(1.1, 3.0), steps=st.integers(1, 300))
 def test_more_noise_never_costs_more_sampled(sampling, z, factor, steps):
-    base = TrainingRunDpEvent(dataset_size=400, batch_size=20, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.2, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0, diameter=1.0))
+    base = TrainingRunDpEvent(
+        dataset_size=400,
+        batch_size=20,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.2,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0, diameter=1.0),
+    )
     assert eps(base.replace(noise_multiplier=z * factor)) <= eps(base) + 1e-6

@@ -22,14 +22,24 @@ from hidden_state_accountants.recording import (
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
 GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
-LINEAR = ModelFacts(layers=[LayerFacts(name="FeatureClip", kind="other", trainable=False),
-                            LayerFacts(name="Linear(64, 10)", kind="affine", trainable=True)], complete=True,
-                    feature_clip_norm=1.0)
-CONV_NET = ModelFacts(layers=[LayerFacts(name="Conv2d", kind="other", trainable=True),
-                              LayerFacts(name="ReLU", kind="other", trainable=False),
-                              LayerFacts(name="Linear", kind="affine", trainable=True),
-                              LayerFacts(name="ReLU", kind="other", trainable=False),
-                              LayerFacts(name="Linear", kind="affine", trainable=True)], complete=True)
+LINEAR = ModelFacts(
+    layers=[
+        LayerFacts(name="FeatureClip", kind="other", trainable=False),
+        LayerFacts(name="Linear(64, 10)", kind="affine", trainable=True),
+    ],
+    complete=True,
+    feature_clip_norm=1.0,
+)
+CONV_NET = ModelFacts(
+    layers=[
+        LayerFacts(name="Conv2d", kind="other", trainable=True),
+        LayerFacts(name="ReLU", kind="other", trainable=False),
+        LayerFacts(name="Linear", kind="affine", trainable=True),
+        LayerFacts(name="ReLU", kind="other", trainable=False),
+        LayerFacts(name="Linear", kind="affine", trainable=True),
+    ],
+    complete=True,
+)
 
 
 def step(**kw):
@@ -48,20 +58,26 @@ def test_a_network_with_hidden_layers_cannot_carry_a_geometry():
     assert "3 trainable layers" in reason and "not convex" in reason
     with pytest.raises(ParameterError, match="model: .*not convex"):
         recorder(model=CONV_NET)
-    rec = recorder(model=CONV_NET, assume_convex_model=True,  # the documented opt-in, reported as such
-                   feature_unobservable="the adapter cannot see the trainable layer's inputs")
+    rec = recorder(
+        model=CONV_NET,
+        assume_convex_model=True,  # the documented opt-in, reported as such
+        feature_unobservable="the adapter cannot see the trainable layer's inputs",
+    )
     rec.record(step())
     assert any("assume_convex_model=True" in n for n in rec.notes())
 
 
-@pytest.mark.parametrize("layers,complete,expected", [
-    ([("Linear", "affine", True)], True, None),
-    ([("frozen encoder", "other", False), ("Linear", "affine", True)], True, None),
-    ([("Linear", "affine", True), ("ReLU", "other", False)], True, "follow the trainable layer"),
-    ([("Dropout", "random", False), ("Linear", "affine", True)], True, "randomness"),
-    ([("Dense(relu)", "other", True)], True, "not an affine map"),
-    ([("Linear", "affine", True)], False, "could not be read"),
-])
+@pytest.mark.parametrize(
+    "layers,complete,expected",
+    [
+        ([("Linear", "affine", True)], True, None),
+        ([("frozen encoder", "other", False), ("Linear", "affine", True)], True, None),
+        ([("Linear", "affine", True), ("ReLU", "other", False)], True, "follow the trainable layer"),
+        ([("Dropout", "random", False), ("Linear", "affine", True)], True, "randomness"),
+        ([("Dense(relu)", "other", True)], True, "not an affine map"),
+        ([("Linear", "affine", True)], False, "could not be read"),
+    ],
+)
 def test_model_structure_rules(layers, complete, expected):
     model = ModelFacts(layers=[LayerFacts(name=n, kind=k, trainable=t) for n, k, t in layers], complete=complete)
     reason = model_refusal(model)
@@ -71,15 +87,18 @@ def test_model_structure_rules(layers, complete, expected):
 
 
 # ---------------------------------------------- rule 1: contradictions before training
-@pytest.mark.parametrize("facts,param", [
-    (dict(momentum=0.9), "momentum"),
-    (dict(optimizer="adam"), "optimizer"),
-    (dict(clipping="per_layer"), "clipping"),
-    (dict(loss_reduction="sum"), "loss_reduction"),
-    (dict(learning_rate=2.5), "learning_rate"),         # lr >= 2/M = 1.98
-    (dict(weight_decay=0.001), "geometry"),             # m = 0.01 > the L2 term 0.001
-    (dict(learning_rate=(0.5, 0.1)), "learning_rate"),  # parameter groups
-])
+@pytest.mark.parametrize(
+    "facts,param",
+    [
+        (dict(momentum=0.9), "momentum"),
+        (dict(optimizer="adam"), "optimizer"),
+        (dict(clipping="per_layer"), "clipping"),
+        (dict(loss_reduction="sum"), "loss_reduction"),
+        (dict(learning_rate=2.5), "learning_rate"),  # lr >= 2/M = 1.98
+        (dict(weight_decay=0.001), "geometry"),  # m = 0.01 > the L2 term 0.001
+        (dict(learning_rate=(0.5, 0.1)), "learning_rate"),  # parameter groups
+    ],
+)
 def test_contradictions_known_before_training_raise_at_the_first_step(facts, param):
     rec = recorder()
     with pytest.raises(ParameterError) as err:
@@ -116,13 +135,16 @@ def test_loose_strong_convexity_is_accepted_with_advice():
 
 
 # ------------------------------------------------- rule 2: departures during training
-@pytest.mark.parametrize("change,text", [
-    (dict(learning_rate=0.25), "learning rate changed"),
-    (dict(noise_multiplier=3.0), "noise multiplier changed"),
-    (dict(momentum=0.9), "momentum"),
-    (dict(weight_decay=0.02), "L2 regularisation changed"),
-    (dict(clip_norm=2.0), "clip norm changed"),
-])
+@pytest.mark.parametrize(
+    "change,text",
+    [
+        (dict(learning_rate=0.25), "learning rate changed"),
+        (dict(noise_multiplier=3.0), "noise multiplier changed"),
+        (dict(momentum=0.9), "momentum"),
+        (dict(weight_decay=0.02), "L2 regularisation changed"),
+        (dict(clip_norm=2.0), "clip norm changed"),
+    ],
+)
 def test_departures_during_training_fall_back_to_composition_with_one_warning(change, text):
     rec = recorder()
     rec.record(step(), 50)
@@ -143,15 +165,24 @@ def test_a_clean_run_is_the_core_event():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run = rec.run()
-    assert run == TrainingRunDpEvent(dataset_size=200, batch_size=10, steps=400, noise_multiplier=2.0,
-                                     clip_norm=1.0, learning_rate=0.5, sampling=SHUFFLE_PARTITION, geometry=GEOM,
-                                     l2_regularization=0.01)
+    assert run == TrainingRunDpEvent(
+        dataset_size=200,
+        batch_size=10,
+        steps=400,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=SHUFFLE_PARTITION,
+        geometry=GEOM,
+        l2_regularization=0.01,
+    )
     assert rec.run(steps=800).steps == 800  # planning: the last step repeated
     assert rec.notes() == [  # a secret seed, a checked model: only what the geometry rests on
         "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer",
         "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels, "
         "or sigmoid cross-entropy, on the trainable layer's outputs (logits), one unweighted loss per example; the "
-        "adapter did not observe it"]
+        "adapter did not observe it",
+    ]
 
 
 def test_a_user_chosen_seed_is_stated():
@@ -177,8 +208,15 @@ def test_poisson_steps_keep_their_exact_rate():
     with pytest.warns(CompositionFallbackWarning):
         run = rec.run()
     assert run.sampling == POISSON and run.sampling_rate == 0.04
-    direct = TrainingRunDpEvent(dataset_size=100, batch_size=4, steps=2250, noise_multiplier=1.5, clip_norm=1.0,
-                                learning_rate=1.0, sampling=POISSON)
+    direct = TrainingRunDpEvent(
+        dataset_size=100,
+        batch_size=4,
+        steps=2250,
+        noise_multiplier=1.5,
+        clip_norm=1.0,
+        learning_rate=1.0,
+        sampling=POISSON,
+    )
     with pytest.warns(UserWarning):
         want = HiddenStateAccountant().compose(direct).get_epsilon(1e-5)
     assert math.isclose(HiddenStateAccountant().compose(run).get_epsilon(1e-5), want, rel_tol=1e-9)
@@ -197,8 +235,14 @@ def test_a_hidden_state_claim_without_a_schedule_needs_the_dataset_size():
 
 
 def poisson_step(**kw):
-    args = dict(noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.5, divisor=256, weight_decay=0.01,
-                sampling_probability=1 / 234)
+    args = dict(
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        divisor=256,
+        weight_decay=0.01,
+        sampling_probability=1 / 234,
+    )
     args.update(kw)
     return StepFacts(**args)
 
@@ -212,14 +256,23 @@ def test_a_poisson_run_without_a_package_schedule_gets_the_poisson_hidden_state_
         run = rec.run()
     assert (run.sampling, run.dataset_size, run.batch_size, run.sampling_rate) == (POISSON, 60000, 256, 1 / 234)
     assert run.geometry == GEOM and run.l2_regularization == 0.01 and run.hidden_state_refusal is None
-    rows = {a.name: a for a in HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run)
-            .explain(1e-5).analyses}
+    rows = {
+        a.name: a
+        for a in HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run).explain(1e-5).analyses
+    }
     assert rows["si_poisson"].epsilon is not None
     assert rows["si_poisson"].epsilon < rows["composition_poisson_pld"].epsilon
 
 
-@pytest.mark.parametrize("bad, param", [(dict(sampling_probability=None), "sampling_probability"), (dict(divisor=None), "divisor"),
-                                        (dict(divisor=255.5), "divisor"), (dict(loss_reduction="sum"), "loss_reduction")])
+@pytest.mark.parametrize(
+    "bad, param",
+    [
+        (dict(sampling_probability=None), "sampling_probability"),
+        (dict(divisor=None), "divisor"),
+        (dict(divisor=255.5), "divisor"),
+        (dict(loss_reduction="sum"), "loss_reduction"),
+    ],
+)
 def test_a_poisson_hidden_state_claim_needs_rate_and_divisor(bad, param):
     rec = RunRecorder(Claim(schedule=None, geometry=GEOM, model=LINEAR, dataset_size=60000))
     with pytest.raises(ParameterError, match=param):
@@ -255,8 +308,14 @@ def test_ledger_round_trip_and_validation():
     other = recorder()
     other.record_restored(parse_ledger(rec.ledger_state()))
     assert other.ledger == rec.ledger and other.steps == 35
-    for bad in ([[{"noise_multiplier": 1.0}, 1.5]], [[{"nonsense": 1}, 1]], [[{"noise_multiplier": 1.0}, 0]],
-                "x", [[1, 2, 3]], [[{"noise_multiplier": 1.0, "optimizer": "Adam"}, 1]]):
+    for bad in (
+        [[{"noise_multiplier": 1.0}, 1.5]],
+        [[{"nonsense": 1}, 1]],
+        [[{"noise_multiplier": 1.0}, 0]],
+        "x",
+        [[1, 2, 3]],
+        [[{"noise_multiplier": 1.0, "optimizer": "Adam"}, 1]],
+    ):
         with pytest.raises(ParameterError, match="ledger"):
             parse_ledger(bad)
 
@@ -276,14 +335,20 @@ def test_replicas_that_share_the_step_add_up_to_the_one_device_step():
 def test_replicas_that_each_take_the_whole_step_are_refused_with_the_reason():
     # TF-Privacy's optimizer under MirroredStrategy: each of 2 replicas divides its 5
     # records' clipped sum and all the noise by 5, and Keras sums the two updates
-    with pytest.raises(ParameterError, match=r"^batch_size: the update divides the clipped sum by 5 but the "
-                                             r"schedule's batch at step 0 holds 10 records \(2 replicas each divide their "
-                                             r"part of the batch by 5 and the framework sums their updates: the "
-                                             r"effective learning rate is 2 times the one set\)"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^batch_size: the update divides the clipped sum by 5 but the "
+        r"schedule's batch at step 0 holds 10 records \(2 replicas each divide their "
+        r"part of the batch by 5 and the framework sums their updates: the "
+        r"effective learning rate is 2 times the one set\)",
+    ):
         recorder(geometry=None).record(step(divisor=5, replicas=2))
     assert effective_step(step(divisor=5, replicas=2)).noise_multiplier == pytest.approx(2.0 * math.sqrt(2))
-    for bad, name in ((dict(replicas=0), "replicas"), (dict(replica_share=1.5), "replica_share"),
-                      (dict(replica_reduction="max"), "replica_reduction")):
+    for bad, name in (
+        (dict(replicas=0), "replicas"),
+        (dict(replica_share=1.5), "replica_share"),
+        (dict(replica_reduction="max"), "replica_reduction"),
+    ):
         with pytest.raises(ParameterError, match=f"^{name}: must be"):
             step(**bad)
 
@@ -336,8 +401,9 @@ def test_a_framework_shuffle_drawn_in_several_processes_is_not_the_schedule():
     with pytest.raises(ParameterError, match=r"^data: two loaders: 2 processes each draw their own permutation"):
         check_batch_source(law, BatchSourceFacts(schedule=law, description="two loaders", independent_draws=2))
     shared = BatchSchedule(100, 10, "reshuffle")  # the package's sampler: every process follows one seed
-    check_batch_source(shared, BatchSourceFacts(schedule=shared, description="ReshuffleBatchSampler",
-                                                independent_draws=2))
+    check_batch_source(
+        shared, BatchSourceFacts(schedule=shared, description="ReshuffleBatchSampler", independent_draws=2)
+    )
 
 
 def test_module_doctests():
@@ -355,18 +421,27 @@ def test_the_hand_over_vocabularies_are_closed_and_validated_when_the_facts_are_
 
     s = step(optimizer="adam", clipping="per_layer", loss_reduction="sum", replica_reduction="mean")
     assert (s.optimizer, s.clipping, s.loss_reduction, s.replica_reduction) == (
-        OptimizerKind.ADAM, Clipping.PER_LAYER, LossReduction.SUM, ReplicaReduction.MEAN)
+        OptimizerKind.ADAM,
+        Clipping.PER_LAYER,
+        LossReduction.SUM,
+        ReplicaReduction.MEAN,
+    )
     assert s.optimizer == "adam" and f"{s.clipping}" == "per_layer"  # members are their values
     assert s.to_dict()["optimizer"] == "adam" and type(s.to_dict()["optimizer"]) is str  # plain JSON
     # the adapters disagreed ("Adam" from Opacus, "adam" from Keras): one spelling, anything else refused
-    for field, bad in (("optimizer", "Adam"), ("clipping", "flat "), ("loss_reduction", "avg"),
-                       ("replica_reduction", "max")):
+    for field, bad in (
+        ("optimizer", "Adam"),
+        ("clipping", "flat "),
+        ("loss_reduction", "avg"),
+        ("replica_reduction", "max"),
+    ):
         with pytest.raises(ParameterError, match=f"^{field}: must be one of"):
             step(**{field: bad})
     with pytest.raises(ParameterError, match="^kind: must be one of affine, random, other, got 'dense'"):
         LayerFacts(name="Dense", kind="dense", trainable=True)
-    assert LayerFacts(name="x", kind=LayerKind.AFFINE, trainable=True) == LayerFacts(name="x", kind="affine",
-                                                                                     trainable=True)
+    assert LayerFacts(name="x", kind=LayerKind.AFFINE, trainable=True) == LayerFacts(
+        name="x", kind="affine", trainable=True
+    )
     assert OptimizerKind.named("Adam") is OptimizerKind.ADAM and OptimizerKind.named("SGD") is OptimizerKind.OTHER
     assert OptimizerKind.named("Adadelta") is OptimizerKind.OTHER
 
@@ -392,8 +467,12 @@ def test_a_claim_is_checked_when_it_is_made():
     with pytest.raises(ParameterError, match="^loss: MeanSquaredError is not the loss the geometry was derived"):
         Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR, loss=("other", "MeanSquaredError"))
     # a bound that is enforced needs no reason why it cannot be observed; no geometry claims nothing
-    assert Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR,
-                 feature_unobservable="unseen").feature_unobservable is None
+    assert (
+        Claim(
+            schedule=BatchSchedule(200, 10, CYCLIC), geometry=GEOM, model=LINEAR, feature_unobservable="unseen"
+        ).feature_unobservable
+        is None
+    )
     assert Claim(feature_unobservable="unseen").feature_unobservable is None
     with pytest.raises(ParameterError, match="^claim: must be a Claim"):
         RunRecorder(BatchSchedule(200, 10, CYCLIC))
@@ -404,8 +483,11 @@ def test_the_report_is_one_call_with_the_notes_and_the_relation():
     rec.record(step(), 400)
     report = rec.report(1e-5)
     want = HiddenStateAccountant().compose(rec.run(warn=False)).explain(1e-5)
-    assert (report.epsilon, report.analysis, report.neighboring_relation) == (want.epsilon, want.analysis,
-                                                                              "REPLACE_ONE")
+    assert (report.epsilon, report.analysis, report.neighboring_relation) == (
+        want.epsilon,
+        want.analysis,
+        "REPLACE_ONE",
+    )
     assert report.notes == want.notes + rec.notes()
     assert rec.report(1e-5) is report  # cached for the same run
     planned = rec.report(1e-5, plan=[(step(), 400)], warn=False)  # 400 more steps, planned

@@ -13,8 +13,10 @@ def test_a_fixed_partition_must_resume_at_the_runs_batch_of_the_epoch(sampling):
     restarts = BatchSourceFacts(schedule=schedule, description="the dataset", next_step=0)
     for steps in (0, 6, 12):  # whole epochs: batch 0 is the run's next batch
         check_batch_source(schedule, restarts, steps)
-    with pytest.raises(ParameterError, match="^data: the run is at batch 2 of its 6-batch epoch but the dataset "
-                                             "starts at batch 0 .*stopped mid-epoch"):
+    with pytest.raises(
+        ParameterError,
+        match="^data: the run is at batch 2 of its 6-batch epoch but the dataset starts at batch 0 .*stopped mid-epoch",
+    ):
         check_batch_source(schedule, restarts, 8)
     check_batch_source(schedule, BatchSourceFacts(schedule=schedule, description="d", next_step=2), 8)
     check_batch_source(schedule, BatchSourceFacts(schedule=schedule, description="d"), 8)  # unknown: not checked

@@ -9,8 +9,17 @@ from hidden_state_accountants.schedules import CYCLIC, BatchSchedule
 
 
 def opacus_like(replicas=2, divisor=50.0, **kw):
-    return StepFacts(noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5, divisor=divisor, weight_decay=0.05,
-                     replicas=replicas, replica_reduction="mean", replica_share=replicas, **kw)
+    return StepFacts(
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        divisor=divisor,
+        weight_decay=0.05,
+        replicas=replicas,
+        replica_reduction="mean",
+        replica_share=replicas,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("replicas", [2, 3, 8])
@@ -32,8 +41,9 @@ def test_the_flag_decides_whether_a_declared_strong_convexity_is_backed():
     recorder.record(opacus_like(2, divisor=5.0, l2_after_reduction=True), 3)
     assert recorder.steps == 3 and recorder.ledger[0][0].weight_decay == 0.05
     with pytest.raises(ParameterError, match="^geometry: strong_convexity 0.05 exceeds"):
-        RunRecorder(Claim(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry,
-                          assume_convex_model=True)).record(opacus_like(2, divisor=5.0))
+        RunRecorder(Claim(schedule=BatchSchedule(100, 10, CYCLIC), geometry=geometry, assume_convex_model=True)).record(
+            opacus_like(2, divisor=5.0)
+        )
 
 
 def test_the_flag_is_validated_and_round_trips():

@@ -20,8 +20,17 @@ ORDERS = (1.5, 2.0, 4.0, 10.0, 32.0, 100.0)
 
 
 def _event(**kw):
-    base = dict(dataset_size=60, batch_size=10, steps=18, num_layers=2, step_size=0.3, rho=1.2,
-                noise=(0.01,), regularizer="l2", regularization=0.5)
+    base = dict(
+        dataset_size=60,
+        batch_size=10,
+        steps=18,
+        num_layers=2,
+        step_size=0.3,
+        rho=1.2,
+        noise=(0.01,),
+        regularizer="l2",
+        regularization=0.5,
+    )
     base.update(kw)
     return sbcd.DpSbcdRunDpEvent(**base)
 
@@ -41,7 +50,7 @@ def _reference_rdp(ev: sbcd.DpSbcdRunDpEvent, orders, hidden=True, exponent_pape
             LF = max(abs(1 - eta * 0.0), abs(1 - eta * beta))
         else:
             R = ev.radius[d]
-            S = ev.gamma * rho * rho * R + ev.gamma * rho + eta * ev.gamma ** 2 * rho ** 3 / 2
+            S = ev.gamma * rho * rho * R + ev.gamma * rho + eta * ev.gamma**2 * rho**3 / 2
             LF = 1.0
         LT = 1.0 / (1.0 + eta * lam) if ev.regularizer == "l2" else 1.0
         for j0 in range(l):
@@ -54,11 +63,11 @@ def _reference_rdp(ev: sbcd.DpSbcdRunDpEvent, orders, hidden=True, exponent_pape
                     if inv_c == 0.0:
                         fac = 0.0
                     else:
-                        fac = 1.0 / (1.0 + (1.0 / inv_c) * 2 * eta * o[t] / LF ** 2)
+                        fac = 1.0 / (1.0 + (1.0 / inv_c) * 2 * eta * o[t] / LF**2)
                         if exponent_paper:
-                            fac = fac ** (1.0 / LT ** 2)
+                            fac = fac ** (1.0 / LT**2)
                     a *= fac
-                inv_c = LT ** 2 * (LF ** 2 * inv_c + 2 * eta * o[t])
+                inv_c = LT**2 * (LF**2 * inv_c + 2 * eta * o[t])
             A[j0] += a
     out = []
     for alpha in orders:
@@ -73,19 +82,22 @@ def _reference_rdp(ev: sbcd.DpSbcdRunDpEvent, orders, hidden=True, exponent_pape
     return np.array(out)
 
 
-@pytest.mark.parametrize("kw", [
-    {},
-    dict(regularizer="none"),
-    dict(regularizer="l1", regularization=0.1),
-    dict(sampling="cyclic"),
-    dict(dataset_size=67, steps=23),  # dropped records, partial last epoch
-    dict(noise=tuple(0.01 + 0.002 * k for k in range(3))),  # per epoch
-    dict(noise=tuple(0.02 - 0.0005 * t for t in range(18))),  # per step
-    dict(step_size=(0.3, 0.1), rho=(1.0, 2.0), regularization=(0.5, 2.0), num_layers=2),
-    dict(step_size=2.0, rho=1.0),  # L_F = eta beta - 1 > 1
-    dict(variant="appendix_c", radius=(3.0, 1.5)),
-    dict(gamma=0.5, num_layers=3),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        dict(regularizer="none"),
+        dict(regularizer="l1", regularization=0.1),
+        dict(sampling="cyclic"),
+        dict(dataset_size=67, steps=23),  # dropped records, partial last epoch
+        dict(noise=tuple(0.01 + 0.002 * k for k in range(3))),  # per epoch
+        dict(noise=tuple(0.02 - 0.0005 * t for t in range(18))),  # per step
+        dict(step_size=(0.3, 0.1), rho=(1.0, 2.0), regularization=(0.5, 2.0), num_layers=2),
+        dict(step_size=2.0, rho=1.0),  # L_F = eta beta - 1 > 1
+        dict(variant="appendix_c", radius=(3.0, 1.5)),
+        dict(gamma=0.5, num_layers=3),
+    ],
+)
 def test_matches_stepwise_cor_4_4(kw):
     ev = _event(**kw)
     np.testing.assert_allclose(sbcd.thm_4_5_rdp(ev, ORDERS), _reference_rdp(ev, ORDERS), rtol=1e-9)
@@ -94,15 +106,29 @@ def test_matches_stepwise_cor_4_4(kw):
 
 @settings(max_examples=30, deadline=None)
 @given(
-    n=st.integers(4, 40), b=st.integers(1, 10), steps=st.integers(1, 30),
-    eta=st.floats(0.01, 3.0), rho=st.floats(0.1, 3.0), lam=st.floats(0.0, 5.0),
-    o=st.floats(1e-4, 1.0), cyclic=st.booleans(),
+    n=st.integers(4, 40),
+    b=st.integers(1, 10),
+    steps=st.integers(1, 30),
+    eta=st.floats(0.01, 3.0),
+    rho=st.floats(0.1, 3.0),
+    lam=st.floats(0.0, 5.0),
+    o=st.floats(1e-4, 1.0),
+    cyclic=st.booleans(),
 )
 def test_matches_stepwise_random(n, b, steps, eta, rho, lam, o, cyclic):
     b = min(b, n // 2)  # at least two batches (the core's schedule rule)
-    ev = sbcd.DpSbcdRunDpEvent(dataset_size=n, batch_size=b, steps=steps, num_layers=1, step_size=eta,
-                               rho=rho, noise=o, regularizer="l2", regularization=lam,
-                               sampling=CYCLIC if cyclic else SHUFFLE_PARTITION)
+    ev = sbcd.DpSbcdRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        num_layers=1,
+        step_size=eta,
+        rho=rho,
+        noise=o,
+        regularizer="l2",
+        regularization=lam,
+        sampling=CYCLIC if cyclic else SHUFFLE_PARTITION,
+    )
     ref = _reference_rdp(ev, ORDERS)
     got = sbcd.thm_4_5_rdp(ev, ORDERS)
     np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-300)
@@ -123,8 +149,9 @@ def _exact_linear_gaussian(T, l, j0, eta, S, b, o, a, s):
 @pytest.mark.parametrize("a,s", [(1.0, 1.0), (0.9, 1.0), (1.0, 0.8), (0.95, 0.7), (1.05, 0.9)])
 def test_bound_dominates_exact_linear_gaussian(a, s):
     n, b, T, eta, S, o = 40, 10, 23, 0.2, 1.5, 0.01
-    ev = sbcd.DpSbcdRunDpEvent(dataset_size=n, batch_size=b, steps=T, num_layers=1, step_size=eta,
-                               rho=1.0, noise=o, sampling="cyclic")
+    ev = sbcd.DpSbcdRunDpEvent(
+        dataset_size=n, batch_size=b, steps=T, num_layers=1, step_size=eta, rho=1.0, noise=o, sampling="cyclic"
+    )
     c = sbcd.LayerConstants(eta, S, a, s, 1.0)
     A = np.exp(sbcd.layer_log_position_bounds(ev, c))
     for j0 in range(n // b):
@@ -136,8 +163,9 @@ def test_paper_exponent_understates_linear_gaussian():
     """Cor. 4.4 as printed (factor ** (1/L_T^2)) falls below the exact divergence for L_T < 1:
     why the module uses exponent -1 (module docstring, correction 1)."""
     n, b, T, eta, S, o, a, s = 40, 10, 23, 0.2, 1.5, 0.01, 1.0, 0.8
-    ev = sbcd.DpSbcdRunDpEvent(dataset_size=n, batch_size=b, steps=T, num_layers=1, step_size=eta,
-                               rho=1.0, noise=o, sampling="cyclic")
+    ev = sbcd.DpSbcdRunDpEvent(
+        dataset_size=n, batch_size=b, steps=T, num_layers=1, step_size=eta, rho=1.0, noise=o, sampling="cyclic"
+    )
     j0 = 0
     exact = _exact_linear_gaussian(T, n // b, j0, eta, S, b, o, a, s)
     # the paper's printed recursion, step by step
@@ -146,7 +174,7 @@ def test_paper_exponent_understates_linear_gaussian():
         if t % (n // b) == j0:
             acc += eta * S * S / (4 * b * b * o)
         else:
-            acc *= (1.0 / (1.0 + 2 * eta * o / (inv_c * a * a))) ** (1.0 / s ** 2)
+            acc *= (1.0 / (1.0 + 2 * eta * o / (inv_c * a * a))) ** (1.0 / s**2)
         inv_c = s * s * (a * a * inv_c + 2 * eta * o)
     assert acc < exact * 0.9  # the printed exponent is unsound
     ours = math.exp(sbcd.layer_log_position_bounds(ev, sbcd.LayerConstants(eta, S, a, s, 1.0))[j0])
@@ -205,24 +233,41 @@ def _curve(schedule, epochs, lam=1.0, order=10.0):
     for k in epochs:
         vals = schedule.values(eta, k * l, l)
         ev = sbcd.DpSbcdRunDpEvent.from_epochs(
-            dataset_size=n, batch_size=b, epochs=k, num_layers=1, step_size=eta, rho=1.0,
-            noise=sbcd.compress_noise(vals, l), regularizer="l2", regularization=lam)
+            dataset_size=n,
+            batch_size=b,
+            epochs=k,
+            num_layers=1,
+            step_size=eta,
+            rho=1.0,
+            noise=sbcd.compress_noise(vals, l),
+            regularizer="l2",
+            regularization=lam,
+        )
         out.append(sbcd.thm_4_5_rdp(ev, [order])[0])
     return np.array(out)
 
 
 def test_epoch_contributions_decay():
     """Fig. 2a: the older an epoch, the smaller its contribution to the final bound."""
-    ev = sbcd.DpSbcdRunDpEvent.from_epochs(dataset_size=2100, batch_size=100, epochs=30, num_layers=1,
-                                           step_size=0.01, rho=1.0, noise=0.01, regularizer="l2",
-                                           regularization=1.0)
+    ev = sbcd.DpSbcdRunDpEvent.from_epochs(
+        dataset_size=2100,
+        batch_size=100,
+        epochs=30,
+        num_layers=1,
+        step_size=0.01,
+        rho=1.0,
+        noise=0.01,
+        regularizer="l2",
+        regularization=1.0,
+    )
     for j0 in (0, 15, 20):
         c = sbcd.epoch_contributions(ev, j0)
         assert np.all(np.diff(c) > 0)
         assert c[0] < 0.5 * c[-1]
         # eq. (29) is exactly the sum of these terms
-        assert math.isclose(c.sum(), math.exp(sbcd.layer_log_position_bounds(ev, sbcd.layer_constants(ev)[0])[j0]),
-                            rel_tol=1e-9)
+        assert math.isclose(
+            c.sum(), math.exp(sbcd.layer_log_position_bounds(ev, sbcd.layer_constants(ev)[0])[j0]), rel_tol=1e-9
+        )
 
 
 def test_constant_noise_converges():
@@ -302,8 +347,17 @@ def test_composes_with_other_events():
 
 def test_long_run_in_log_space():
     """A million steps with strong contraction and with expansion stay finite and fast."""
-    ev = sbcd.DpSbcdRunDpEvent(dataset_size=100_000, batch_size=100, steps=1_000_000, num_layers=2,
-                               step_size=0.5, rho=1.0, noise=1e-3, regularizer="l2", regularization=1.0)
+    ev = sbcd.DpSbcdRunDpEvent(
+        dataset_size=100_000,
+        batch_size=100,
+        steps=1_000_000,
+        num_layers=2,
+        step_size=0.5,
+        rho=1.0,
+        noise=1e-3,
+        regularizer="l2",
+        regularization=1.0,
+    )
     vals = sbcd.thm_4_5_rdp(ev, ORDERS)
     assert np.all(np.isfinite(vals)) and np.all(vals > 0)
     ev2 = ev.replace(step_size=(3.0,), regularizer="none", steps=20_000)  # L_F = 2
@@ -313,29 +367,32 @@ def test_long_run_in_log_space():
 
 
 # ----------------------------------------------------------------------- validation
-@pytest.mark.parametrize("kw,param", [
-    (dict(step_size=0.0), "step_size"),
-    (dict(step_size=-1.0), "step_size"),
-    (dict(rho=0.0), "rho"),
-    (dict(rho=(1.0, -2.0)), "rho"),
-    (dict(noise=(0.0,)), "noise"),
-    (dict(noise=(-1e-3,)), "noise"),
-    (dict(noise=(1e-3, 1e-3)), "noise"),  # neither per-epoch nor per-step
-    (dict(regularization=-0.1), "regularization"),
-    (dict(regularizer="elastic"), "regularizer"),
-    (dict(variant="newton"), "variant"),
-    (dict(sampling="poisson"), "sampling"),
-    (dict(variant="appendix_c"), "radius"),
-    (dict(batch_size=100), "batch_size"),
-    (dict(gamma=0.0), "gamma"),
-    (dict(step_size=(0.1, 0.2, 0.3)), "step_size"),
-    (dict(step_size="fast"), "step_size"),
-    (dict(noise=()), "noise"),
-    (dict(rho=float("nan")), "rho"),
-    (dict(noise=(float("inf"),)), "noise"),
-    (dict(steps=0), "steps"),
-    (dict(num_layers=0), "num_layers"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(step_size=0.0), "step_size"),
+        (dict(step_size=-1.0), "step_size"),
+        (dict(rho=0.0), "rho"),
+        (dict(rho=(1.0, -2.0)), "rho"),
+        (dict(noise=(0.0,)), "noise"),
+        (dict(noise=(-1e-3,)), "noise"),
+        (dict(noise=(1e-3, 1e-3)), "noise"),  # neither per-epoch nor per-step
+        (dict(regularization=-0.1), "regularization"),
+        (dict(regularizer="elastic"), "regularizer"),
+        (dict(variant="newton"), "variant"),
+        (dict(sampling="poisson"), "sampling"),
+        (dict(variant="appendix_c"), "radius"),
+        (dict(batch_size=100), "batch_size"),
+        (dict(gamma=0.0), "gamma"),
+        (dict(step_size=(0.1, 0.2, 0.3)), "step_size"),
+        (dict(step_size="fast"), "step_size"),
+        (dict(noise=()), "noise"),
+        (dict(rho=float("nan")), "rho"),
+        (dict(noise=(float("inf"),)), "noise"),
+        (dict(steps=0), "steps"),
+        (dict(num_layers=0), "num_layers"),
+    ],
+)
 def test_bad_parameters(kw, param):
     with pytest.raises(ParameterError) as err:
         _event(**kw)
@@ -365,9 +422,17 @@ def test_event_accepts_exactly_the_schedules_a_training_run_accepts(sampling):
     for n in range(1, 14):
         for b in range(1, 15):
             sbcd_ok = _accepts(lambda: _event(dataset_size=n, batch_size=b, steps=2, sampling=sampling))
-            run_ok = _accepts(lambda: TrainingRunDpEvent(
-                dataset_size=n, batch_size=b, steps=2, noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.1,
-                sampling=sampling))
+            run_ok = _accepts(
+                lambda: TrainingRunDpEvent(
+                    dataset_size=n,
+                    batch_size=b,
+                    steps=2,
+                    noise_multiplier=1.0,
+                    clip_norm=1.0,
+                    learning_rate=0.1,
+                    sampling=sampling,
+                )
+            )
             assert sbcd_ok == run_ok, (n, b, sampling)
             if sbcd_ok:
                 assert _event(dataset_size=n, batch_size=b, steps=2, sampling=sampling).steps_per_epoch == n // b

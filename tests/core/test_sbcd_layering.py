@@ -36,16 +36,22 @@ def _string_constants(path: pathlib.Path) -> List[str]:
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
 
 
-@pytest.mark.parametrize("relpath", [
-    "hidden_state_accountants/analyses/sbcd.py",
-    "hidden_state_accountants/sbcd_training.py",
-    "adapters/pytorch/sbcd.py",
-    "adapters/keras/sbcd.py",
-])
+@pytest.mark.parametrize(
+    "relpath",
+    [
+        "hidden_state_accountants/analyses/sbcd.py",
+        "hidden_state_accountants/sbcd_training.py",
+        "adapters/pytorch/sbcd.py",
+        "adapters/keras/sbcd.py",
+    ],
+)
 def test_sampling_names_are_the_cores_constants(relpath):
     literals = _string_constants(REPO / relpath)
     assert literals  # the check can see strings

@@ -19,14 +19,28 @@ SOME_ORDERS = np.array([1.1, 1.5, 2.0, 3.0, 5.0, 8.0, 16.0, 64.0, 256.0])
 
 
 def partition_run(l, b=10, steps=1000, z=2.0, m=0.01, lr=0.05, n=None):
-    return TrainingRunDpEvent(dataset_size=n if n is not None else l * b, batch_size=b, steps=steps,
-                              noise_multiplier=z, clip_norm=1.0, learning_rate=lr, sampling="shuffle_partition",
-                              geometry=LossGeometry(strong_convexity=m, smoothness=1.0))
+    return TrainingRunDpEvent(
+        dataset_size=n if n is not None else l * b,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling="shuffle_partition",
+        geometry=LossGeometry(strong_convexity=m, smoothness=1.0),
+    )
 
 
 def sampled_run(steps, sampling="poisson", z=1.0, n=60000, b=256):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.05, sampling=sampling)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling=sampling,
+    )
 
 
 def eps(run, delta=1e-5):
@@ -45,13 +59,16 @@ def exact_log_mean(run, l, orders):
     return np.array(out)
 
 
-@pytest.mark.parametrize("l,m,lr,z", [
-    (10, 0.01, 0.05, 2.0),          # head only: exact
-    (5000, 0.01, 0.05, 2.0),        # head + tail bound
-    (100_000, 1e-6, 0.05, 0.5),     # rho within 1e-7 of 1: f(j) ~ 1/j
-    (100_000, 0.5, 1.0, 1.0),       # rho = 1/4: the tail vanishes
-    pytest.param(1_000_000, 0.2, 0.5, 0.3, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "l,m,lr,z",
+    [
+        (10, 0.01, 0.05, 2.0),  # head only: exact
+        (5000, 0.01, 0.05, 2.0),  # head + tail bound
+        (100_000, 1e-6, 0.05, 0.5),  # rho within 1e-7 of 1: f(j) ~ 1/j
+        (100_000, 0.5, 1.0, 1.0),  # rho = 1/4: the tail vanishes
+        pytest.param(1_000_000, 0.2, 0.5, 0.3, marks=pytest.mark.slow),
+    ],
+)
 def test_thm42_tail_bound_is_never_below_the_exact_average_and_close_to_it(l, m, lr, z):
     run = partition_run(l, m=m, lr=lr, z=z)
     orders = ORDERS if l <= ye_shokri.HEAD else SOME_ORDERS
@@ -93,9 +110,16 @@ def test_shuffle_partition_at_n_2_pow_63():
 
 def test_thm42_huge_noise_gives_no_negative_divergence():
     # was: "Renyi divergence cannot be negative. Found -4.44e-15" (log-mean-exp minus log l)
-    run = TrainingRunDpEvent(dataset_size=10**6, batch_size=10**5, steps=1000, noise_multiplier=1e9, clip_norm=1.0,
-                             learning_rate=1.0, sampling="shuffle_partition",
-                             geometry=LossGeometry(strong_convexity=0.5, smoothness=1.0))
+    run = TrainingRunDpEvent(
+        dataset_size=10**6,
+        batch_size=10**5,
+        steps=1000,
+        noise_multiplier=1e9,
+        clip_norm=1.0,
+        learning_rate=1.0,
+        sampling="shuffle_partition",
+        geometry=LossGeometry(strong_convexity=0.5, smoothness=1.0),
+    )
     bound = ye_shokri.thm_4_2(run, cm.Context())
     assert np.all(bound.values >= 0)
     assert 0 <= eps(run) < 1e-3
@@ -103,8 +127,15 @@ def test_thm42_huge_noise_gives_no_negative_divergence():
 
 def test_cyclic_composition_with_a_noise_schedule_has_no_per_position_array():
     l = 10**7
-    run = TrainingRunDpEvent(dataset_size=l * 10, batch_size=10, steps=50, noise_multiplier=[1.0 + i / 50 for i in range(50)],
-                             clip_norm=1.0, learning_rate=0.05, sampling="cyclic")
+    run = TrainingRunDpEvent(
+        dataset_size=l * 10,
+        batch_size=10,
+        steps=50,
+        noise_multiplier=[1.0 + i / 50 for i in range(50)],
+        clip_norm=1.0,
+        learning_rate=0.05,
+        sampling="cyclic",
+    )
     peak = _peak_mb(lambda: bok.thm_4_4(run, cm.Context()))
     assert peak < 5, peak  # was an array of l * epochs floats (80 MB here)
     assert bok.thm_4_4(run, cm.Context()).mu == pytest.approx(2.0)  # the noisiest step, used once
@@ -178,10 +209,12 @@ def test_composition_bound_grows_smoothly_up_to_a_billion_steps(sampling):
 # ----------------------------------------------------------------- replace-one Poisson RDP
 def renyi_pair(a, q, z, shift_p, shift_q):
     """D_a of (1-q)N(0,z^2) + qN(shift_p, z^2) from (1-q)N(0,z^2) + qN(shift_q, z^2), by quadrature."""
+
     def log_mix(x, s):
         if s is None:
             return -x * x / (2 * z * z)
         return np.logaddexp(math.log1p(-q) - x * x / (2 * z * z), math.log(q) - (x - s) ** 2 / (2 * z * z))
+
     f = lambda x: np.exp(a * log_mix(x, shift_p) + (1 - a) * log_mix(x, shift_q) - 0.5 * math.log(2 * math.pi * z * z))
     value, _ = integrate.quad(f, -60 * z - 60, 60 * z + 60, limit=800, points=[-1.0, 0.0, 1.0])
     return math.log(value) / (a - 1)
@@ -218,8 +251,15 @@ def test_poisson_rdp_is_far_tighter_than_joint_convexity_and_consistent_with_the
 
 def test_poisson_at_sampling_rate_one():
     # was: ValueError math domain error (log1p(-1))
-    run = TrainingRunDpEvent(dataset_size=600, batch_size=600, steps=10, noise_multiplier=2.0, clip_norm=1.0,
-                             learning_rate=0.1, sampling="poisson")
+    run = TrainingRunDpEvent(
+        dataset_size=600,
+        batch_size=600,
+        steps=10,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling="poisson",
+    )
     values = composition.poisson_replace_one_rdp(1.0, 2.0, ORDERS)
     np.testing.assert_allclose(values, ORDERS * 2 / 4.0)
     # ten Gaussian steps with sensitivity 2C: G(sqrt(10)), up to the PLD grid
@@ -253,8 +293,15 @@ def _antipodal_poisson_epsilon(q, z, steps, delta):
 
 @pytest.mark.parametrize("z,steps", [(2.0, 10), pytest.param(1.0, 100, marks=pytest.mark.slow)])
 def test_poisson_bounds_are_above_the_exact_antipodal_composition(z, steps):
-    run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                             learning_rate=0.5, sampling="poisson")
+    run = TrainingRunDpEvent(
+        dataset_size=60,
+        batch_size=6,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="poisson",
+    )
     truth = _antipodal_poisson_epsilon(0.1, z, steps, 1e-5)
     report = HiddenStateAccountant().compose(run).explain(1e-5)
     for a in report.analyses:

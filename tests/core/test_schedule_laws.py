@@ -49,18 +49,27 @@ RECORD = 0  # the differing record; every schedule but cyclic treats all records
 
 
 def make_run(sampling, n, b, steps, *, last_batch=DROPPED, q=None, lr=0.5, m=0.6):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=1.3, clip_norm=1.0,
-                              learning_rate=lr, sampling=sampling, last_batch=last_batch, sampling_probability=q,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=1.0))
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=1.3,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=sampling,
+        last_batch=last_batch,
+        sampling_probability=q,
+        geometry=LossGeometry(strong_convexity=m, smoothness=1.0),
+    )
 
 
 # ------------------------------------------------------------------- the draws, enumerated
 def _epoch_batches(order, n, b, last_batch):
     """The batches an order of the records is cut into (``n // b`` of size ``b``, plus the short
     one when it is kept) with each batch's scale ``s``."""
-    batches = [(order[j * b:(j + 1) * b], 1.0) for j in range(n // b)]
+    batches = [(order[j * b : (j + 1) * b], 1.0) for j in range(n // b)]
     if last_batch != DROPPED and n % b:
-        batches.append((order[(n // b) * b:], b / (n % b) if last_batch == KEPT_OWN_SIZE else 1.0))
+        batches.append((order[(n // b) * b :], b / (n % b) if last_batch == KEPT_OWN_SIZE else 1.0))
     return batches
 
 
@@ -118,7 +127,7 @@ def brute_force_variance(run, c):
     """``V = sum_t c^(2(T-1-t)) nu_t^2`` with ``nu_t`` the scale of step ``t``'s batch (the same in
     every draw: a kept short batch is the last of its epoch)."""
     _, steps = next(iter(draws(run)))
-    return sum(c ** (2 * (run.steps - 1 - t)) * scale ** 2 for t, (_, scale) in enumerate(steps))
+    return sum(c ** (2 * (run.steps - 1 - t)) * scale**2 for t, (_, scale) in enumerate(steps))
 
 
 def package_law(law):
@@ -137,17 +146,17 @@ def assert_same_law(brute, ours):
 CASES = [
     # (sampling, n, b, steps, last_batch, q)
     (FULL, 3, 3, 4, DROPPED, None),
-    (CYCLIC, 7, 2, 7, DROPPED, None),                    # a remainder never used, a partial epoch
-    (SHUFFLE_PARTITION, 5, 2, 5, DROPPED, None),         # 120 orders; one record of five never used
+    (CYCLIC, 7, 2, 7, DROPPED, None),  # a remainder never used, a partial epoch
+    (SHUFFLE_PARTITION, 5, 2, 5, DROPPED, None),  # 120 orders; one record of five never used
     (SHUFFLE_PARTITION, 6, 3, 4, DROPPED, None),
-    (RESHUFFLE, 4, 2, 3, DROPPED, None),                 # a partial second epoch
-    (RESHUFFLE, 5, 2, 3, DROPPED, None),                 # a record left out of each epoch
-    (RESHUFFLE, 5, 2, 5, KEPT_OWN_SIZE, None),           # the short batch divided by its own size
+    (RESHUFFLE, 4, 2, 3, DROPPED, None),  # a partial second epoch
+    (RESHUFFLE, 5, 2, 3, DROPPED, None),  # a record left out of each epoch
+    (RESHUFFLE, 5, 2, 5, KEPT_OWN_SIZE, None),  # the short batch divided by its own size
     (RESHUFFLE, 5, 2, 4, KEPT_BATCH_SIZE, None),
     (WITHOUT_REPLACEMENT, 4, 2, 3, DROPPED, None),
     (POISSON, 3, 1, 3, DROPPED, 0.3),
-    (POISSON, 2, 1, 4, DROPPED, None),                   # q = b/n
-    (BALLS_IN_BINS, 4, 2, 3, DROPPED, None),             # a partial second epoch may miss the record
+    (POISSON, 2, 1, 4, DROPPED, None),  # q = b/n
+    (BALLS_IN_BINS, 4, 2, 3, DROPPED, None),  # a partial second epoch may miss the record
     (BALLS_IN_BINS, 3, 1, 3, DROPPED, None),
 ]
 
@@ -181,12 +190,15 @@ def _tail(law_dict, x):
     return sum(float(p) for v, p in law_dict.items() if v >= x - 1e-12)
 
 
-@pytest.mark.parametrize("sampling, n, b, steps, last_batch, q", [
-    (RESHUFFLE, 5, 2, 5, KEPT_OWN_SIZE, None),
-    (WITHOUT_REPLACEMENT, 4, 2, 3, DROPPED, None),
-    (POISSON, 3, 1, 3, DROPPED, 0.3),
-    (BALLS_IN_BINS, 4, 2, 3, DROPPED, None),
-])
+@pytest.mark.parametrize(
+    "sampling, n, b, steps, last_batch, q",
+    [
+        (RESHUFFLE, 5, 2, 5, KEPT_OWN_SIZE, None),
+        (WITHOUT_REPLACEMENT, 4, 2, 3, DROPPED, None),
+        (POISSON, 3, 1, 3, DROPPED, 0.3),
+        (BALLS_IN_BINS, 4, 2, 3, DROPPED, None),
+    ],
+)
 def test_beyond_max_enum_the_grid_laws_bracket_the_law(monkeypatch, sampling, n, b, steps, last_batch, q):
     """``S_lo <= S <= S_hi`` in distribution: every tail of the upper law is at least the true
     tail, every tail of the lower law at most; ``schedule_law`` then returns the upper law."""
@@ -224,11 +236,16 @@ def _hockey(a, b, eps):
     f = lambda x: a(x) - math.exp(eps) * b(x)
     grid = np.linspace(-40, 40, 8001)
     values = f(grid)
-    kinks = [optimize.brentq(f, x0, x1, xtol=1e-14) for x0, x1, v0, v1 in zip(grid, grid[1:], values, values[1:])
-             if v0 * v1 < 0]
+    kinks = [
+        optimize.brentq(f, x0, x1, xtol=1e-14)
+        for x0, x1, v0, v1 in zip(grid, grid[1:], values, values[1:])
+        if v0 * v1 < 0
+    ]
     edges = [-40.0, *kinks, 40.0]
-    return sum(integrate.quad(lambda x: max(f(x), 0.0), lo, hi, limit=200, epsabs=1e-14, epsrel=1e-11)[0]
-               for lo, hi in zip(edges, edges[1:]))
+    return sum(
+        integrate.quad(lambda x: max(f(x), 0.0), lo, hi, limit=200, epsabs=1e-14, epsrel=1e-11)[0]
+        for lo, hi in zip(edges, edges[1:])
+    )
 
 
 @pytest.mark.parametrize("name", sorted(PAIRS))
@@ -255,9 +272,7 @@ def test_mixture_pair_renyi_matches_numerical_integration(name):
     log_p = lambda x: special.logsumexp([math.log(w) + stats.norm.logpdf(x - m) for m, w in zip(mp, wp)])
     log_q = lambda x: special.logsumexp([math.log(w) + stats.norm.logpdf(x - m) for m, w in zip(mq, wq)])
     for a in (2.0, 4.5):
-        fwd = integrate.quad(lambda x: math.exp(a * log_p(x) + (1 - a) * log_q(x)), -30, 30, limit=400,
-                             epsrel=1e-11)[0]
-        rev = integrate.quad(lambda x: math.exp(a * log_q(x) + (1 - a) * log_p(x)), -30, 30, limit=400,
-                             epsrel=1e-11)[0]
+        fwd = integrate.quad(lambda x: math.exp(a * log_p(x) + (1 - a) * log_q(x)), -30, 30, limit=400, epsrel=1e-11)[0]
+        rev = integrate.quad(lambda x: math.exp(a * log_q(x) + (1 - a) * log_p(x)), -30, 30, limit=400, epsrel=1e-11)[0]
         truth = max(math.log(fwd), math.log(rev), 0.0) / (a - 1)
         assert float(pair.renyi([a])[0]) == pytest.approx(truth, rel=1e-6)

@@ -27,8 +27,9 @@ def test_random_schedules_draw_a_secret_seed_by_default(sampling):
     assert "secret" in repr(a) and str(a.seed) not in repr(a)
     fixed = BatchSchedule(100, 10, sampling, seed=7)
     assert not fixed.seed_is_secret and fixed.seed == 7
-    assert [fixed.batch(t).tolist() for t in range(5)] == [BatchSchedule(100, 10, sampling, 7).batch(t).tolist()
-                                                          for t in range(5)]
+    assert [fixed.batch(t).tolist() for t in range(5)] == [
+        BatchSchedule(100, 10, sampling, 7).batch(t).tolist() for t in range(5)
+    ]
 
 
 def test_a_secret_seed_can_be_shared_between_processes():
@@ -99,16 +100,24 @@ def test_a_restored_secret_seed_stays_secret_only_when_said_so():
     assert not BatchSchedule.from_description(s.describe()).seed_is_secret  # a stored seed: the caller's
     t = BatchSchedule.from_description(s.describe(), seed_is_secret=True)  # e.g. a private checkpoint of the run
     assert t == s and t.seed_is_secret and t.partition().tolist() == s.partition().tolist()
-    assert not BatchSchedule.from_description(BatchSchedule(100, 10, CYCLIC).describe(),
-                                              seed_is_secret=True).seed_is_secret  # no seed, nothing secret
+    assert not BatchSchedule.from_description(
+        BatchSchedule(100, 10, CYCLIC).describe(), seed_is_secret=True
+    ).seed_is_secret  # no seed, nothing secret
     with pytest.raises(ParameterError, match="^seed_is_secret: must be True or False"):
         BatchSchedule.from_description(s.describe(), seed_is_secret="yes")
 
 
-@pytest.mark.parametrize("n,b,sampling,param", [
-    (10, 11, CYCLIC, "batch_size"), (10, 5, FULL, "batch_size"), (10, 6, CYCLIC, "batch_size"),
-    (10, 6, SHUFFLE_PARTITION, "batch_size"), (0, 1, CYCLIC, "dataset_size"), (10, 2, "reshuffled", "sampling"),
-])
+@pytest.mark.parametrize(
+    "n,b,sampling,param",
+    [
+        (10, 11, CYCLIC, "batch_size"),
+        (10, 5, FULL, "batch_size"),
+        (10, 6, CYCLIC, "batch_size"),
+        (10, 6, SHUFFLE_PARTITION, "batch_size"),
+        (0, 1, CYCLIC, "dataset_size"),
+        (10, 2, "reshuffled", "sampling"),
+    ],
+)
 def test_schedule_checks_name_the_parameter(n, b, sampling, param):
     with pytest.raises(ParameterError) as err:
         check_schedule(n, b, sampling)

@@ -26,12 +26,24 @@ GEOMETRY = LossGeometry(strong_convexity=0.05, smoothness=1.0, diameter=2.0)
 
 def run_of(sampling, z=2.0):
     n, b = (40, 40) if sampling == "full" else (40, 8)
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=20, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.5, sampling=sampling, geometry=GEOMETRY)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=20,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=GEOMETRY,
+    )
 
 
-CASES = [(s, r) for s in SAMPLINGS for r in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE")
-         if r == "REPLACE_ONE" or not schedule_reason(HiddenStateAccountant(neighboring_relation=r).neighboring_relation, s)]
+CASES = [
+    (s, r)
+    for s in SAMPLINGS
+    for r in ("REPLACE_ONE", "ADD_OR_REMOVE_ONE")
+    if r == "REPLACE_ONE" or not schedule_reason(HiddenStateAccountant(neighboring_relation=r).neighboring_relation, s)
+]
 
 
 @pytest.mark.parametrize("sampling, relation", CASES)
@@ -56,14 +68,19 @@ def _calibrated_agrees(sampling, relation):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = calibrate_noise_multiplier(run, 3.0, DELTA, neighboring_relation=relation)
-        again = HiddenStateAccountant(neighboring_relation=relation).compose(
-            run.replace(noise_multiplier=found.noise_multiplier)).explain(DELTA)
+        again = (
+            HiddenStateAccountant(neighboring_relation=relation)
+            .compose(run.replace(noise_multiplier=found.noise_multiplier))
+            .explain(DELTA)
+        )
     assert (found.epsilon, found.analysis) == (again.epsilon, again.analysis)
     assert found.epsilon <= 3.0
 
 
-@pytest.mark.parametrize("sampling, relation", [("cyclic", "REPLACE_ONE"), ("shuffle_partition", "REPLACE_ONE"),
-                                                ("full", "ADD_OR_REMOVE_ONE")])
+@pytest.mark.parametrize(
+    "sampling, relation",
+    [("cyclic", "REPLACE_ONE"), ("shuffle_partition", "REPLACE_ONE"), ("full", "ADD_OR_REMOVE_ONE")],
+)
 def test_the_calibrated_noise_reports_the_calibrated_epsilon(sampling, relation):
     _calibrated_agrees(sampling, relation)
 
@@ -131,8 +148,7 @@ def test_calibration_and_the_accountant_read_a_nan_order_alike(monkeypatch):
         orders = np.asarray(ctx.orders)
         return RdpBound(orders=ctx.orders, values=np.where(orders < 3, 0.1 * orders, 1000.0))
 
-    monkeypatch.setitem(registry.ANALYSES, TrainingRunDpEvent,
-                        (nan_at_low_orders.info, good_at_low_orders.info))
+    monkeypatch.setitem(registry.ANALYSES, TrainingRunDpEvent, (nan_at_low_orders.info, good_at_low_orders.info))
     run = run_of("full", z=3.0)
     acc = HiddenStateAccountant(orders=ORDERS)
     report = acc.compose(run).explain(DELTA)

@@ -27,10 +27,17 @@ REL = 1e-9
 
 
 def make(sampling, n, b, steps, z, lr, m, M=None, D=None, **kw):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=lr, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M, diameter=D),
-                              **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M, diameter=D),
+        **kw,
+    )
 
 
 def analysis(run, name):
@@ -53,6 +60,7 @@ def assert_sound(bound, run, deltas=DELTAS, orders=None, what=""):
 def test_hull_equals_the_brute_force_quadratic_program():
     """The lower hull of the corners is the cheapest interpolation schedule (derivations 2.2)."""
     from scipy import optimize
+
     rng = random.Random(0)
     checked = 0
     while checked < 10:
@@ -70,10 +78,19 @@ def test_hull_equals_the_brute_force_quadratic_program():
                 z = c * z + shift[k] - a[k]
                 out.append(z)
             return np.array(out)
-        res = optimize.minimize(lambda a: float(np.sum(a * a)), np.full(T, 0.1), jac=lambda a: 2 * a,
-                                bounds=[(0, None)] * T, method="SLSQP", options={"ftol": 1e-14, "maxiter": 1000},
-                                constraints=[{"type": "ineq", "fun": lambda a: distances(a)[:-1]},
-                                             {"type": "eq", "fun": lambda a: distances(a)[-1:]}])
+
+        res = optimize.minimize(
+            lambda a: float(np.sum(a * a)),
+            np.full(T, 0.1),
+            jac=lambda a: 2 * a,
+            bounds=[(0, None)] * T,
+            method="SLSQP",
+            options={"ftol": 1e-14, "maxiter": 1000},
+            constraints=[
+                {"type": "ineq", "fun": lambda a: distances(a)[:-1]},
+                {"type": "eq", "fun": lambda a: distances(a)[-1:]},
+            ],
+        )
         model = si.StepModel(T, l, math.log(c))
         energy = si.corner_energy(model, [(d, d * math.log(c)) for d in dists])
         assert abs(energy - res.fun) <= 1e-5 * max(1.0, res.fun)
@@ -105,8 +122,10 @@ def test_every_visit_pattern_is_below_the_worst_one():
                 lc, E = math.log(c), math.ceil(T / l)
                 model = si.StepModel(T, l, lc)
                 options = [[None] + [T - 1 - (e * l + j) for j in range(min(l, T - e * l))] for e in range(E)]
-                best = max(si.corner_energy(model, [(d, d * lc) for d in combo if d is not None])
-                           for combo in itertools.product(*options))
+                best = max(
+                    si.corner_energy(model, [(d, d * lc) for d in combo if d is not None])
+                    for combo in itertools.product(*options)
+                )
                 worst = si.corner_energy(model, si.worst_pattern(make("reshuffle", 3 * l, 3, T, 1.0, 0.5, 0.5), model))
                 assert worst == pytest.approx(best, rel=1e-9, abs=1e-12)
 
@@ -136,8 +155,10 @@ def test_capacity_and_injection_of_a_short_batch_divided_by_its_size():
 
 
 # ================================================== regression: reshuffle with a partial epoch
-@pytest.mark.parametrize("n,b,steps,z,thm45,truth", [(20, 4, 6, 0.5, 24.51, 27.43), (6, 2, 7, 0.5, 26.01, 31.91),
-                                                     (4, 2, 3, 1.0, 11.45, 12.08)])
+@pytest.mark.parametrize(
+    "n,b,steps,z,thm45,truth",
+    [(20, 4, 6, 0.5, 24.51, 27.43), (6, 2, 7, 0.5, 26.01, 31.91), (4, 2, 3, 1.0, 11.45, 12.08)],
+)
 def test_reshuffle_ending_inside_an_epoch_is_not_under_reported(n, b, steps, z, thm45, truth):
     """derivations 2.4: a reshuffled record can be in the last batch of one epoch and in the last
     batch reached by a partial last epoch, only l' steps later. Bok Thm 4.5 with E = ceil(t/l)
@@ -164,8 +185,14 @@ def test_the_fixed_order_theorems_are_not_registered_for_reshuffle():
 
 # ============================================================== soundness against the truth
 # (n, b, epochs, z, lr m): every z, epoch count and contraction; 64 % 6 = 4 records never used
-SP_CASES = [(60, 6, 1, 0.5, 0.5), (60, 6, 4, 2.0, 0.5), (60, 6, 4, 0.5, 0.1), (64, 6, 3, 1.0, 0.5),
-            (20, 4, 6, 4.0, 0.5), (60, 6, 20, 1.0, 0.1)]
+SP_CASES = [
+    (60, 6, 1, 0.5, 0.5),
+    (60, 6, 4, 2.0, 0.5),
+    (60, 6, 4, 0.5, 0.1),
+    (64, 6, 3, 1.0, 0.5),
+    (20, 4, 6, 4.0, 0.5),
+    (60, 6, 20, 1.0, 0.1),
+]
 
 
 @pytest.mark.parametrize("n,b,epochs,z,lr_m", SP_CASES)
@@ -185,8 +212,16 @@ def test_shuffle_partition_partial_epochs_are_sound(steps):
 
 
 # (n, b, steps, z, lr m): whole and partial last epochs, dropped slots, l = 1
-RS_CASES = [(60, 6, 40, 2.0, 0.5), (60, 6, 20, 0.5, 0.2), (64, 6, 25, 2.0, 0.2), (20, 4, 6, 0.5, 0.5),
-            (20, 4, 10, 4.0, 0.2), (12, 3, 7, 1.0, 0.5), (13, 3, 9, 0.5, 0.8), (7, 4, 5, 1.0, 0.5)]
+RS_CASES = [
+    (60, 6, 40, 2.0, 0.5),
+    (60, 6, 20, 0.5, 0.2),
+    (64, 6, 25, 2.0, 0.2),
+    (20, 4, 6, 0.5, 0.5),
+    (20, 4, 10, 4.0, 0.2),
+    (12, 3, 7, 1.0, 0.5),
+    (13, 3, 9, 0.5, 0.8),
+    (7, 4, 5, 1.0, 0.5),
+]
 
 
 @pytest.mark.parametrize("n,b,steps,z,lr_m", RS_CASES)
@@ -197,8 +232,9 @@ def test_reshuffle_bounds_are_sound(n, b, steps, z, lr_m):
     assert_sound(si.reshuffle_average_rdp(run, CTX), run, deltas=(1e-5,), what="rdp")
 
 
-@pytest.mark.parametrize("n,b,steps,z", [(7, 3, 9, 0.5), (11, 4, 6, 2.0), (61, 6, 22, 0.5), (11, 4, 7, 1.0),
-                                         (61, 6, 17, 2.0)])
+@pytest.mark.parametrize(
+    "n,b,steps,z", [(7, 3, 9, 0.5), (11, 4, 6, 2.0), (61, 6, 22, 0.5), (11, 4, 7, 1.0), (61, 6, 17, 2.0)]
+)
 @pytest.mark.parametrize("last_batch", ["kept_own_size", "kept_batch_size"])
 def test_kept_short_batch_is_sound(n, b, steps, z, last_batch):
     """derivations 3.5: the short batch is kept (whole and partial last epochs)."""
@@ -212,15 +248,23 @@ def test_kept_short_batch_is_sound(n, b, steps, z, last_batch):
 def test_extreme_contractions_are_sound(lr_m):
     for sampling in ("shuffle_partition", "reshuffle"):
         run = make(sampling, 20, 4, 13, 1.0, 0.5, lr_m / 0.5)
-        for bound in (si.position_average(run, CTX) if sampling == "shuffle_partition" else si.reshuffle_average(run, CTX),
-                      si.reshuffle_worst(run, CTX) if sampling == "reshuffle" else bok.thm_4_5(run, CTX)):
+        for bound in (
+            si.position_average(run, CTX) if sampling == "shuffle_partition" else si.reshuffle_average(run, CTX),
+            si.reshuffle_worst(run, CTX) if sampling == "reshuffle" else bok.thm_4_5(run, CTX),
+        ):
             assert_sound(bound, run, deltas=(1e-5,), what=f"{sampling} c = {1 - lr_m}")
 
 
 @settings(max_examples=12, deadline=None)
-@given(n=st.integers(4, 40), b=st.integers(1, 8), steps=st.integers(1, 24), z=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
-       lr_m=st.floats(0.05, 0.9), delta=st.sampled_from(DELTAS),
-       last_batch=st.sampled_from(["dropped", "kept_own_size", "kept_batch_size"]))
+@given(
+    n=st.integers(4, 40),
+    b=st.integers(1, 8),
+    steps=st.integers(1, 24),
+    z=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
+    lr_m=st.floats(0.05, 0.9),
+    delta=st.sampled_from(DELTAS),
+    last_batch=st.sampled_from(["dropped", "kept_own_size", "kept_batch_size"]),
+)
 def test_randomised_soundness(n, b, steps, z, lr_m, delta, last_batch):
     b = min(b, max(1, n // 2))
     m = lr_m / 0.5
@@ -237,7 +281,9 @@ def test_randomised_soundness(n, b, steps, z, lr_m, delta, last_batch):
 def test_shuffle_partition_is_tighter_than_both_published_bounds():
     """Wherever the new analysis applies: below Bok Thm 4.5 and Ye & Shokri Thm 4.2."""
     worst = 0.0
-    for (n, b), lr_m, E, z in itertools.product([(60, 6), (100, 10), (50, 2)], (0.01, 0.1, 0.5), (1, 3, 20), (0.5, 2.0)):
+    for (n, b), lr_m, E, z in itertools.product(
+        [(60, 6), (100, 10), (50, 2)], (0.01, 0.1, 0.5), (1, 3, 20), (0.5, 2.0)
+    ):
         run = make("shuffle_partition", n, b, E * (n // b), z, 0.5, lr_m / 0.5)
         new = si.position_average(run, CTX).epsilon(1e-5)
         published = min(bok.thm_4_5(run, CTX).epsilon(1e-5), ye_shokri.thm_4_2(run, CTX).epsilon(1e-5))
@@ -252,8 +298,9 @@ def test_affine_average_is_exact_for_deterministic_patterns(sampling):
     assert si.affine_exact_average(run, CTX).epsilon(1e-5) == pytest.approx(exact_pair(run).epsilon(1e-5), rel=1e-6)
 
 
-@pytest.mark.parametrize("sampling,steps", [("shuffle_partition", 40), ("reshuffle", 25), ("without_replacement", 8),
-                                            ("poisson", 8)])
+@pytest.mark.parametrize(
+    "sampling,steps", [("shuffle_partition", 40), ("reshuffle", 25), ("without_replacement", 8), ("poisson", 8)]
+)
 def test_affine_average_is_sound(sampling, steps):
     run = make(sampling, 60, 6, steps, 1.0, 0.5, 0.5)
     assert_sound(si.affine_exact_average(run, CTX), run, what=sampling)
@@ -262,8 +309,10 @@ def test_affine_average_is_sound(sampling, steps):
 
 
 def test_affine_average_needs_affine_maps():
-    assert "strong_convexity must equal smoothness" in si.affine_exact_average(
-        make("cyclic", 60, 6, 40, 2.0, 0.5, 0.5, M=1.0), CTX).reason
+    assert (
+        "strong_convexity must equal smoothness"
+        in si.affine_exact_average(make("cyclic", 60, 6, 40, 2.0, 0.5, 0.5, M=1.0), CTX).reason
+    )
     assert "projection" in si.affine_exact_average(make("cyclic", 60, 6, 40, 2.0, 0.5, 0.5, D=3.0), CTX).reason
 
 
@@ -276,19 +325,25 @@ def test_public_batches_keep_only_the_worst_position_bounds():
     assert rows["bok_thm4.5"].epsilon is not None and rows["ye_shokri_thm3.3"].epsilon is not None
     # the affine analysis takes the worst position: exactly the cyclic value
     assert rows["affine_exact_average"].epsilon == pytest.approx(
-        si.affine_exact_average(sp.replace(sampling="cyclic"), CTX).epsilon(1e-5), rel=1e-9)
+        si.affine_exact_average(sp.replace(sampling="cyclic"), CTX).epsilon(1e-5), rel=1e-9
+    )
     rs = make("reshuffle", 60, 6, 43, 2.0, 0.5, 0.5, secret_batches=False)
     rows = {a.name: a for a in HiddenStateAccountant().compose(rs).explain(1e-5).analyses}
     assert "public" in rows["si_reshuffle_average"].reason and rows["si_reshuffle_worst"].epsilon is not None
-    assert HiddenStateAccountant().compose(rs).get_epsilon(1e-5) >= exact_pair(rs.replace(secret_batches=True)).epsilon(1e-5)
+    assert HiddenStateAccountant().compose(rs).get_epsilon(1e-5) >= exact_pair(rs.replace(secret_batches=True)).epsilon(
+        1e-5
+    )
 
 
-@pytest.mark.parametrize("kw,name,text", [
-    (dict(m=0.0, M=1.0), "si_reshuffle_average", "strongly convex"),
-    (dict(m=0.5, M=0.5, D=2.0, last_batch="kept_batch_size", n=61), "si_reshuffle_average", "projection"),
-    (dict(m=0.5, M=0.5, last_batch="kept_own_size", n=61, D=2.0), "si_reshuffle_worst_constrained", "dropped"),
-    (dict(m=0.5, M=0.5), "si_reshuffle_worst_constrained", "diameter"),
-])
+@pytest.mark.parametrize(
+    "kw,name,text",
+    [
+        (dict(m=0.0, M=1.0), "si_reshuffle_average", "strongly convex"),
+        (dict(m=0.5, M=0.5, D=2.0, last_batch="kept_batch_size", n=61), "si_reshuffle_average", "projection"),
+        (dict(m=0.5, M=0.5, last_batch="kept_own_size", n=61, D=2.0), "si_reshuffle_worst_constrained", "dropped"),
+        (dict(m=0.5, M=0.5), "si_reshuffle_worst_constrained", "diameter"),
+    ],
+)
 def test_conditions_are_checked_with_a_reason(kw, name, text):
     n = kw.pop("n", 60)
     run = make("reshuffle", n, 6, 40, 2.0, 0.5, kw.pop("m"), **kw)
@@ -307,7 +362,9 @@ def test_constrained_bounds():
     n, b, lr, D = 60, 6, 0.5, 0.3
     whole = make("reshuffle", n, b, 40, 2.0, lr, 0.0, M=0.5, D=D)
     cyclic = make("cyclic", n, b, 40, 2.0, lr, 0.0, M=0.5, D=D)
-    assert si.reshuffle_worst_constrained(whole, CTX).epsilon(1e-5) <= bok.thm_4_6(cyclic, CTX).epsilon(1e-5) * (1 + 1e-9)
+    assert si.reshuffle_worst_constrained(whole, CTX).epsilon(1e-5) <= bok.thm_4_6(cyclic, CTX).epsilon(1e-5) * (
+        1 + 1e-9
+    )
     partial = si.reshuffle_worst_constrained(whole.replace(steps=41), CTX)
     assert partial.epsilon(1e-5) > si.reshuffle_worst_constrained(whole.replace(steps=50), CTX).epsilon(1e-5)
     sp = make("shuffle_partition", n, b, 40, 2.0, lr, 0.0, M=0.5, D=D)

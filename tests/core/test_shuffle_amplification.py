@@ -26,9 +26,17 @@ REL = 1e-9
 
 
 def make(sampling, n, b, steps, z, lr=0.5, m=1.0, M=None, **kw):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=lr, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M), **kw)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=m, smoothness=m if M is None else M),
+        **kw,
+    )
 
 
 def amplified(run):
@@ -37,10 +45,17 @@ def amplified(run):
 
 def issue19(sampling, epochs=20, **kw):
     """The realistic run of issue 19: MNIST-sized logistic regression, L2 0.01 outside clipping."""
-    return TrainingRunDpEvent(dataset_size=60000, batch_size=256, steps=epochs * 234, noise_multiplier=1.0,
-                              clip_norm=1.0, learning_rate=0.5, sampling=sampling,
-                              geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
-                              **kw)
+    return TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=epochs * 234,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+        **kw,
+    )
 
 
 def assert_sound(bound, run, deltas=DELTAS):
@@ -55,9 +70,16 @@ def assert_sound(bound, run, deltas=DELTAS):
 SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("sampling,n,b", [("reshuffle", 20, 4), ("reshuffle", 7, 4), ("shuffle_partition", 61, 6),
-                                          pytest.param("reshuffle", 60, 6, marks=SLOW),
-                                          pytest.param("shuffle_partition", 20, 4, marks=SLOW)])
+@pytest.mark.parametrize(
+    "sampling,n,b",
+    [
+        ("reshuffle", 20, 4),
+        ("reshuffle", 7, 4),
+        ("shuffle_partition", 61, 6),
+        pytest.param("reshuffle", 60, 6, marks=SLOW),
+        pytest.param("shuffle_partition", 20, 4, marks=SLOW),
+    ],
+)
 @pytest.mark.parametrize("z", [0.5, 2.0, pytest.param(1.0, marks=SLOW)])
 def test_one_step_is_exactly_the_subsampled_gaussian(sampling, n, b, z):
     """One step: the record is in the batch with probability b/n, else the outputs are identical;
@@ -110,7 +132,7 @@ def test_every_plan_bounds_mixtures_that_meet_the_pairwise_bounds(k, seed, eps):
     order = np.argsort(-mu_self)  # the pool: the components with the smallest self divergence
     for size in range(1, k):
         in_pool = np.zeros(k, dtype=bool)
-        in_pool[order[k - size:]] = True
+        in_pool[order[k - size :]] = True
         # the pairs this shape uses: (P_j, Q_i) for j outside and i in the pool, both directions
         cross = np.where(in_pool, 0.0, np.max(np.maximum(mu, mu.T)[:, in_pool], axis=1))
         split = sa.Split.of(lw, mu_self, sa.Pool(in_pool, cross, 0))
@@ -123,10 +145,14 @@ def test_every_plan_bounds_mixtures_that_meet_the_pairwise_bounds(k, seed, eps):
 
 # ===================================================================== against the truth
 RS_CASES = [  # (n, b, steps, z, lr m, last_batch): whole and partial epochs, dropped slots, c near 0 and 1
-    (60, 6, 40, 2.0, 0.5, "dropped"), (13, 3, 9, 0.5, 0.8, "dropped"), (11, 4, 7, 1.0, 0.5, "kept_own_size"),
+    (60, 6, 40, 2.0, 0.5, "dropped"),
+    (13, 3, 9, 0.5, 0.8, "dropped"),
+    (11, 4, 7, 1.0, 0.5, "kept_own_size"),
     (7, 3, 9, 0.5, 0.5, "kept_batch_size"),
-    pytest.param(64, 6, 25, 1.0, 0.2, "dropped", marks=SLOW), pytest.param(20, 4, 6, 0.5, 0.5, "dropped", marks=SLOW),
-    pytest.param(7, 4, 5, 1.0, 0.5, "dropped", marks=SLOW), pytest.param(20, 4, 13, 1.0, 1e-4, "dropped", marks=SLOW),
+    pytest.param(64, 6, 25, 1.0, 0.2, "dropped", marks=SLOW),
+    pytest.param(20, 4, 6, 0.5, 0.5, "dropped", marks=SLOW),
+    pytest.param(7, 4, 5, 1.0, 0.5, "dropped", marks=SLOW),
+    pytest.param(20, 4, 13, 1.0, 1e-4, "dropped", marks=SLOW),
     pytest.param(20, 4, 13, 1.0, 0.999, "dropped", marks=SLOW),
     pytest.param(61, 6, 17, 2.0, 0.5, "kept_own_size", marks=SLOW),
     pytest.param(61, 6, 22, 0.5, 0.3, "kept_batch_size", marks=SLOW),
@@ -139,10 +165,16 @@ def test_reshuffle_amplified_is_sound(n, b, steps, z, lr_m, last_batch):
     assert_sound(amplified(run), run)
 
 
-SP_CASES = [(60, 6, 40, 2.0, 0.5), (64, 6, 7, 1.0, 0.6), (60, 6, 3, 1.0, 0.5),
-            pytest.param(60, 6, 20, 0.5, 0.1, marks=SLOW), pytest.param(64, 6, 25, 1.0, 0.6, marks=SLOW),
-            pytest.param(20, 4, 30, 4.0, 0.5, marks=SLOW), pytest.param(20, 4, 13, 1.0, 1e-4, marks=SLOW),
-            pytest.param(20, 4, 13, 1.0, 0.999, marks=SLOW)]
+SP_CASES = [
+    (60, 6, 40, 2.0, 0.5),
+    (64, 6, 7, 1.0, 0.6),
+    (60, 6, 3, 1.0, 0.5),
+    pytest.param(60, 6, 20, 0.5, 0.1, marks=SLOW),
+    pytest.param(64, 6, 25, 1.0, 0.6, marks=SLOW),
+    pytest.param(20, 4, 30, 4.0, 0.5, marks=SLOW),
+    pytest.param(20, 4, 13, 1.0, 1e-4, marks=SLOW),
+    pytest.param(20, 4, 13, 1.0, 0.999, marks=SLOW),
+]
 
 
 @pytest.mark.parametrize("n,b,steps,z,lr_m", SP_CASES)
@@ -153,9 +185,16 @@ def test_position_amplified_is_sound(n, b, steps, z, lr_m):
 
 @SLOW
 @settings(max_examples=10, deadline=None)
-@given(n=st.integers(4, 40), b=st.integers(1, 8), steps=st.integers(1, 24), z=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
-       lr_m=st.floats(0.05, 0.95), M_over_m=st.sampled_from([1.0, 1.5]), delta=st.sampled_from(DELTAS),
-       last_batch=st.sampled_from(["dropped", "kept_own_size", "kept_batch_size"]))
+@given(
+    n=st.integers(4, 40),
+    b=st.integers(1, 8),
+    steps=st.integers(1, 24),
+    z=st.sampled_from([0.5, 1.0, 2.0, 4.0]),
+    lr_m=st.floats(0.05, 0.95),
+    M_over_m=st.sampled_from([1.0, 1.5]),
+    delta=st.sampled_from(DELTAS),
+    last_batch=st.sampled_from(["dropped", "kept_own_size", "kept_batch_size"]),
+)
 def test_randomised_soundness(n, b, steps, z, lr_m, M_over_m, delta, last_batch):
     b = min(b, max(1, n // 2))
     m = lr_m / 0.5
@@ -228,8 +267,9 @@ def test_the_noise_does_not_recompute_the_pairs():
 
 
 # ================================================================= the lower bound (5a.6)
-@pytest.mark.parametrize("sampling,steps", [("reshuffle", 13), ("reshuffle", 40), ("shuffle_partition", 25),
-                                            ("cyclic", 25)])
+@pytest.mark.parametrize(
+    "sampling,steps", [("reshuffle", 13), ("reshuffle", 40), ("shuffle_partition", 25), ("cyclic", 25)]
+)
 def test_lower_bound_is_the_exact_pair_for_one_curvature(sampling, steps):
     run = make(sampling, 60, 6, steps, 1.0, m=0.5)
     for d in (1e-3, 1e-6):
@@ -240,7 +280,8 @@ def test_lower_bound_is_the_exact_pair_for_one_curvature(sampling, steps):
         fixed = mixed.replace(geometry=LossGeometry(strong_convexity=kappa, smoothness=kappa))
         assert lb >= exact_pair(fixed, grid_points=1 << 12).epsilon(1e-5) * (1 - 1e-6)
     assert shuffled_lower_bound(mixed, 1e-5, curvature=0.1) == pytest.approx(
-        exact_pair(mixed, grid_points=1 << 12).epsilon(1e-5), rel=1e-6)
+        exact_pair(mixed, grid_points=1 << 12).epsilon(1e-5), rel=1e-6
+    )
 
 
 def test_lower_bound_public_batches_and_add_remove():
@@ -248,29 +289,43 @@ def test_lower_bound_public_batches_and_add_remove():
     for sampling in ("reshuffle", "shuffle_partition"):  # public: the worst pattern is cyclic's worst batch
         public = make(sampling, 60, 6, 30, 1.0, m=0.5, secret_batches=False)
         assert shuffled_lower_bound(public, 1e-5) == pytest.approx(
-            exact_pair(make("cyclic", 60, 6, 30, 1.0, m=0.5)).epsilon(1e-5), rel=1e-6)
+            exact_pair(make("cyclic", 60, 6, 30, 1.0, m=0.5)).epsilon(1e-5), rel=1e-6
+        )
     assert shuffled_lower_bound(cyc, 1e-5, relation="ADD_OR_REMOVE_ONE") == pytest.approx(
-        exact_pair(cyc, relation="ADD_OR_REMOVE_ONE").epsilon(1e-5), rel=1e-6)
+        exact_pair(cyc, relation="ADD_OR_REMOVE_ONE").epsilon(1e-5), rel=1e-6
+    )
 
 
-@pytest.mark.parametrize("kwargs,change,parameter", [
-    (dict(), dict(sampling="poisson"), "sampling"),
-    (dict(), dict(relation="ADD_OR_REMOVE_ONE"), "neighboring_relation"),
-    (dict(), dict(curvature=5.0), "curvature"),
-    (dict(), dict(delta=0.0), "delta"),
-])
+@pytest.mark.parametrize(
+    "kwargs,change,parameter",
+    [
+        (dict(), dict(sampling="poisson"), "sampling"),
+        (dict(), dict(relation="ADD_OR_REMOVE_ONE"), "neighboring_relation"),
+        (dict(), dict(curvature=5.0), "curvature"),
+        (dict(), dict(delta=0.0), "delta"),
+    ],
+)
 def test_lower_bound_refuses_bad_input(kwargs, change, parameter):
     run = make("reshuffle", 60, 6, 20, 1.0, m=0.5, M=1.0)
     delta = change.pop("delta", 1e-5)
     if "sampling" in change:
-        run = TrainingRunDpEvent(dataset_size=60, batch_size=6, steps=20, noise_multiplier=1.0, clip_norm=1.0,
-                                 learning_rate=0.5, sampling="poisson", geometry=run.geometry)
+        run = TrainingRunDpEvent(
+            dataset_size=60,
+            batch_size=6,
+            steps=20,
+            noise_multiplier=1.0,
+            clip_norm=1.0,
+            learning_rate=0.5,
+            sampling="poisson",
+            geometry=run.geometry,
+        )
         change = {}
     with pytest.raises(ParameterError) as err:
         shuffled_lower_bound(run, delta, **change)
     assert err.value.parameter == parameter
     projected = make("reshuffle", 60, 6, 20, 1.0, m=0.5).replace(
-        geometry=LossGeometry(strong_convexity=0.5, smoothness=0.5, diameter=1.0))
+        geometry=LossGeometry(strong_convexity=0.5, smoothness=0.5, diameter=1.0)
+    )
     with pytest.raises(ParameterError, match="projection"):
         shuffled_lower_bound(projected, 1e-5)
 
@@ -285,7 +340,9 @@ def test_lower_bound_at_issue19_sizes():
 
 # ============================================ issue 18: the constrained partition bound, all positions at once
 def _reference_constrained(model, last, visits, period, debt):
-    return np.array([si.constrained_energy(model, (m, v, period), [], debt) if v else 0.0 for m, v in zip(last, visits)])
+    return np.array(
+        [si.constrained_energy(model, (m, v, period), [], debt) if v else 0.0 for m, v in zip(last, visits)]
+    )
 
 
 @pytest.mark.parametrize("log_c", [math.log(0.3), math.log(0.9), math.log(0.999), 0.0])
@@ -310,9 +367,16 @@ def test_skipped_starts_past_the_cut_only_raise_the_energy():
 def test_constrained_partition_at_920_batches_is_fast():
     """Issue 18: 30 s per evaluation before (positions one by one, every start a hull of up to 256
     corners); the same value now."""
-    run = TrainingRunDpEvent(dataset_size=58880, batch_size=64, steps=20 * 920, noise_multiplier=1.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling="shuffle_partition",
-                             geometry=LossGeometry(strong_convexity=0.0, smoothness=1.01, diameter=1.0))
+    run = TrainingRunDpEvent(
+        dataset_size=58880,
+        batch_size=64,
+        steps=20 * 920,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="shuffle_partition",
+        geometry=LossGeometry(strong_convexity=0.0, smoothness=1.01, diameter=1.0),
+    )
     start = time.perf_counter()
     eps = si.position_average_constrained(run, CTX).epsilon(1e-5)
     assert time.perf_counter() - start < 3.0  # 0.1 s alone

@@ -46,16 +46,24 @@ def runs(draw, samplings):
     m = draw(st.floats(0.05, 1.0))
     M = m * draw(st.floats(1.0, 3.0))
     lr = draw(st.floats(0.05, 0.99)) * 2 / (m + M)
-    steps = draw(st.integers(1, 8 if sampling in ("without_replacement", "poisson") else
-                             12 if sampling == "reshuffle" else 60))
+    steps = draw(
+        st.integers(1, 8 if sampling in ("without_replacement", "poisson") else 12 if sampling == "reshuffle" else 60)
+    )
     extra = {}
     if sampling == "reshuffle":
         n += draw(st.integers(0, b - 1))  # a short batch, dropped or kept
         extra["last_batch"] = draw(st.sampled_from(["dropped", "kept_own_size", "kept_batch_size"]))
-    return TrainingRunDpEvent(dataset_size=n, batch_size=n if sampling == "full" else b, steps=steps,
-                              noise_multiplier=draw(st.floats(0.5, 6.0)), clip_norm=draw(st.floats(0.1, 3.0)),
-                              learning_rate=lr, sampling=sampling,
-                              geometry=LossGeometry(strong_convexity=m, smoothness=M), **extra)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=n if sampling == "full" else b,
+        steps=steps,
+        noise_multiplier=draw(st.floats(0.5, 6.0)),
+        clip_norm=draw(st.floats(0.1, 3.0)),
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=m, smoothness=M),
+        **extra,
+    )
 
 
 def check(run):
@@ -72,7 +80,9 @@ def check(run):
         for d, e in zip(DELTAS, exact_eps):
             assert bound.epsilon(d) >= e * (1 - 1e-6) - 1e-9, (bound.name, d)
         assert np.all(bound_tradeoff(bound) <= exact_curve + 2e-4), bound.name
-        if bound.name == "bok_thm4.2" and run.learning_rate <= 2 / (run.geometry.strong_convexity + run.geometry.smoothness):
+        if bound.name == "bok_thm4.2" and run.learning_rate <= 2 / (
+            run.geometry.strong_convexity + run.geometry.smoothness
+        ):
             assert math.isclose(bound.mu, pair.mu, rel_tol=1e-10)
 
 

@@ -18,8 +18,15 @@ ORDERS = tuple(rdp_lib.DEFAULT_RDP_ORDERS)
 
 def run(sampling, n=1000, b=50, steps=200, z=1.5):
     b = n if sampling == "full" else b
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                              learning_rate=0.1, sampling=sampling)
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling=sampling,
+    )
 
 
 def test_full_batch_composition_matches_dp_accounting_rdp():
@@ -36,8 +43,10 @@ def test_full_batch_composition_matches_dp_accounting_rdp():
 def test_without_replacement_rdp_matches_dp_accounting_public_api():
     r = run("without_replacement")
     acc = rdp_lib.RdpAccountant(ORDERS, dpa.NeighboringRelation.REPLACE_ONE)
-    acc.compose(dpa.SampledWithoutReplacementDpEvent(r.dataset_size, r.batch_size,
-                                                     dpa.GaussianDpEvent(r.noise_multiplier / 2)), r.steps)
+    acc.compose(
+        dpa.SampledWithoutReplacementDpEvent(r.dataset_size, r.batch_size, dpa.GaussianDpEvent(r.noise_multiplier / 2)),
+        r.steps,
+    )
     ours = composition.without_replacement_rdp(r, Context(orders=ORDERS))
     assert ours.epsilon(1e-5) == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
 
@@ -55,16 +64,18 @@ def test_cp_composition_is_larger_than_add_remove_composition():
     # docs/design.md, section 3: composing add and remove separately is smaller and not valid here.
     mu, p, t = 1.0, 0.01, 2000
     symmetrised = fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, p), 1e-3).self_compose(t)
-    add_remove = pld_lib.from_gaussian_mechanism(1 / mu, sampling_prob=p,
-                                                 value_discretization_interval=1e-3).self_compose(t)
+    add_remove = pld_lib.from_gaussian_mechanism(
+        1 / mu, sampling_prob=p, value_discretization_interval=1e-3
+    ).self_compose(t)
     assert fdp.pld_epsilon(symmetrised, 1e-5) > add_remove.get_epsilon_for_delta(1e-5) + 0.1
 
 
 def test_bok_4_8_one_step_matches_single_subsampled_gaussian():
     r = run("without_replacement", steps=1, z=1.0)
     ours = bok.thm_4_8(r, Context()).epsilon(1e-5)
-    ref = pld_lib.from_gaussian_mechanism(0.5, sampling_prob=r.batch_size / r.dataset_size,
-                                          value_discretization_interval=1e-4).get_epsilon_for_delta(1e-5)
+    ref = pld_lib.from_gaussian_mechanism(
+        0.5, sampling_prob=r.batch_size / r.dataset_size, value_discretization_interval=1e-4
+    ).get_epsilon_for_delta(1e-5)
     assert ours >= ref - 1e-9
     assert ours == pytest.approx(ref, abs=2e-3)
 
@@ -79,7 +90,9 @@ def test_pessimistic_pld_dominates_its_profile():
 
 def test_gaussian_pld_composition_matches_closed_form():
     mus = [0.3, 0.7, 1.1]
-    composed = fdp.gaussian_pld(mus[0], 1e-4).compose(fdp.gaussian_pld(mus[1], 1e-4)).compose(fdp.gaussian_pld(mus[2], 1e-4))
+    composed = (
+        fdp.gaussian_pld(mus[0], 1e-4).compose(fdp.gaussian_pld(mus[1], 1e-4)).compose(fdp.gaussian_pld(mus[2], 1e-4))
+    )
     exact = fdp.gdp_epsilon(math.sqrt(sum(m * m for m in mus)), 1e-6)
     eps = fdp.pld_epsilon(composed, 1e-6)
     assert exact <= eps <= exact + 0.01
@@ -90,8 +103,11 @@ def test_poisson_replace_one_not_below_add_remove():
     r = run("poisson", steps=500, z=1.0)
     ours = HiddenStateAccountant().compose(r).get_epsilon(1e-5)
     q = r.batch_size / r.dataset_size
-    add_remove = dpa.pld.PLDAccountant().compose(
-        dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(r.noise_multiplier)), r.steps).get_epsilon(1e-5)
+    add_remove = (
+        dpa.pld.PLDAccountant()
+        .compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(r.noise_multiplier)), r.steps)
+        .get_epsilon(1e-5)
+    )
     assert ours >= add_remove
 
 

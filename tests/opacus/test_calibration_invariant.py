@@ -62,8 +62,21 @@ def sampler(sampling, n, b):
     }[sampling]()
 
 
-def calibrated_training(path, *, n, b, epochs, target, lr=0.5, l2=0.0, geometry=None, radius=None,
-                        relation="default", engine_relation=None, carry=True):
+def calibrated_training(
+    path,
+    *,
+    n,
+    b,
+    epochs,
+    target,
+    lr=0.5,
+    l2=0.0,
+    geometry=None,
+    radius=None,
+    relation="default",
+    engine_relation=None,
+    carry=True,
+):
     """Calibrates through the package on ``path`` and trains the planned epochs.
 
     ``path``: a sampling of this package's samplers, ``"shuffle_loader"`` (``DataLoader(shuffle
@@ -98,8 +111,16 @@ def calibrated_training(path, *, n, b, epochs, target, lr=0.5, l2=0.0, geometry=
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
         model, opt, loader = engine.make_private_with_epsilon(
-            module=model, optimizer=base, data_loader=loader, target_epsilon=target, target_delta=DELTA,
-            epochs=epochs, max_grad_norm=1.0, poisson_sampling=poisson, **kwargs)
+            module=model,
+            optimizer=base,
+            data_loader=loader,
+            target_epsilon=target,
+            target_delta=DELTA,
+            epochs=epochs,
+            max_grad_norm=1.0,
+            poisson_sampling=poisson,
+            **kwargs,
+        )
         if radius is not None:
             hso.ProjectionHook(opt, radius=radius)
         config.pop("model")
@@ -127,7 +148,8 @@ def check_invariant(engine, z, target, relation, *, against_core=True):
     assert report.epsilon <= target, f"the calibrated run reports {report.epsilon} > target {target}"
     assert report.epsilon >= target - OPACUS_TOLERANCE - 1e-9, (
         f"the calibrated run reports {report.epsilon}, not within Opacus' tolerance of the target {target}: "
-        "its noise was calibrated for another run")
+        "its noise was calibrated for another run"
+    )
     if core is not None:
         assert core.noise_multiplier * (1 - 1e-3) <= z <= core.noise_multiplier * (1 + Z_SLACK), (z, core)
     return report, core
@@ -141,8 +163,9 @@ def test_replace_one_engine_on_opacus_poisson_loader_calibrates_for_replace_one(
     report, core = check_invariant(engine, z, 1.0, "REPLACE_ONE")
     assert report.analysis.startswith("composition_poisson")
     # full batch, whose default relation is ADD_OR_REMOVE_ONE, likewise
-    engine, z = calibrated_training("full", n=40, b=40, epochs=20, target=1.0, l2=0.1, geometry=LOGISTIC,
-                                    engine_relation="REPLACE_ONE")
+    engine, z = calibrated_training(
+        "full", n=40, b=40, epochs=20, target=1.0, l2=0.1, geometry=LOGISTIC, engine_relation="REPLACE_ONE"
+    )
     check_invariant(engine, z, 1.0, "REPLACE_ONE")
 
 
@@ -151,8 +174,9 @@ def test_configure_chooses_the_relation_and_calibration_follows_it():
     relations, and the REPLACE_ONE run needs about twice the noise."""
     zs = {}
     for relation in ("ADD_OR_REMOVE_ONE", "REPLACE_ONE"):
-        engine, z = calibrated_training("full", n=40, b=40, epochs=20, target=1.0, l2=0.1, geometry=LOGISTIC,
-                                        relation=relation)
+        engine, z = calibrated_training(
+            "full", n=40, b=40, epochs=20, target=1.0, l2=0.1, geometry=LOGISTIC, relation=relation
+        )
         check_invariant(engine, z, 1.0, relation)
         zs[relation] = z
     assert zs["REPLACE_ONE"] > 1.5 * zs["ADD_OR_REMOVE_ONE"]
@@ -172,8 +196,9 @@ def test_poisson_loader_with_a_geometry_calibrates_with_the_poisson_hidden_state
 
 def test_fixed_size_sampler_with_projection():
     geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.05, diameter=4.0)
-    engine, z = calibrated_training("shuffle_partition", n=60, b=10, epochs=8, target=2.0, l2=0.05,
-                                    geometry=geometry, radius=2.0)
+    engine, z = calibrated_training(
+        "shuffle_partition", n=60, b=10, epochs=8, target=2.0, l2=0.05, geometry=geometry, radius=2.0
+    )
     report, _ = check_invariant(engine, z, 2.0, "REPLACE_ONE")
     assert report.epsilon < report.composition_epsilon
 
@@ -189,9 +214,11 @@ def test_a_configured_engine_calibrates_its_claim_without_the_kwargs():
     under ADD_OR_REMOVE_ONE. On an engine whose accountant is configured, ``make_private_with_epsilon``
     now passes the configuration itself (the user keeps Opacus' call); before, the call was refused
     without ``**engine.accountant.calibration_kwargs(...)``. The noise is the one the explicit kwargs give."""
-    cases = [(dict(path="poisson", engine_relation="REPLACE_ONE"), "REPLACE_ONE"),
-             (dict(path="poisson", geometry=LOGISTIC, l2=0.1), "ADD_OR_REMOVE_ONE"),
-             (dict(path="cyclic"), "REPLACE_ONE")]
+    cases = [
+        (dict(path="poisson", engine_relation="REPLACE_ONE"), "REPLACE_ONE"),
+        (dict(path="poisson", geometry=LOGISTIC, l2=0.1), "ADD_OR_REMOVE_ONE"),
+        (dict(path="cyclic"), "REPLACE_ONE"),
+    ]
     for case, relation in cases:
         engine, z = calibrated_training(n=60, b=10, epochs=2, target=2.0, carry=False, **case)
         check_invariant(engine, z, 2.0, relation, against_core=False)
@@ -210,15 +237,24 @@ def test_kwargs_of_another_configuration_and_a_changed_claim_are_refused():
     engine.accountant.configure(sampler=s, geometry=LOGISTIC, model=model)
     stale = engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0)
     engine.accountant.configure(sampler=s, model=model)  # the geometry dropped after the kwargs were made
-    common = dict(module=model, optimizer=base, data_loader=DataLoader(dataset(n), batch_sampler=s),
-                  target_epsilon=2.0, target_delta=DELTA, epochs=2, max_grad_norm=1.0, poisson_sampling=False)
+    common = dict(
+        module=model,
+        optimizer=base,
+        data_loader=DataLoader(dataset(n), batch_sampler=s),
+        target_epsilon=2.0,
+        target_delta=DELTA,
+        epochs=2,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
     with pytest.raises(ParameterError, match="^calibration_kwargs: were made for the BatchSchedule"):
         engine.make_private_with_epsilon(**common, **stale)
     engine.accountant.configure(sampler=s, geometry=LOGISTIC, model=model)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
         model, opt, _ = engine.make_private_with_epsilon(
-            **common, **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0))
+            **common, **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0)
+        )
     # the noise was calibrated for the geometry: dropping it (or changing the relation) now is refused
     for change in (dict(geometry=None), dict(geometry=LOGISTIC, neighboring_relation="ADD_OR_REMOVE_ONE")):
         with pytest.raises(ParameterError, match="^configure: make_private_with_epsilon calibrated the noise"):
@@ -233,12 +269,21 @@ def test_poisson_calibration_refuses_another_dataset_size_than_the_loaders():
     base = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1)
     engine = PrivacyEngine(accountant="hidden_state")
     engine.accountant.configure(geometry=LOGISTIC, model=model, dataset_size=100)
-    with pytest.raises(ParameterError, match="^dataset_size: the accountant is configured with dataset_size=100, "
-                                             "but the data loader's dataset has 60 records"):
+    with pytest.raises(
+        ParameterError,
+        match="^dataset_size: the accountant is configured with dataset_size=100, "
+        "but the data loader's dataset has 60 records",
+    ):
         engine.make_private_with_epsilon(
-            module=model, optimizer=base, data_loader=DataLoader(dataset(60), batch_size=10), target_epsilon=2.0,
-            target_delta=DELTA, epochs=2, max_grad_norm=1.0,
-            **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0))
+            module=model,
+            optimizer=base,
+            data_loader=DataLoader(dataset(60), batch_size=10),
+            target_epsilon=2.0,
+            target_delta=DELTA,
+            epochs=2,
+            max_grad_norm=1.0,
+            **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0),
+        )
 
 
 def test_a_poisson_dataset_size_is_checked_against_the_loader_without_calibration():
@@ -246,13 +291,20 @@ def test_a_poisson_dataset_size_is_checked_against_the_loader_without_calibratio
     dataset only when calibrating; ``make_private`` and ``configure(optimizer=...)`` trained (and
     accounted ``n`` = 100 for a dataset of 60) without a word. Now the engine tells the accountant
     the loader's dataset size, and both orders are refused."""
-    message = ("^dataset_size: the accountant is configured with dataset_size=100, but the data loader's dataset "
-               "has 60 records")
+    message = (
+        "^dataset_size: the accountant is configured with dataset_size=100, but the data loader's dataset "
+        "has 60 records"
+    )
 
     def private(engine, model):
         base = torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1)
-        return engine.make_private(module=model, optimizer=base, data_loader=DataLoader(dataset(60), batch_size=10),
-                                   noise_multiplier=1.0, max_grad_norm=1.0)
+        return engine.make_private(
+            module=model,
+            optimizer=base,
+            data_loader=DataLoader(dataset(60), batch_size=10),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
 
     model = logistic_model()
     engine = PrivacyEngine(accountant="hidden_state")
@@ -269,10 +321,14 @@ def test_a_poisson_dataset_size_is_checked_against_the_loader_without_calibratio
 def test_a_relation_without_analyses_is_refused_before_calibrating():
     model = logistic_model()
     base = torch.optim.SGD(model.parameters(), lr=0.5)
-    acc = hso.OpacusHiddenStateAccountant().configure(sampler=hso.CyclicBatchSampler(60, 10),
-                                                      neighboring_relation="ADD_OR_REMOVE_ONE")
-    with pytest.raises(ParameterError, match="^neighboring_relation: nothing to calibrate for: no analysis of the "
-                                             "cyclic schedule holds under ADD_OR_REMOVE_ONE"):
+    acc = hso.OpacusHiddenStateAccountant().configure(
+        sampler=hso.CyclicBatchSampler(60, 10), neighboring_relation="ADD_OR_REMOVE_ONE"
+    )
+    with pytest.raises(
+        ParameterError,
+        match="^neighboring_relation: nothing to calibrate for: no analysis of the "
+        "cyclic schedule holds under ADD_OR_REMOVE_ONE",
+    ):
         acc.calibration_kwargs(optimizer=base, max_grad_norm=1.0)
 
 
@@ -297,8 +353,9 @@ FIXED = ["cyclic", "shuffle_partition", "reshuffle", "without_replacement"]
 @pytest.mark.parametrize("projection", [False, True])
 def test_matrix_fixed_size_schedules(path, projection):
     geometry = LossGeometry.logistic_regression(1.0, 0.05, diameter=4.0 if projection else None)
-    engine, z = calibrated_training(path, n=60, b=10, epochs=8, target=2.0, l2=0.05, geometry=geometry,
-                                    radius=2.0 if projection else None)
+    engine, z = calibrated_training(
+        path, n=60, b=10, epochs=8, target=2.0, l2=0.05, geometry=geometry, radius=2.0 if projection else None
+    )
     check_invariant(engine, z, 2.0, "REPLACE_ONE")
     # no geometry: composition, still the invariant
     engine, z = calibrated_training(path, n=60, b=10, epochs=3, target=4.0)
@@ -310,8 +367,17 @@ def test_matrix_fixed_size_schedules(path, projection):
 @pytest.mark.parametrize("projection", [False, True])
 def test_matrix_full_batch(relation, projection):
     geometry = LossGeometry.logistic_regression(1.0, 0.1, diameter=4.0 if projection else None)
-    engine, z = calibrated_training("full", n=40, b=40, epochs=20, target=1.0, l2=0.1, geometry=geometry,
-                                    radius=2.0 if projection else None, relation=relation)
+    engine, z = calibrated_training(
+        "full",
+        n=40,
+        b=40,
+        epochs=20,
+        target=1.0,
+        l2=0.1,
+        geometry=geometry,
+        radius=2.0 if projection else None,
+        relation=relation,
+    )
     check_invariant(engine, z, 1.0, relation)
 
 
@@ -319,10 +385,22 @@ def test_matrix_full_batch(relation, projection):
 @pytest.mark.parametrize("relation", ["ADD_OR_REMOVE_ONE", "REPLACE_ONE"])
 @pytest.mark.parametrize("geometry", [None, "l2", "l2+projection"])
 def test_matrix_opacus_poisson_loader(relation, geometry):
-    g = {None: None, "l2": LossGeometry.logistic_regression(1.0, 0.1),
-         "l2+projection": LossGeometry.logistic_regression(1.0, 0.1, diameter=4.0)}[geometry]
-    engine, z = calibrated_training("poisson", n=1000, b=10, epochs=3, target=1.0, l2=0.1, geometry=g,
-                                    radius=2.0 if geometry == "l2+projection" else None, relation=relation)
+    g = {
+        None: None,
+        "l2": LossGeometry.logistic_regression(1.0, 0.1),
+        "l2+projection": LossGeometry.logistic_regression(1.0, 0.1, diameter=4.0),
+    }[geometry]
+    engine, z = calibrated_training(
+        "poisson",
+        n=1000,
+        b=10,
+        epochs=3,
+        target=1.0,
+        l2=0.1,
+        geometry=g,
+        radius=2.0 if geometry == "l2+projection" else None,
+        relation=relation,
+    )
     report, _ = check_invariant(engine, z, 1.0, relation)
     if g is not None:
         assert report.analysis == "si_poisson"
@@ -333,8 +411,9 @@ def test_issue_case_poisson_loader_with_a_geometry():
     """The issue's numbers: n = 6000, b = 60, 40 epochs, lr 0.5, L2 0.01, target 1 calibrated by
     composition (z 2.50); the core's ``hsa noise`` finds 1.16 (si_poisson; 1.66 before issue 19's
     tighter Poisson bounds)."""
-    engine, z = calibrated_training("poisson", n=6000, b=60, epochs=40, target=1.0, l2=0.01,
-                                    geometry=LossGeometry.logistic_regression(1.0, 0.01))
+    engine, z = calibrated_training(
+        "poisson", n=6000, b=60, epochs=40, target=1.0, l2=0.01, geometry=LossGeometry.logistic_regression(1.0, 0.01)
+    )
     report, core = check_invariant(engine, z, 1.0, "ADD_OR_REMOVE_ONE")
     assert core.noise_multiplier == pytest.approx(1.16, abs=0.01) and z < 1.2
 

@@ -27,9 +27,25 @@ def test_the_cuda_tests_carry_the_marker():
     pytest.importorskip("torch")  # without torch and Opacus those test modules skip at collection
     pytest.importorskip("opacus")
     pytest.importorskip("sklearn")
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", "-m", "cuda",
-                          "tests/opacus/test_sbcd_torch.py", "tests/opacus/test_opacus_example.py"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "-q",
+            "-m",
+            "cuda",
+            "tests/opacus/test_sbcd_torch.py",
+            "tests/opacus/test_opacus_example.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert "test_runs_on_cuda" in res.stdout and "test_example_trains_on_cuda" in res.stdout
 
 
@@ -37,8 +53,13 @@ def test_the_cuda_tests_carry_the_marker():
 def test_the_benchmarks_refuse_cuda_without_it(script):
     pytest.importorskip("opacus")
     extra = ["--clock", "wall"] if script == "bench_opacus_overhead.py" else []
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--device", "cuda"] + extra,
-                         capture_output=True, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""), timeout=300)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--device", "cuda"] + extra,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+        timeout=300,
+    )
     assert res.returncode == 2 and "--device cuda: CUDA is not available" in res.stderr
 
 
@@ -47,13 +68,48 @@ def test_the_benchmarks_write_their_figures_on_cpu(tmp_path):
     """Tiny settings: the flags the script uses work (--device, --output)."""
     pytest.importorskip("opacus")
     table = tmp_path / "sbcd.md"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sbcd_vs_opacus.py"), "--n", "400", "--features", "16",
-                    "--width", "32", "--depth", "1", "--batch", "100", "--epochs", "1", "--device", "cpu",
-                    "--output", str(table)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_sbcd_vs_opacus.py"),
+            "--n",
+            "400",
+            "--features",
+            "16",
+            "--width",
+            "32",
+            "--depth",
+            "1",
+            "--batch",
+            "100",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--output",
+            str(table),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     text = table.read_text()
     assert "device = cpu" in text and "| DP-SBCD (this package) |" in text and "| Opacus DP-SGD |" in text
     figures = tmp_path / "overhead.txt"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_opacus_overhead.py"), "--steps", "20",
-                    "--device", "cpu", "--output", str(figures)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_opacus_overhead.py"),
+            "--steps",
+            "20",
+            "--device",
+            "cpu",
+            "--output",
+            str(figures),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     text = figures.read_text()
     assert "device=cpu" in text and "adapter" in text and "get_epsilon after" in text

@@ -48,8 +48,22 @@ def linear():
     return nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K))
 
 
-def private(sampler=None, *, lr=0.5, z=2.0, clip=1.0, optimizer="sgd", seed=0, n=N, batch_size=10,
-            gen=None, model=None, momentum=0.0, weight_decay=0.0, **make_private_kwargs):
+def private(
+    sampler=None,
+    *,
+    lr=0.5,
+    z=2.0,
+    clip=1.0,
+    optimizer="sgd",
+    seed=0,
+    n=N,
+    batch_size=10,
+    gen=None,
+    model=None,
+    momentum=0.0,
+    weight_decay=0.0,
+    **make_private_kwargs,
+):
     """A DP setup on generated data (logistic regression unless ``model``); ``sampler=None`` is
     Opacus' Poisson default."""
     torch.manual_seed(seed)
@@ -59,13 +73,17 @@ def private(sampler=None, *, lr=0.5, z=2.0, clip=1.0, optimizer="sgd", seed=0, n
     else:
         loader, poisson = DataLoader(ds, batch_sampler=sampler), False
     model = linear() if model is None else model
-    opt = (torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-           if optimizer == "sgd" else torch.optim.Adam(model.parameters(), lr=lr))
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+        if optimizer == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=lr)
+    )
     engine = PrivacyEngine(accountant="hidden_state")
     kwargs = dict(poisson_sampling=poisson, noise_generator=gen)
     kwargs.update(make_private_kwargs)
-    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader,
-                                             noise_multiplier=z, max_grad_norm=clip, **kwargs)
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=z, max_grad_norm=clip, **kwargs
+    )
     return engine, model, opt, loader
 
 
@@ -113,9 +131,16 @@ def test_epsilon_equals_the_core_for_the_same_run(sampling):
     _, fallbacks = fallback_warnings(lambda: train(model, opt, loader, 3))
     b = N if sampling == FULL else 10
     expected = TrainingRunDpEvent.from_epochs(
-        dataset_size=N, batch_size=b, epochs=3, noise_multiplier=2.0, clip_norm=1.5, learning_rate=0.5,
-        sampling=sampling, geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0),
-        l2_regularization=0.05)
+        dataset_size=N,
+        batch_size=b,
+        epochs=3,
+        noise_multiplier=2.0,
+        clip_norm=1.5,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0),
+        l2_regularization=0.05,
+    )
     assert engine.accountant.training_run() == expected
     eps, fallbacks = fallback_warnings(lambda: engine.get_epsilon(DELTA))
     assert eps == core_epsilon(expected) and not fallbacks
@@ -140,9 +165,17 @@ def test_without_configuration_poisson_composition_at_opacus_exact_rate_and_one_
     engine, model, opt, loader = private(None, batch_size=10)
     train(model, opt, loader, 2)
     q = 1 / len(loader)  # Opacus' sample rate
-    expected = TrainingRunDpEvent(dataset_size=6, batch_size=1, steps=2 * len(loader), noise_multiplier=2.0,
-                                  clip_norm=1.0, learning_rate=0.5, sampling=POISSON, sampling_probability=q,
-                                  l2_regularization=0.0)
+    expected = TrainingRunDpEvent(
+        dataset_size=6,
+        batch_size=1,
+        steps=2 * len(loader),
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=POISSON,
+        sampling_probability=q,
+        l2_regularization=0.0,
+    )
     run = engine.accountant.training_run()
     assert run.sampling_rate == q and run.replace(hidden_state_refusal=None) == expected
     eps, fallbacks = fallback_warnings(lambda: (engine.get_epsilon(DELTA), engine.get_epsilon(DELTA / 10))[0])
@@ -160,20 +193,23 @@ def test_sampler_without_geometry_reports_its_composition_bound():
     train(model, opt, loader, 2)
     with pytest.warns(CompositionFallbackWarning, match="no loss geometry declared"):
         eps = engine.get_epsilon(DELTA)
-    run = TrainingRunDpEvent.from_epochs(dataset_size=N, batch_size=10, epochs=2, noise_multiplier=2.0,
-                                         clip_norm=1.0, learning_rate=0.5, sampling=CYCLIC)
+    run = TrainingRunDpEvent.from_epochs(
+        dataset_size=N, batch_size=10, epochs=2, noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5, sampling=CYCLIC
+    )
     assert eps == core_epsilon(run)
     assert engine.accountant.explain(DELTA).analysis == "bok_thm4.4"  # cyclic composition
     # Bok Thm 4.4: each record is used once per epoch, G(2 sqrt(E)/z)
     from hidden_state_accountants import fdp
+
     assert eps == pytest.approx(fdp.gdp_epsilon(2 * math.sqrt(2) / 2.0, DELTA), rel=1e-6)
 
 
 # -------------------------------------------- issue 9, item 1: the model structure is checked
 def conv_net():
     """Conv-ReLU-Linear-ReLU-Linear on 1x6x6 inputs."""
-    return nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 8), nn.ReLU(),
-                         nn.Linear(8, K))
+    return nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 8), nn.ReLU(), nn.Linear(8, K)
+    )
 
 
 def image_setup(model):
@@ -182,8 +218,14 @@ def image_setup(model):
     s = hso.CyclicBatchSampler(N, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     engine = PrivacyEngine(accountant="hidden_state")
-    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=DataLoader(ds, batch_sampler=s),
-                                             noise_multiplier=2.0, max_grad_norm=1.0, poisson_sampling=False)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=opt,
+        data_loader=DataLoader(ds, batch_sampler=s),
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
     return engine, s, model, opt, loader
 
 
@@ -191,7 +233,9 @@ def test_a_geometry_is_refused_for_a_network_with_hidden_layers_at_configure():
     engine, s, model, opt, loader = image_setup(conv_net())
     hook = hso.ProjectionHook(opt, radius=10, l2_regularization=0.01)
     geometry = hook.logistic_regression_geometry(1.0)
-    with pytest.raises(ParameterError, match=r"^model: the Sequential model has 3 trainable layers .*not convex") as err:
+    with pytest.raises(
+        ParameterError, match=r"^model: the Sequential model has 3 trainable layers .*not convex"
+    ) as err:
         engine.accountant.configure(geometry=geometry, sampler=s, model=model)
     assert err.value.parameter == "model"
     with pytest.raises(ParameterError, match="^model: the model structure is unknown"):
@@ -254,21 +298,25 @@ def frozen_encoder():
     return nn.Sequential(enc, nn.Tanh(), nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K)))
 
 
-@pytest.mark.parametrize("make, refusal", [
-    (linear, None),
-    (frozen_encoder, None),  # a frozen layer is a fixed feature map
-    (Clipped, None),
-    (lambda: Clipped(tail=nn.Softmax(dim=1)), "follow the trainable layer"),
-    (lambda: nn.Sequential(nn.Dropout(0.1), nn.Linear(D, K)), "randomness"),
-    (lambda: nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, K)), "2 trainable layers"),
-    (Noisy, "randomness"),
-    (Branchy, "could not be read"),
-    (Residual, "follow the trainable layer"),
-])
+@pytest.mark.parametrize(
+    "make, refusal",
+    [
+        (linear, None),
+        (frozen_encoder, None),  # a frozen layer is a fixed feature map
+        (Clipped, None),
+        (lambda: Clipped(tail=nn.Softmax(dim=1)), "follow the trainable layer"),
+        (lambda: nn.Sequential(nn.Dropout(0.1), nn.Linear(D, K)), "randomness"),
+        (lambda: nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, K)), "2 trainable layers"),
+        (Noisy, "randomness"),
+        (Branchy, "could not be read"),
+        (Residual, "follow the trainable layer"),
+    ],
+)
 def test_model_structure_is_read_for_the_core(make, refusal):
     model = make()
     facts = hso.model_facts(model)
     from hidden_state_accountants.recording import model_refusal
+
     reason = model_refusal(facts)
     assert reason is None if refusal is None else refusal in reason
     acc = hso.OpacusHiddenStateAccountant()
@@ -287,15 +335,26 @@ def test_wrapped_models_are_unwrapped():
 
 
 # ------------------------------- issue 9, item 5: what is known before training fails before it
-@pytest.mark.parametrize("setup, geometry, pattern", [
-    (dict(lr=2.5), LossGeometry.logistic_regression(1.0, 0.0), r"^learning_rate: must be < 2/smoothness"),
-    (dict(), LossGeometry.logistic_regression(1.0, 0.1), r"^geometry: strong_convexity 0.1 exceeds the L2"),
-    (dict(), LossGeometry.logistic_regression(1.0, 0.0, diameter=4.0), r"^geometry: diameter 4 is declared"),
-    (dict(momentum=0.9), LossGeometry.logistic_regression(1.0, 0.0), r"^momentum: momentum=0.9"),
-    (dict(optimizer="adam", lr=0.01), LossGeometry.logistic_regression(1.0, 0.0), r"^optimizer: adam applies its own update"),
-    (dict(clip=[0.6, 0.8], clipping="per_layer"), LossGeometry.logistic_regression(1.0, 0.0), r"^clipping: per_layer"),
-    (dict(loss_reduction="sum"), LossGeometry.logistic_regression(1.0, 0.0), r"^loss_reduction: "),
-])
+@pytest.mark.parametrize(
+    "setup, geometry, pattern",
+    [
+        (dict(lr=2.5), LossGeometry.logistic_regression(1.0, 0.0), r"^learning_rate: must be < 2/smoothness"),
+        (dict(), LossGeometry.logistic_regression(1.0, 0.1), r"^geometry: strong_convexity 0.1 exceeds the L2"),
+        (dict(), LossGeometry.logistic_regression(1.0, 0.0, diameter=4.0), r"^geometry: diameter 4 is declared"),
+        (dict(momentum=0.9), LossGeometry.logistic_regression(1.0, 0.0), r"^momentum: momentum=0.9"),
+        (
+            dict(optimizer="adam", lr=0.01),
+            LossGeometry.logistic_regression(1.0, 0.0),
+            r"^optimizer: adam applies its own update",
+        ),
+        (
+            dict(clip=[0.6, 0.8], clipping="per_layer"),
+            LossGeometry.logistic_regression(1.0, 0.0),
+            r"^clipping: per_layer",
+        ),
+        (dict(loss_reduction="sum"), LossGeometry.logistic_regression(1.0, 0.0), r"^loss_reduction: "),
+    ],
+)
 def test_contradictions_raise_at_configure_and_identically_at_the_first_step(setup, geometry, pattern):
     s = hso.CyclicBatchSampler(N, 10)
     engine, model, opt, loader = private(s, **setup)
@@ -318,8 +377,9 @@ def test_declared_diameter_smaller_than_the_ball_is_refused_at_configure():
     engine, model, opt, loader = private(s)
     hso.ProjectionHook(opt, radius=3.0)
     with pytest.raises(ParameterError, match="^geometry: declared diameter 4 is smaller than the diameter 6"):
-        engine.accountant.configure(geometry=LossGeometry.logistic_regression(1.0, 0.0, diameter=4.0), sampler=s,
-                                    model=model, optimizer=opt)
+        engine.accountant.configure(
+            geometry=LossGeometry.logistic_regression(1.0, 0.0, diameter=4.0), sampler=s, model=model, optimizer=opt
+        )
 
 
 def test_without_geometry_the_same_setups_are_accounted_by_composition():
@@ -331,19 +391,29 @@ def test_without_geometry_the_same_setups_are_accounted_by_composition():
         run = engine.accountant.training_run()
         # the flat norm of per-layer bounds is the sensitivity Opacus scales its noise to
         assert run.replace(hidden_state_refusal=None) == TrainingRunDpEvent(
-            dataset_size=N, batch_size=10, steps=6, noise_multiplier=2.0, clip_norm=1.0,
-            learning_rate=setup.get("lr", 0.5), sampling=CYCLIC, l2_regularization=0.0)
+            dataset_size=N,
+            batch_size=10,
+            steps=6,
+            noise_multiplier=2.0,
+            clip_norm=1.0,
+            learning_rate=setup.get("lr", 0.5),
+            sampling=CYCLIC,
+            l2_regularization=0.0,
+        )
         assert engine.get_epsilon(DELTA) == core_epsilon(run)
 
 
 # ------------------------- issue 9, item 6: departures during training, one warning per reason
-@pytest.mark.parametrize("what, reason", [
-    ("learning_rate", "the learning rate changed during training"),
-    ("noise_multiplier", "the noise multiplier changed during training"),
-    ("max_grad_norm", "the clip norm changed during training"),
-    ("weight_decay", "the L2 regularisation changed during training"),
-    ("momentum", "momentum=0.9"),
-])
+@pytest.mark.parametrize(
+    "what, reason",
+    [
+        ("learning_rate", "the learning rate changed during training"),
+        ("noise_multiplier", "the noise multiplier changed during training"),
+        ("max_grad_norm", "the clip norm changed during training"),
+        ("weight_decay", "the L2 regularisation changed during training"),
+        ("momentum", "momentum=0.9"),
+    ],
+)
 def test_change_mid_training_falls_back_to_composition_with_one_warning(what, reason):
     s = hso.CyclicBatchSampler(N, 10)
     engine, model, opt, loader = private(s, lr=0.5, z=2.0)
@@ -391,6 +461,7 @@ def test_no_regex_silencing_left_in_the_adapter():
     import inspect
 
     from hidden_state_accountants.opacus import accountant, facts, hooks, samplers
+
     for mod in (accountant, facts, hooks, samplers):
         src = inspect.getsource(mod)
         assert "filterwarnings" not in src and "simplefilter" not in src, mod.__name__
@@ -449,9 +520,17 @@ def test_configure_sets_opacus_divisor_to_the_samplers_batch_size():
     engine.accountant.configure(sampler=s, model=model, optimizer=opt)  # the documented path
     assert opt.expected_batch_size == 12
     train(model, opt, loader, 2)
-    assert engine.get_epsilon(DELTA) == core_epsilon(TrainingRunDpEvent.from_epochs(
-        dataset_size=40, batch_size=12, epochs=2, noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5,
-        sampling=CYCLIC))
+    assert engine.get_epsilon(DELTA) == core_epsilon(
+        TrainingRunDpEvent.from_epochs(
+            dataset_size=40,
+            batch_size=12,
+            epochs=2,
+            noise_multiplier=2.0,
+            clip_norm=1.0,
+            learning_rate=0.5,
+            sampling=CYCLIC,
+        )
+    )
 
 
 def test_a_wrong_divisor_without_the_optimizer_is_refused_at_the_first_step():
@@ -459,8 +538,11 @@ def test_a_wrong_divisor_without_the_optimizer_is_refused_at_the_first_step():
         s = hso.CyclicBatchSampler(40, 12)
     engine, model, opt, loader = private(s, n=40)
     engine.accountant.configure(sampler=s)
-    with pytest.raises(ParameterError, match=r"^batch_size: the update divides the clipped sum by 13 .*"
-                                             r"pass optimizer=\.\.\. to configure\(\)"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^batch_size: the update divides the clipped sum by 13 .*"
+        r"pass optimizer=\.\.\. to configure\(\)",
+    ):
         train(model, opt, loader, 1)
     assert len(engine.accountant) == 0
 
@@ -493,9 +575,15 @@ def test_gradient_accumulation_is_refused():
 
 def test_adaptive_clipping_is_refused_at_configure():
     s = hso.CyclicBatchSampler(N, 10)
-    engine, model, opt, loader = private(s, clipping="adaptive", target_unclipped_quantile=0.5,
-                                         clipbound_learning_rate=0.2, max_clipbound=10.0, min_clipbound=0.1,
-                                         unclipped_num_std=2.0)
+    engine, model, opt, loader = private(
+        s,
+        clipping="adaptive",
+        target_unclipped_quantile=0.5,
+        clipbound_learning_rate=0.2,
+        max_clipbound=10.0,
+        min_clipbound=0.1,
+        unclipped_num_std=2.0,
+    )
     with pytest.raises(ParameterError, match="^clipping: adaptive clipping"):
         engine.accountant.configure(sampler=s, optimizer=opt)
     engine.accountant.configure(sampler=s)
@@ -516,9 +604,16 @@ def test_make_private_with_epsilon_calibrates_with_the_hidden_state_analysis():
         geometry = LossGeometry.logistic_regression(1.0, 0.1) if mode == "hidden" else None
         engine.accountant.configure(geometry=geometry, sampler=s, model=model)
         model, opt, loader = engine.make_private_with_epsilon(
-            module=model, optimizer=base, data_loader=DataLoader(data(), batch_sampler=s),
-            target_epsilon=target, target_delta=DELTA, epochs=epochs, max_grad_norm=1.0,
-            poisson_sampling=False, **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0))
+            module=model,
+            optimizer=base,
+            data_loader=DataLoader(data(), batch_sampler=s),
+            target_epsilon=target,
+            target_delta=DELTA,
+            epochs=epochs,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+            **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0),
+        )
         engine.accountant.configure(geometry=geometry, sampler=s, model=model, optimizer=opt)
         train(model, opt, loader, epochs)
         results[mode] = (opt.noise_multiplier, fallback_warnings(lambda: engine.get_epsilon(DELTA))[0])
@@ -556,9 +651,16 @@ def test_calibration_refuses_a_loader_of_another_schedule():
     engine.accountant.configure(sampler=s)
     with pytest.raises(ParameterError, match="^steps_per_epoch: training runs 3 steps per epoch"):
         engine.make_private_with_epsilon(
-            module=model, optimizer=base, data_loader=DataLoader(data(), batch_size=20),
-            target_epsilon=2.0, target_delta=DELTA, epochs=2, max_grad_norm=1.0, poisson_sampling=False,
-            **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0))
+            module=model,
+            optimizer=base,
+            data_loader=DataLoader(data(), batch_size=20),
+            target_epsilon=2.0,
+            target_delta=DELTA,
+            epochs=2,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+            **engine.accountant.calibration_kwargs(optimizer=base, max_grad_norm=1.0),
+        )
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -629,7 +731,9 @@ def test_load_into_an_unconfigured_accountant_restores_the_configuration():
     train(model, opt, loader, 2)
     fresh = hso.OpacusHiddenStateAccountant()
     fresh.load_state_dict(engine.accountant.state_dict())
-    assert fresh.claim.geometry == engine.accountant.claim.geometry and fresh.claim.model == engine.accountant.claim.model
+    assert (
+        fresh.claim.geometry == engine.accountant.claim.geometry and fresh.claim.model == engine.accountant.claim.model
+    )
     assert fresh.sampler.describe() == s.describe() and fresh.sampler.position == 12
     assert fresh.training_run() == engine.accountant.training_run()
     assert fresh.get_epsilon(DELTA) == engine.get_epsilon(DELTA)
@@ -646,8 +750,10 @@ def test_load_refuses_a_different_configuration():
     with pytest.raises(ParameterError, match="^sampler: checkpoint holds the schedule"):
         other.load_state_dict(state)
     geom = hso.OpacusHiddenStateAccountant().configure(
-        sampler=hso.ShufflePartitionBatchSampler(N, 10, seed=9), geometry=LossGeometry.logistic_regression(1.0, 0.0),
-        model=linear())
+        sampler=hso.ShufflePartitionBatchSampler(N, 10, seed=9),
+        geometry=LossGeometry.logistic_regression(1.0, 0.0),
+        model=linear(),
+    )
     with pytest.raises(ParameterError, match="^geometry: the checkpoint was taken with geometry=None"):
         geom.load_state_dict(state)
     with pytest.raises(ValueError, match="rdp"):
@@ -680,8 +786,9 @@ def _trained_state(steps=13, sampler=None):
 def _configured(sampler, seed=0):
     engine, model, opt, loader = private(sampler, seed=seed)
     hook = hso.ProjectionHook(opt, radius=3.0, l2_regularization=0.05)
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model,
-                                optimizer=opt)
+    engine.accountant.configure(
+        geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model, optimizer=opt
+    )
     return engine, model, opt, loader
 
 
@@ -707,8 +814,10 @@ _EDITS = {  # what the issue found loading silently, and what raised a raw TypeE
     "empty ledger": (lambda p, _: p.update(ledger=[]), "says 13 steps were taken but its ledger accounts 0"),
     "forged entry": (_forged_entry, "says 13 steps were taken but its ledger accounts 16"),
     "fractional count": (lambda p, _: p["ledger"][0].__setitem__(1, 12.5), "count must be a positive integer"),
-    "changed noise": (lambda p, _: p["ledger"][0][0].__setitem__("noise_multiplier", 20.0),
-                      "Opacus history that is not its ledger's"),
+    "changed noise": (
+        lambda p, _: p["ledger"][0][0].__setitem__("noise_multiplier", 20.0),
+        "Opacus history that is not its ledger's",
+    ),
     "missing ledger": (lambda p, _: p.pop("ledger"), "lacks ledger"),
     "missing sampler": (lambda p, _: p.pop("sampler"), "lacks sampler"),
     "steps not a number": (lambda p, _: p.update(steps="13"), "steps='13'"),
@@ -727,8 +836,10 @@ _EDITS = {  # what the issue found loading silently, and what raised a raw TypeE
 def test_an_edited_checkpoint_is_refused_by_its_digest(edit):
     *_, state = _trained_state()
     fn, _ = _EDITS[edit]
-    for target in (hso.OpacusHiddenStateAccountant(),
-                   hso.OpacusHiddenStateAccountant().configure(sampler=hso.ShufflePartitionBatchSampler(N, 10, seed=5))):
+    for target in (
+        hso.OpacusHiddenStateAccountant(),
+        hso.OpacusHiddenStateAccountant().configure(sampler=hso.ShufflePartitionBatchSampler(N, 10, seed=5)),
+    ):
         with pytest.raises(ParameterError, match="^checkpoint: its digest does not match"):
             target.load_state_dict(_edit(state, fn, reseal=False))
         assert len(target) == 0
@@ -755,7 +866,9 @@ def test_an_inconsistent_history_or_foreign_state_is_refused():
     with pytest.raises(ParameterError, match="^checkpoint: .*history that does not hold"):
         acc.load_state_dict({"mechanism": "hidden_state", "history": [(2.0, 0.1, 2.5)]})
     with pytest.raises(ParameterError, match="^checkpoint: has no digest"):
-        acc.load_state_dict({**state, "hidden_state": {k: x for k, x in state["hidden_state"].items() if k != "digest"}})
+        acc.load_state_dict(
+            {**state, "hidden_state": {k: x for k, x in state["hidden_state"].items() if k != "digest"}}
+        )
     with pytest.raises(ParameterError, match="^checkpoint: .*'rdp'"):
         acc.load_state_dict({"mechanism": "rdp", "history": []})
     with pytest.raises(ParameterError, match="^checkpoint: .*'list'"):

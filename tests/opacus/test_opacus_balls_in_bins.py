@@ -28,13 +28,17 @@ def train(n, b, *, epochs=2, divisor_fixed=True, sampler=None):
     loader = DataLoader(random_classification(n), batch_sampler=sampler)
     model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K))
     engine = PrivacyEngine(accountant="hidden_state")
-    model, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-                                             data_loader=loader, noise_multiplier=1.5, max_grad_norm=1.0,
-                                             poisson_sampling=False)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=loader,
+        noise_multiplier=1.5,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
     hook = hso.ProjectionHook(opt, l2_regularization=0.05)
     extra = {"optimizer": opt} if divisor_fixed else {}
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), model=model, sampler=sampler,
-                                **extra)
+    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), model=model, sampler=sampler, **extra)
     sizes = train_epochs(model, opt, loader, epochs)
     return engine, opt, sizes, sampler
 
@@ -68,9 +72,17 @@ def test_opacus_run_is_accounted_as_the_core_event_under_add_or_remove():
     acc = engine.accountant
     report = acc.explain(DELTA)
     assert report.neighboring_relation == "ADD_OR_REMOVE_ONE" and report.analysis == "si_balls_in_bins"
-    event = TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=len(sizes), noise_multiplier=1.5, clip_norm=1.0,
-                               learning_rate=0.5, sampling=BALLS_IN_BINS,
-                               geometry=LossGeometry.logistic_regression(1.0, 0.05), l2_regularization=0.05)
+    event = TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=len(sizes),
+        noise_multiplier=1.5,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=BALLS_IN_BINS,
+        geometry=LossGeometry.logistic_regression(1.0, 0.05),
+        l2_regularization=0.05,
+    )
     core = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(event).get_epsilon(DELTA)
     assert engine.get_epsilon(DELTA) == pytest.approx(core, rel=1e-9)
 

@@ -32,12 +32,17 @@ def build(seed=0):
     model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K))
     engine = PrivacyEngine(accountant="hidden_state")
     model, opt, loader = engine.make_private(
-        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.0),
-        data_loader=DataLoader(ds, batch_sampler=sampler), noise_multiplier=1.0, max_grad_norm=1.0,
-        poisson_sampling=False)
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.0),
+        data_loader=DataLoader(ds, batch_sampler=sampler),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
     hook = hso.ProjectionHook(opt, l2_regularization=0.05)
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model,
-                                optimizer=opt)
+    engine.accountant.configure(
+        geometry=hook.logistic_regression_geometry(1.0), sampler=sampler, model=model, optimizer=opt
+    )
     return engine, model, opt, loader
 
 
@@ -51,15 +56,23 @@ def train(model, opt, loader, epochs):
 
 def snapshot(engine, model, opt):
     """Everything a load may change: weights, optimizer state, ledger, sampler position."""
-    return ({k: t.clone() for k, t in model.state_dict().items()}, repr(opt.state_dict()),
-            engine.accountant.state_dict(), engine.accountant.sampler.position)
+    return (
+        {k: t.clone() for k, t in model.state_dict().items()},
+        repr(opt.state_dict()),
+        engine.accountant.state_dict(),
+        engine.accountant.sampler.position,
+    )
 
 
 def unchanged(before, engine, model, opt):
     weights, optimizer, ledger, position = before
     now = model.state_dict()
-    return (all(torch.equal(weights[k], now[k]) for k in weights) and repr(opt.state_dict()) == optimizer
-            and engine.accountant.state_dict() == ledger and engine.accountant.sampler.position == position)
+    return (
+        all(torch.equal(weights[k], now[k]) for k in weights)
+        and repr(opt.state_dict()) == optimizer
+        and engine.accountant.state_dict() == ledger
+        and engine.accountant.sampler.position == position
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,19 +117,34 @@ def _wider_bias(ckpt, _):
 _BROKEN = {  # what issue 18 found applied in part, and the message each is refused with now
     # the epoch-2 ledger next to the epoch-3 weights loaded and reported 20 steps for a model trained
     # 30: both parts carry valid digests, only the weights binding tells them apart
-    "spliced": (_splice, r"^checkpoint: the hidden-state accountant state was saved with other model weights than "
-                         r"the module_state_dict next to it in the file \(spliced"),
+    "spliced": (
+        _splice,
+        r"^checkpoint: the hidden-state accountant state was saved with other model weights than "
+        r"the module_state_dict next to it in the file \(spliced",
+    ),
     # Opacus loaded the weights, then raised KeyError
-    "no accountant state": (_drop_accountant, r"^checkpoint: the file has no privacy_accountant_state_dict .*; "
-                                              r"nothing was loaded$"),
+    "no accountant state": (
+        _drop_accountant,
+        r"^checkpoint: the file has no privacy_accountant_state_dict .*; "
+        r"nothing was loaded$",
+    ),
     # Opacus applied the weights and the ledger, then the optimizer state failed
-    "foreign optimizer state": (_foreign_optimizer, r"^checkpoint: the file has an optimizer_state_dict that does not "
-                                                    r"load into the optimizer .*; nothing was loaded$"),
-    "optimizer state not a dict": (_optimizer_state_not_a_dict, r"^checkpoint: the file has an optimizer_state_dict "
-                                                                r"of type int, not a dict; nothing was loaded$"),
+    "foreign optimizer state": (
+        _foreign_optimizer,
+        r"^checkpoint: the file has an optimizer_state_dict that does not "
+        r"load into the optimizer .*; nothing was loaded$",
+    ),
+    "optimizer state not a dict": (
+        _optimizer_state_not_a_dict,
+        r"^checkpoint: the file has an optimizer_state_dict "
+        r"of type int, not a dict; nothing was loaded$",
+    ),
     # module.load_state_dict copies every tensor that fits before it raises for the one that does not
-    "weights of another shape": (_wider_bias, rf"^checkpoint: the file has _module.1.bias of shape \({K + 1},\) in "
-                                              r"its module_state_dict; the module's is"),
+    "weights of another shape": (
+        _wider_bias,
+        rf"^checkpoint: the file has _module.1.bias of shape \({K + 1},\) in "
+        r"its module_state_dict; the module's is",
+    ),
 }
 
 
@@ -146,8 +174,11 @@ def test_an_unbound_or_history_only_accountant_state_is_refused_by_load_checkpoi
         ckpt["privacy_accountant_state_dict"] = state or trained.accountant.state_dict()  # written without weights
         torch.save(ckpt, tmp_path / f"{name}.pt")
         before = snapshot(engine, model, opt)
-        with pytest.raises(ParameterError, match="^(checkpoint: the hidden-state accountant state is not bound|"
-                                                 "sampler: the checkpoint holds only Opacus' history)"):
+        with pytest.raises(
+            ParameterError,
+            match="^(checkpoint: the hidden-state accountant state is not bound|"
+            "sampler: the checkpoint holds only Opacus' history)",
+        ):
             engine.load_checkpoint(path=tmp_path / f"{name}.pt", module=model, optimizer=opt)
         assert unchanged(before, engine, model, opt)
 
@@ -173,6 +204,7 @@ def test_a_failure_while_applying_puts_the_module_and_optimizer_back(checkpoints
 
 def _killed_mid_write(real_save):
     """``torch.save`` that writes the first half of the file, then dies."""
+
     def save(obj, f, **kwargs):
         buffer = io.BytesIO()
         real_save(obj, buffer, **kwargs)
@@ -183,6 +215,7 @@ def _killed_mid_write(real_save):
         else:
             f.write(data[: len(data) // 2])
         raise KeyboardInterrupt("killed during the write")
+
     return save
 
 
@@ -225,9 +258,13 @@ def test_engines_with_other_accountants_keep_opacus_methods(tmp_path):
     ds = TensorDataset(torch.randn(N, D), torch.randint(0, K, (N,)))
     model = nn.Linear(D, K)
     engine = PrivacyEngine(accountant="rdp")
-    model, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                             data_loader=DataLoader(ds, batch_size=B), noise_multiplier=1.0,
-                                             max_grad_norm=1.0)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(ds, batch_size=B),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
     train(model, opt, loader, 1)
     engine.save_checkpoint(path=tmp_path / "rdp.pt", module=model, optimizer=opt)
     assert "hidden_state" not in torch.load(tmp_path / "rdp.pt", weights_only=False)["privacy_accountant_state_dict"]
@@ -248,7 +285,8 @@ def test_weights_saved_on_a_device_load_with_map_location(tmp_path, device):
     engine.save_checkpoint(path=tmp_path / "dev.pt", module=model, optimizer=opt)
     assert {t.device.type for t in load(tmp_path / "dev.pt")["module_state_dict"].values()} == {device}
     other, model2, opt2, _ = build(seed=1)
-    other.load_checkpoint(path=tmp_path / "dev.pt", module=model2, optimizer=opt2,
-                          torch_load_kwargs={"map_location": "cpu"})
+    other.load_checkpoint(
+        path=tmp_path / "dev.pt", module=model2, optimizer=opt2, torch_load_kwargs={"map_location": "cpu"}
+    )
     assert all(torch.equal(a.cpu(), b) for a, b in zip(model.parameters(), model2.parameters()))
     assert other.accountant.state_dict() == engine.accountant.state_dict()

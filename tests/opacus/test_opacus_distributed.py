@@ -75,8 +75,15 @@ def test_two_gloo_ranks_share_the_global_batch_and_agree_on_epsilon(tmp_path, sa
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(tmp_path / f"r{r}.json"), sampling],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), "2", str(tmp_path / f"r{r}.json"), sampling],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, out.decode()[-3000:]
@@ -84,7 +91,9 @@ def test_two_gloo_ranks_share_the_global_batch_and_agree_on_epsilon(tmp_path, sa
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cls = hso.ShufflePartitionBatchSampler if sampling == "shuffle_partition" else hso.WithoutReplacementBatchSampler
+        cls = (
+            hso.ShufflePartitionBatchSampler if sampling == "shuffle_partition" else hso.WithoutReplacementBatchSampler
+        )
         single = cls(48, 12, seed=4, num_replicas=1, rank=0)
     steps = 2 * single.steps_per_epoch
     assert res[0]["steps"] == res[1]["steps"] == steps
@@ -97,8 +106,15 @@ def test_two_gloo_ranks_share_the_global_batch_and_agree_on_epsilon(tmp_path, sa
     assert res[0]["params"] == res[1]["params"], "ranks hold the same model"
     assert res[0]["secret_seed"] == res[1]["secret_seed"], "a secret seed is shared by all ranks"
 
-    run = TrainingRunDpEvent(dataset_size=48, batch_size=12, steps=steps, noise_multiplier=2.0, clip_norm=1.0,
-                             learning_rate=0.5, sampling=sampling,
-                             geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=4.0))
+    run = TrainingRunDpEvent(
+        dataset_size=48,
+        batch_size=12,
+        steps=steps,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=4.0),
+    )
     expected = HiddenStateAccountant().compose(run).get_epsilon(1e-5)
     assert res[0]["epsilon"] == res[1]["epsilon"] == expected

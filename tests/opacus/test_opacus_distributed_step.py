@@ -110,8 +110,15 @@ def measured(tmp_path_factory):
     script.write_text(WORKER)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
     jobs = {"single": (0, 1), "rank0": (0, 2), "rank1": (1, 2)}
-    procs = {k: subprocess.Popen([sys.executable, str(script), str(r), str(w), str(tmp / f"{k}.json")], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for k, (r, w) in jobs.items()}
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, str(script), str(r), str(w), str(tmp / f"{k}.json")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for k, (r, w) in jobs.items()
+    }
     try:
         for k, p in procs.items():
             out, _ = p.communicate(timeout=180)
@@ -138,14 +145,19 @@ def test_noise_of_one_distributed_step_is_the_accounted_noise(measured):
     # std of a 20,000-sample std estimate: accounted / sqrt(2 * 20,000) = 0.5%; 4 sigma
     for k in ("single", "rank0", "rank1"):
         assert measured[k]["noise_std"] == pytest.approx(accounted, rel=0.02), (k, measured[k]["noise_std"])
-        assert abs(measured[k]["noise_mean"]) < 4 * accounted / DIM ** 0.5
+        assert abs(measured[k]["noise_mean"]) < 4 * accounted / DIM**0.5
     assert measured["rank0"]["noise_head"] == measured["rank1"]["noise_head"], "one noise draw, on both ranks"
 
 
 def test_distributed_facts_describe_the_replicas_and_a_wrong_divisor_is_refused_with_why(measured):
     facts = measured["rank1"]["facts"]
-    assert (facts["replicas"], facts["replica_reduction"], facts["replica_share"], facts["l2_after_reduction"],
-            facts["divisor"]) == (2, "mean", 2, True, B / 2)
+    assert (
+        facts["replicas"],
+        facts["replica_reduction"],
+        facts["replica_share"],
+        facts["l2_after_reduction"],
+        facts["divisor"],
+    ) == (2, "mean", 2, True, B / 2)
     assert measured["single"]["facts"]["replicas"] == 1
     refusal = measured["rank0"]["refusal"]
     assert refusal is not None and refusal.startswith("batch_size: the update divides the clipped sum by 24")

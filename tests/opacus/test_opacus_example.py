@@ -40,8 +40,15 @@ def test_example_trains_on_cpu(example):
     from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
 
     expected = TrainingRunDpEvent.from_epochs(
-        dataset_size=1500, batch_size=100, epochs=4, noise_multiplier=4.0, clip_norm=1.0, learning_rate=0.5,
-        sampling="shuffle_partition", geometry=LossGeometry.logistic_regression(1.0, 0.01, diameter=10.0))
+        dataset_size=1500,
+        batch_size=100,
+        epochs=4,
+        noise_multiplier=4.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="shuffle_partition",
+        geometry=LossGeometry.logistic_regression(1.0, 0.01, diameter=10.0),
+    )
     assert res["epsilon"] == HiddenStateAccountant().compose(expected).get_epsilon(1e-5)
 
 
@@ -70,9 +77,25 @@ def test_example_distributed_mode_reports_the_one_process_run(example, tmp_path)
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, str(EXAMPLE), "--distributed", "2", "--epochs", "2", "--device", "cpu",
-                          "--json", "--output", str(tmp_path / "p.png")],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--distributed",
+            "2",
+            "--epochs",
+            "2",
+            "--device",
+            "cpu",
+            "--json",
+            "--output",
+            str(tmp_path / "p.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
     res = json.loads(out.strip().splitlines()[-1])
     assert "(2 processes)" in out and res["relation"] == "REPLACE_ONE"
     one = example.train(epochs=2, progress=False)

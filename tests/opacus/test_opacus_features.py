@@ -37,8 +37,9 @@ def setup(model, x, y, *, b=100, sampler=None, radius=5.0, l2=0.01, bound=1.0, g
     loader = DataLoader(TensorDataset(x, y), batch_sampler=sampler)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     engine = PrivacyEngine(accountant="hidden_state")
-    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=loader, noise_multiplier=4.0,
-                                             max_grad_norm=1.0, poisson_sampling=False)
+    model, opt, loader = engine.make_private(
+        module=model, optimizer=opt, data_loader=loader, noise_multiplier=4.0, max_grad_norm=1.0, poisson_sampling=False
+    )
     hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=l2)
     geometry = hook.logistic_regression_geometry(feature_norm_bound=bound) if geometry is None else geometry
     engine.accountant.configure(geometry=geometry, sampler=sampler, model=model, optimizer=opt, **configure)
@@ -70,8 +71,10 @@ def test_the_readme_pattern_on_raw_digits_is_refused_before_the_first_step():
     assert err.value.parameter == "feature_norm_bound"
     first_batch = x[loader.batch_sampler.schedule.batch(0)]
     largest = float(first_batch.double().norm(dim=1).max())
-    assert message.startswith(f"feature_norm_bound: in the batch of step 0, the trainable layer has an input of norm "
-                              f"{largest:.6g}, above the declared bound 1")
+    assert message.startswith(
+        f"feature_norm_bound: in the batch of step 0, the trainable layer has an input of norm "
+        f"{largest:.6g}, above the declared bound 1"
+    )
     assert "hso.FeatureClip(R) right before the trainable nn.Linear" in message  # how to fix it, in Opacus terms
     assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))  # the step was not taken
     assert len(engine.accountant) == 0
@@ -83,11 +86,14 @@ def test_the_raw_digits_with_a_feature_clip_are_enforced_and_noted():
     assert engine.accountant._features is None  # enforced: nothing is measured per batch
     train(model, opt, loader)
     notes = engine.accountant.explain(DELTA).notes
-    assert "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer" \
-        in notes
-    assert "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels, " \
-           "or sigmoid cross-entropy, on the trainable layer's outputs (logits), one unweighted loss per example; " \
-           "Opacus does not see it (the training loop computes the loss)" in notes
+    assert (
+        "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer" in notes
+    )
+    assert (
+        "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels, "
+        "or sigmoid cross-entropy, on the trainable layer's outputs (logits), one unweighted loss per example; "
+        "Opacus does not see it (the training loop computes the loss)" in notes
+    )
     assert engine.accountant.explain(DELTA).analysis != "composition"
 
 
@@ -103,8 +109,10 @@ def test_data_within_the_bound_is_checked_on_every_batch_and_the_largest_reporte
     largest = float(x.double().norm(dim=1).max())
     assert largest < 1.0
     notes = engine.accountant.explain(DELTA).notes
-    assert f"feature norm <= 1: checked on the trainable layer's inputs before every step (largest seen " \
-           f"{largest:.6g})" in notes
+    assert (
+        f"feature norm <= 1: checked on the trainable layer's inputs before every step (largest seen "
+        f"{largest:.6g})" in notes
+    )
     train(model, opt, loader)  # the evaluation pass did not leak into the next step's check
     assert len(engine.accountant) == 18
 
@@ -124,8 +132,11 @@ def test_a_batch_above_the_bound_mid_run_ends_the_claim_before_its_step():
     before = weights(model)
     xb, yb = next(it)
     nn.functional.cross_entropy(model(xb), yb).backward()
-    with pytest.raises(ParameterError, match=r"^feature_norm_bound: in the batch of step 2, the trainable layer has an "
-                                             rf"input of norm {float(x[250].double().norm()):.6g}, above the declared"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^feature_norm_bound: in the batch of step 2, the trainable layer has an "
+        rf"input of norm {float(x[250].double().norm()):.6g}, above the declared",
+    ):
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))  # weights as before the step
     assert len(engine.accountant) == 2
@@ -145,8 +156,10 @@ def test_a_geometry_given_by_its_constants_is_the_users_claim_in_every_report():
     assert engine.accountant._features is None  # no feature bound declared: nothing to check
     train(model, opt, loader)
     notes = engine.accountant.explain(DELTA).notes
-    assert ("the declared geometry (smoothness=1.01, strong_convexity=0.01) is the user's claim: given by its "
-            "constants, not derived from a loss, it cannot be observed from the training run") in notes
+    assert (
+        "the declared geometry (smoothness=1.01, strong_convexity=0.01) is the user's claim: given by its "
+        "constants, not derived from a loss, it cannot be observed from the training run"
+    ) in notes
 
 
 def test_with_an_assumed_model_whose_inputs_cannot_be_seen_the_bound_is_the_users_claim():
@@ -154,8 +167,10 @@ def test_with_an_assumed_model_whose_inputs_cannot_be_seen_the_bound_is_the_user
     model = nn.Sequential(nn.Linear(64, 8), nn.Linear(8, 10))  # two trainable layers: no "the" input
     engine, model, opt, loader = setup(model, x / 80.0, y, assume_convex_model=True)
     train(model, opt, loader)
-    assert any(n.startswith("feature norm <= 1 is the user's claim: no single trainable nn.Linear")
-               for n in engine.accountant.explain(DELTA).notes)
+    assert any(
+        n.startswith("feature norm <= 1 is the user's claim: no single trainable nn.Linear")
+        for n in engine.accountant.explain(DELTA).notes
+    )
 
 
 def test_a_run_whose_bound_is_the_users_claim_resumes_from_its_checkpoint(tmp_path):
@@ -175,8 +190,10 @@ def test_a_run_whose_bound_is_the_users_claim_resumes_from_its_checkpoint(tmp_pa
     resumed.load_checkpoint(path=tmp_path / "ckpt.pt", module=model2, optimizer=opt2)
     train(model2, opt2, loader2)  # refused at its first step before
     assert len(resumed.accountant) == 4
-    assert any(n.startswith("feature norm <= 1 is the user's claim: no single trainable nn.Linear")
-               for n in resumed.accountant.explain(DELTA).notes)
+    assert any(
+        n.startswith("feature norm <= 1 is the user's claim: no single trainable nn.Linear")
+        for n in resumed.accountant.explain(DELTA).notes
+    )
     # an unconfigured accountant takes the reason from the checkpoint
     fresh = hso.OpacusHiddenStateAccountant()
     fresh.load_state_dict(torch.load(tmp_path / "ckpt.pt", weights_only=False)["privacy_accountant_state_dict"])
@@ -196,17 +213,20 @@ class ClipThenLinear(nn.Module):
         return self.fc(self.clip(x))
 
 
-@pytest.mark.parametrize("make,clip", [
-    (lambda: nn.Sequential(hso.FeatureClip(1.0), nn.Linear(4, 2)), 1.0),
-    (lambda: nn.Sequential(nn.Flatten(), hso.FeatureClip(0.5), nn.Sequential(nn.Linear(4, 2))), 0.5),
-    (lambda: nn.Sequential(nn.Sequential(nn.Flatten(), hso.FeatureClip(0.5)), nn.Linear(4, 2)), 0.5),
-    (lambda: nn.Sequential(hso.FeatureClip(1.0), nn.Tanh(), nn.Linear(4, 2)), None),  # not the clip's output
-    (lambda: nn.Sequential(nn.Linear(4, 2)), None),
-    (lambda: ClipThenLinear(), 1.0),  # custom forward: read from the torch.fx graph
-    (lambda: ClipThenLinear(swap=True), None),
-    (lambda: nn.Sequential(hso.FeatureClip(1.0), ClipThenLinear(swap=True)), None),
-    (lambda: nn.Sequential(hso.FeatureClip(0.7), ClipThenLinear(swap=False)), 1.0),
-])
+@pytest.mark.parametrize(
+    "make,clip",
+    [
+        (lambda: nn.Sequential(hso.FeatureClip(1.0), nn.Linear(4, 2)), 1.0),
+        (lambda: nn.Sequential(nn.Flatten(), hso.FeatureClip(0.5), nn.Sequential(nn.Linear(4, 2))), 0.5),
+        (lambda: nn.Sequential(nn.Sequential(nn.Flatten(), hso.FeatureClip(0.5)), nn.Linear(4, 2)), 0.5),
+        (lambda: nn.Sequential(hso.FeatureClip(1.0), nn.Tanh(), nn.Linear(4, 2)), None),  # not the clip's output
+        (lambda: nn.Sequential(nn.Linear(4, 2)), None),
+        (lambda: ClipThenLinear(), 1.0),  # custom forward: read from the torch.fx graph
+        (lambda: ClipThenLinear(swap=True), None),
+        (lambda: nn.Sequential(hso.FeatureClip(1.0), ClipThenLinear(swap=True)), None),
+        (lambda: nn.Sequential(hso.FeatureClip(0.7), ClipThenLinear(swap=False)), 1.0),
+    ],
+)
 def test_the_feature_clip_is_read_from_the_data_flow(make, clip):
     assert model_facts(make()).feature_clip_norm == clip
 
@@ -247,23 +267,35 @@ def test_a_checkpoint_not_known_to_respect_the_feature_bound_is_refused_with_the
     def fresh():
         _, model2, _, _ = setup(nn.Sequential(nn.Linear(64, 10)), x, y)
         acc = hso.OpacusHiddenStateAccountant()
-        return acc.configure(geometry=engine.accountant.claim.geometry,
-                             sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1), model=model2)
+        return acc.configure(
+            geometry=engine.accountant.claim.geometry,
+            sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1),
+            model=model2,
+        )
 
-    with pytest.raises(ParameterError, match=r"^geometry: the checkpoint's geometry has no feature_norm_bound .*so "
-                                             r"its steps are not known to respect feature_norm_bound=1"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^geometry: the checkpoint's geometry has no feature_norm_bound .*so "
+        r"its steps are not known to respect feature_norm_bound=1",
+    ):
         fresh().load_state_dict(edited(strip_features))
-    with pytest.raises(ParameterError, match=r"^checkpoint: .* version 4; this version of the package reads "
-                                             r"'hidden_state_accountants.opacus' version 6"):
-        fresh().load_state_dict(edited(lambda p: (strip_features(p), p["claim"]["model"].pop("feature_clip_norm"),
-                                                  p.update(version=4))))
+    with pytest.raises(
+        ParameterError,
+        match=r"^checkpoint: .* version 4; this version of the package reads "
+        r"'hidden_state_accountants.opacus' version 6",
+    ):
+        fresh().load_state_dict(
+            edited(lambda p: (strip_features(p), p["claim"]["model"].pop("feature_clip_norm"), p.update(version=4)))
+        )
     with pytest.raises(ParameterError, match=r"^checkpoint: .* has an invalid geometry or model .*feature_clip_norm"):
         fresh().load_state_dict(edited(lambda p: p["claim"]["model"].pop("feature_clip_norm")))
     # the checkpoint as written loads, and its restored steps are noted as checked when taken
     again = fresh()
     again.load_state_dict(state)
-    assert any("the 2 steps restored from a checkpoint were checked when they were taken" in n
-               for n in again.explain(DELTA).notes)
+    assert any(
+        "the 2 steps restored from a checkpoint were checked when they were taken" in n
+        for n in again.explain(DELTA).notes
+    )
 
 
 def test_a_checkpoint_keeps_the_feature_clip_that_enforced_the_bound():
@@ -279,8 +311,10 @@ def test_a_checkpoint_keeps_the_feature_clip_that_enforced_the_bound():
     assert any("enforced by the model's feature clip (max_norm=0.5)" in n for n in again.explain(DELTA).notes)
     _, other, _, _ = setup(nn.Sequential(hso.FeatureClip(0.8), nn.Linear(64, 10)), x, y)  # another radius
     configured = hso.OpacusHiddenStateAccountant().configure(
-        geometry=engine.accountant.claim.geometry, sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1),
-        model=other)
+        geometry=engine.accountant.claim.geometry,
+        sampler=hso.ShufflePartitionBatchSampler(200, 100, seed=1),
+        model=other,
+    )
     with pytest.raises(ParameterError, match="^model: the checkpoint was taken with"):
         configured.load_state_dict(state)
 
@@ -300,9 +334,16 @@ def test_calibration_is_not_asked_to_check_data():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _, opt, _ = engine.make_private_with_epsilon(
-                module=model, optimizer=opt, data_loader=loader, target_epsilon=2.0, target_delta=DELTA, epochs=10,
-                max_grad_norm=1.0, poisson_sampling=False,
-                **engine.accountant.calibration_kwargs(optimizer=opt, max_grad_norm=1.0))
+                module=model,
+                optimizer=opt,
+                data_loader=loader,
+                target_epsilon=2.0,
+                target_delta=DELTA,
+                epochs=10,
+                max_grad_norm=1.0,
+                poisson_sampling=False,
+                **engine.accountant.calibration_kwargs(optimizer=opt, max_grad_norm=1.0),
+            )
         return opt.noise_multiplier
 
     # the planned run is calibrated with the hidden-state analysis (its batches are checked when trained)
@@ -369,13 +410,22 @@ def test_every_rank_ends_the_claim_when_any_rank_sees_an_input_above_the_bound(t
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / f"r{r}.json")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(tmp_path / f"r{r}.json")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, out.decode()[-3000:]
     res = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(2)]
     for r in res:  # rank 0 never saw record 13, yet refuses the step too: the ranks share their largest norm
         assert r["steps"] == 1 and r["unchanged"]
-        assert r["error"].startswith(f"feature_norm_bound: in the batch of step 1, the trainable layer has an input "
-                                     f"of norm {r['norm']:.6g}, above the declared bound 1")
+        assert r["error"].startswith(
+            f"feature_norm_bound: in the batch of step 1, the trainable layer has an input "
+            f"of norm {r['norm']:.6g}, above the declared bound 1"
+        )

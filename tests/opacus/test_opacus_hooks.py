@@ -27,8 +27,14 @@ def setup(base="sgd", lr=5.0, **opt_kwargs):
     model = nn.Linear(D, K)
     opt = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}[base](model.parameters(), lr=lr, **opt_kwargs)
     engine = PrivacyEngine(accountant="hidden_state")
-    model, opt, loader = engine.make_private(module=model, optimizer=opt, data_loader=DataLoader(
-        TensorDataset(x, y), batch_sampler=s), noise_multiplier=1.0, max_grad_norm=10.0, poisson_sampling=False)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=opt,
+        data_loader=DataLoader(TensorDataset(x, y), batch_sampler=s),
+        noise_multiplier=1.0,
+        max_grad_norm=10.0,
+        poisson_sampling=False,
+    )
     return engine, s, model, opt, loader
 
 
@@ -39,7 +45,7 @@ def norm(model):
 def step(model, opt, xb, yb, penalty=0.0):
     loss = nn.functional.cross_entropy(model(xb), yb)
     if penalty:
-        loss = loss + penalty * sum((p ** 2).sum() for p in model.parameters())
+        loss = loss + penalty * sum((p**2).sum() for p in model.parameters())
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -134,8 +140,9 @@ def test_no_warning_for_a_clean_loss():
 def test_accountant_learns_the_diameter_from_the_hook():
     engine, s, model, opt, loader = setup(lr=0.5)
     hook = hso.ProjectionHook(opt, radius=1.5, l2_regularization=0.1)
-    engine.accountant.configure(geometry=LossGeometry(smoothness=1.0, strong_convexity=0.1), sampler=s, model=model,
-                                optimizer=opt)
+    engine.accountant.configure(
+        geometry=LossGeometry(smoothness=1.0, strong_convexity=0.1), sampler=s, model=model, optimizer=opt
+    )
     for xb, yb in loader:
         step(model, opt, xb, yb)
     assert engine.accountant.training_run().geometry.diameter == 3.0

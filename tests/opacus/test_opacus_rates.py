@@ -30,8 +30,16 @@ TYPICAL = [(60000, 256), (50000, 64), (60000, 600), (60000, 128), (50000, 1024),
 
 def core_epsilon(n, b, q, steps, z):
     """The core's epsilon for Poisson sampling at rate ``q``, built directly."""
-    run = TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=z, clip_norm=1.0,
-                             learning_rate=1.0, sampling=POISSON, sampling_probability=q)
+    run = TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=1.0,
+        sampling=POISSON,
+        sampling_probability=q,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
         # Opacus' convention, the adapter's default for its Poisson loader
@@ -91,10 +99,17 @@ def test_make_private_with_epsilon_calibrates_for_the_true_rate():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
         model, opt, loader = engine.make_private_with_epsilon(
-            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), data_loader=DataLoader(ds, batch_size=b),
-            target_epsilon=target, target_delta=DELTA, epochs=epochs, max_grad_norm=1.0)
-        z_opacus = get_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=0.04, epochs=epochs,
-                                        accountant="hidden_state")
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(ds, batch_size=b),
+            target_epsilon=target,
+            target_delta=DELTA,
+            epochs=epochs,
+            max_grad_norm=1.0,
+        )
+        z_opacus = get_noise_multiplier(
+            target_epsilon=target, target_delta=DELTA, sample_rate=0.04, epochs=epochs, accountant="hidden_state"
+        )
     z = opt.noise_multiplier
     assert z == z_opacus
     # Opacus' search stops within 0.01 below the target: at the true rate, not at 2/25

@@ -57,7 +57,8 @@ def test_fixed_size_samplers_report_replace_one_with_a_note():
     assert report.neighboring_relation == "REPLACE_ONE" and math.isfinite(report.epsilon)
     assert any("not the host's ADD_OR_REMOVE_ONE" in n and "cyclic" in n for n in report.notes)
     explicit = hso.OpacusHiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").configure(
-        sampler=hso.CyclicBatchSampler(100, 10))
+        sampler=hso.CyclicBatchSampler(100, 10)
+    )
     explicit.history = [(2.0, 0.1, 30)]
     assert quiet(lambda: explicit.get_epsilon(DELTA)) == math.inf  # asked for: not covered, with the reasons
     with pytest.raises(ParameterError, match="neighboring_relation"):
@@ -72,9 +73,13 @@ def test_poisson_loader_with_a_configured_geometry_gets_a_hidden_state_bound():
     torch.manual_seed(0)
     model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(d, k))
     engine = PrivacyEngine(accountant="hidden_state")
-    model, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-                                             data_loader=DataLoader(ds, batch_size=40), noise_multiplier=2.0,
-                                             max_grad_norm=1.0)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(ds, batch_size=40),
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
+    )
     hook = hso.ProjectionHook(opt, l2_regularization=0.2)
     geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0)
     with pytest.raises(ParameterError, match="dataset_size"):
@@ -94,5 +99,6 @@ def test_poisson_loader_with_a_configured_geometry_gets_a_hidden_state_bound():
     rows = {a.name: a for a in report.analyses}
     assert report.neighboring_relation == "ADD_OR_REMOVE_ONE"
     assert rows["si_poisson"].epsilon is not None and report.epsilon < report.composition_epsilon
-    assert report.epsilon == HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run) \
-        .get_epsilon(DELTA)
+    assert report.epsilon == HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(run).get_epsilon(
+        DELTA
+    )

@@ -29,9 +29,14 @@ def run(loader, *, n, epochs=3, lr=0.5, z=2.0, clip=1.5, by="data_loader", sampl
     torch.manual_seed(0)  # the public seed a typical script sets
     model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K))
     engine = PrivacyEngine(accountant="hidden_state")
-    model, opt, loader = engine.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=lr),
-                                             data_loader=loader, noise_multiplier=z, max_grad_norm=clip,
-                                             poisson_sampling=False)
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=lr),
+        data_loader=loader,
+        noise_multiplier=z,
+        max_grad_norm=clip,
+        poisson_sampling=False,
+    )
     hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=0.05)
     where = {"data_loader": loader} if by == "data_loader" else {"sampler": sampler}
     engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), model=model, optimizer=opt, **where)
@@ -46,9 +51,19 @@ def core(event):
 
 
 def expected_event(n, b, steps, *, last_batch=DROPPED, secret=True, geometry=GEOMETRY):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=2.0, clip_norm=1.5,
-                              learning_rate=0.5, sampling=RESHUFFLE, geometry=geometry, last_batch=last_batch,
-                              secret_batches=secret, l2_regularization=0.05)  # the ProjectionHook's, as recorded
+    return TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=2.0,
+        clip_norm=1.5,
+        learning_rate=0.5,
+        sampling=RESHUFFLE,
+        geometry=geometry,
+        last_batch=last_batch,
+        secret_batches=secret,
+        l2_regularization=0.05,
+    )  # the ProjectionHook's, as recorded
 
 
 # ------------------------------------------------------------------------- the sampler
@@ -104,15 +119,20 @@ def test_plain_shuffled_data_loader_is_accounted_as_reshuffle(secret):
     assert report.epsilon == core(expected).epsilon
     winner = [a for a in report.analyses if a.name == report.analysis][0]
     assert winner.hidden_state
-    reason = ("drawn by the framework; the bound assumes its randomness is unknown" if secret else
-              "batches are public (secret=False): only the bounds for the record's worst positions apply")
+    reason = (
+        "drawn by the framework; the bound assumes its randomness is unknown"
+        if secret
+        else "batches are public (secret=False): only the bounds for the record's worst positions apply"
+    )
     assert any(reason in note for note in report.notes), report.notes
 
 
 def test_public_shuffle_is_never_reported_below_the_secret_one():
     n, b = 60, 10
     public, *_ = run(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True), n=n)
-    secret, *_ = run(hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)), n=n)
+    secret, *_ = run(
+        hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)), n=n
+    )
     assert public.get_epsilon(DELTA) >= secret.get_epsilon(DELTA)
 
 
@@ -143,11 +163,16 @@ def test_loaders_that_are_not_a_schedule_are_refused_with_the_reason():
     from torch.utils.data import RandomSampler
 
     with pytest.raises(ParameterError, match="^data_loader: .*replacement=True"):
-        acc.configure(data_loader=DataLoader(random_classification(60), batch_size=10,
-                                             sampler=RandomSampler(range(60), replacement=True)))
+        acc.configure(
+            data_loader=DataLoader(
+                random_classification(60), batch_size=10, sampler=RandomSampler(range(60), replacement=True)
+            )
+        )
     with pytest.raises(ParameterError, match="^data_loader: give the sampler or the data loader"):
-        acc.configure(data_loader=DataLoader(random_classification(60), batch_size=10, shuffle=True),
-                      sampler=hso.CyclicBatchSampler(60, 10))
+        acc.configure(
+            data_loader=DataLoader(random_classification(60), batch_size=10, shuffle=True),
+            sampler=hso.CyclicBatchSampler(60, 10),
+        )
     with pytest.raises(ParameterError, match="^sampler: .*pass the loader as data_loader"):
         acc.configure(sampler=DataLoader(random_classification(60), batch_size=10, shuffle=True))
     # a loader over a sampler of this package is that sampler
@@ -162,23 +187,33 @@ def test_a_plain_shuffled_loader_on_several_ranks_is_refused(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
     with pytest.raises(ParameterError, match="^data: DataLoader.*2 processes each draw their own permutation"):
-        hso.OpacusHiddenStateAccountant().configure(data_loader=DataLoader(random_classification(60), batch_size=10, shuffle=True))
+        hso.OpacusHiddenStateAccountant().configure(
+            data_loader=DataLoader(random_classification(60), batch_size=10, shuffle=True)
+        )
 
 
 def test_shuffled_loader_checkpoint_resumes_at_an_epoch_end_only():
     n, b = 60, 10
-    engine, *_ = run(hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)), n=n,
-                     epochs=2)
+    engine, *_ = run(
+        hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)),
+        n=n,
+        epochs=2,
+    )
     state = engine.accountant.state_dict()
     fresh = hso.OpacusHiddenStateAccountant().configure(
-        data_loader=hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)),
-        geometry=GEOMETRY, model=nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K)))
+        data_loader=hso.secret_shuffle(
+            DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True)
+        ),
+        geometry=GEOMETRY,
+        model=nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K)),
+    )
     fresh.load_state_dict(state)  # a fresh secret generator draws the same law
     assert fresh.training_run() == engine.accountant.training_run()
     unconfigured = hso.OpacusHiddenStateAccountant()
     unconfigured.load_state_dict(state)
     assert unconfigured.claim.schedule.same_law(engine.accountant.claim.schedule)
     assert unconfigured.get_epsilon(DELTA) == engine.get_epsilon(DELTA)
+
     # stopped mid-epoch: the loader would start a fresh permutation with records of this epoch unused
     def shuffled():
         return hso.secret_shuffle(DataLoader(random_classification(n), batch_size=b, shuffle=True, drop_last=True))

@@ -33,8 +33,12 @@ def make(cls, n, b, seed=0, **kw):
         return cls(n, b, seed, **kw)
 
 
-ALL = [hso.CyclicBatchSampler, hso.ShufflePartitionBatchSampler,
-       hso.WithoutReplacementBatchSampler, hso.FullBatchSampler]
+ALL = [
+    hso.CyclicBatchSampler,
+    hso.ShufflePartitionBatchSampler,
+    hso.WithoutReplacementBatchSampler,
+    hso.FullBatchSampler,
+]
 
 
 def test_cyclic_is_the_fixed_order_every_epoch():
@@ -68,8 +72,8 @@ def test_without_replacement_draws_distinct_records_afresh_every_step():
     # uniform inclusion: each record in about b/n of the 200 steps (std ~5.7)
     counts = torch.bincount(torch.tensor([i for x in batches for i in x]), minlength=n)
     assert counts.min() > 40 * b / n * 5 - 25 and counts.max() < 40 * b / n * 5 + 25
-    assert [list(x) for x in hso.WithoutReplacementBatchSampler(n, b, seed=3)] == batches[:n // b]
-    assert list(hso.WithoutReplacementBatchSampler(n, b, seed=4)) != batches[:n // b]
+    assert [list(x) for x in hso.WithoutReplacementBatchSampler(n, b, seed=3)] == batches[: n // b]
+    assert list(hso.WithoutReplacementBatchSampler(n, b, seed=4)) != batches[: n // b]
 
 
 def test_full_batch_uses_every_record_at_every_step():
@@ -91,8 +95,15 @@ def test_partition_samplers_drop_the_remainder_and_say_so(cls):
     if cls is hso.CyclicBatchSampler:
         assert s.dropped_indices == [9], "the last records of the order (Ye & Shokri fn. 3)"
     # the schedule the core accounts has exactly these steps per epoch
-    run = TrainingRunDpEvent.from_epochs(dataset_size=10, batch_size=3, epochs=2, noise_multiplier=1.0,
-                                         clip_norm=1.0, learning_rate=0.1, sampling=s.sampling)
+    run = TrainingRunDpEvent.from_epochs(
+        dataset_size=10,
+        batch_size=3,
+        epochs=2,
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling=s.sampling,
+    )
     assert run.steps == sum(len(x) for x in e)
 
 
@@ -160,8 +171,12 @@ def test_every_random_sampler_defaults_to_a_secret_seed():
 @pytest.mark.parametrize("cls", ALL)
 def test_samplers_follow_the_core_schedule(cls):
     s = make(cls, 23, 5, seed=11)
-    core = BatchSchedule(23, 23 if cls is hso.FullBatchSampler else 5, s.sampling,
-                         11 if s.sampling in (SHUFFLE_PARTITION, WITHOUT_REPLACEMENT) else None)
+    core = BatchSchedule(
+        23,
+        23 if cls is hso.FullBatchSampler else 5,
+        s.sampling,
+        11 if s.sampling in (SHUFFLE_PARTITION, WITHOUT_REPLACEMENT) else None,
+    )
     assert s.schedule == core
     assert [s.global_batch(t) for t in range(12)] == [core.batch(t).tolist() for t in range(12)]
 
@@ -177,8 +192,9 @@ def test_load_state_dict_refuses_another_schedule():
 def test_ranks_share_the_same_global_batch(cls, world):
     n, b = 30, 6
     single = [x for e in epochs(make(cls, n, b, seed=5), 2) for x in e]
-    shards = [[x for e in epochs(make(cls, n, b, seed=5, num_replicas=world, rank=r), 2) for x in e]
-              for r in range(world)]
+    shards = [
+        [x for e in epochs(make(cls, n, b, seed=5, num_replicas=world, rank=r), 2) for x in e] for r in range(world)
+    ]
     for step, batch in enumerate(single):
         parts = [shards[r][step] for r in range(world)]
         assert sorted(i for p in parts for i in p) == sorted(batch), "ranks together use the global batch"
@@ -193,12 +209,15 @@ def test_dataloader_yields_the_batches():
     assert len(loader) == 3 and s.position == 3
 
 
-@pytest.mark.parametrize("args, param", [
-    ((10, 11), "batch_size"),            # b > n
-    ((10, 6), "batch_size"),             # one batch: cyclic needs n // b >= 2
-    ((0, 1), "dataset_size"),
-    ((10, 2.5), "batch_size"),
-])
+@pytest.mark.parametrize(
+    "args, param",
+    [
+        ((10, 11), "batch_size"),  # b > n
+        ((10, 6), "batch_size"),  # one batch: cyclic needs n // b >= 2
+        ((0, 1), "dataset_size"),
+        ((10, 2.5), "batch_size"),
+    ],
+)
 def test_bad_configurations_name_the_parameter(args, param):
     with pytest.raises(ParameterError) as err:
         hso.CyclicBatchSampler(*args)

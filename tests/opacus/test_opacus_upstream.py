@@ -45,9 +45,17 @@ upstream = pytest.importorskip("opacus.tests.accountants_test")
 
 def core_epsilon(history, delta):
     """The core's epsilon for Poisson steps ``[(z, q, steps)]`` at Opacus' exact rate."""
-    (z, q, steps), = history
-    run = TrainingRunDpEvent(dataset_size=round(1 / q), batch_size=1, steps=steps, noise_multiplier=z,
-                             clip_norm=1.0, learning_rate=1.0, sampling=POISSON, sampling_probability=q)
+    ((z, q, steps),) = history
+    run = TrainingRunDpEvent(
+        dataset_size=round(1 / q),
+        batch_size=1,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=1.0,
+        learning_rate=1.0,
+        sampling=POISSON,
+        sampling_probability=q,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
         # the adapter's default for Opacus' Poisson loader: Opacus' own relation (issue 12)
@@ -57,26 +65,44 @@ def core_epsilon(history, delta):
 # ------------------------------------------------------------------------ accountants_test
 UPSTREAM_VALUES = {
     "test_rdp_accountant": ("assertAlmostEqual", "epsilon == 7.32911 is RDPAccountant's add/remove-one RDP bound"),
-    "test_gdp_accountant": ("assertLess", "6.59 < epsilon < 6.6 is GaussianAccountant's add/remove-one CLT "
-                                          "approximation (not an upper bound)"),
+    "test_gdp_accountant": (
+        "assertLess",
+        "6.59 < epsilon < 6.6 is GaussianAccountant's add/remove-one CLT approximation (not an upper bound)",
+    ),
     "test_prv_accountant": ("assertAlmostEqual", "epsilon == 6.77740 is PRVAccountant's add/remove-one number"),
-    "test_get_noise_multiplier_rdp_epochs": ("assertAlmostEqual", "sigma == 1.416 is calibrated with the RDP accountant"),
-    "test_get_noise_multiplier_rdp_steps": ("assertAlmostEqual", "sigma == 1.3562 is calibrated with the RDP accountant"),
-    "test_get_noise_multiplier_prv_epochs": ("assertAlmostEqual", "sigma == 1.34766 is calibrated with the PRV accountant"),
-    "test_get_noise_multiplier_prv_steps": ("assertAlmostEqual", "sigma == 1.2915 is calibrated with the PRV accountant"),
+    "test_get_noise_multiplier_rdp_epochs": (
+        "assertAlmostEqual",
+        "sigma == 1.416 is calibrated with the RDP accountant",
+    ),
+    "test_get_noise_multiplier_rdp_steps": (
+        "assertAlmostEqual",
+        "sigma == 1.3562 is calibrated with the RDP accountant",
+    ),
+    "test_get_noise_multiplier_prv_epochs": (
+        "assertAlmostEqual",
+        "sigma == 1.34766 is calibrated with the PRV accountant",
+    ),
+    "test_get_noise_multiplier_prv_steps": (
+        "assertAlmostEqual",
+        "sigma == 1.2915 is calibrated with the PRV accountant",
+    ),
     "test_get_noise_multiplier_gdp": ("assertAlmostEqual", "sigma == 1.32324 is calibrated with the GDP accountant"),
     "test_accountant_load_state_dict": ("assertAlmostEqual", "epsilon == 7.32911 after resuming is RDPAccountant's"),
 }
 GENERIC = ["test_accountant_state_dict"]
 SLOW = ["test_get_noise_multiplier_overshoot"]  # hypothesis over runs of up to 10**6 steps (seconds each)
-CORE_JUMP = ("the core's Poisson epsilon is not continuous in sigma: below a noise level the PLD bound is "
-             "refused (grid too coarse) and the much looser RDP bound takes over (q = 1e-4, 130000 steps, "
-             "delta = 1e-4: 5.04 at sigma 0.4917, 281.8 at 0.4916), so Opacus' bisection never ends for "
-             "targets in between")
-REASON = ("hidden_state reports the best valid bound (under Opacus' ADD_OR_REMOVE_ONE, as Opacus' accountants, "
-          "but from dp_accounting's PLD / the hidden-state analyses, not Opacus' own numerics); replaced by: the "
-          "epsilon is the core's for the same history, or the calibrated sigma meets the target within Opacus' "
-          "0.01 tolerance")
+CORE_JUMP = (
+    "the core's Poisson epsilon is not continuous in sigma: below a noise level the PLD bound is "
+    "refused (grid too coarse) and the much looser RDP bound takes over (q = 1e-4, 130000 steps, "
+    "delta = 1e-4: 5.04 at sigma 0.4917, 281.8 at 0.4916), so Opacus' bisection never ends for "
+    "targets in between"
+)
+REASON = (
+    "hidden_state reports the best valid bound (under Opacus' ADD_OR_REMOVE_ONE, as Opacus' accountants, "
+    "but from dp_accounting's PLD / the hidden-state analyses, not Opacus' own numerics); replaced by: the "
+    "epsilon is the core's for the same history, or the calibrated sigma meets the target within Opacus' "
+    "0.01 tolerance"
+)
 
 
 def test_every_upstream_accounting_test_is_covered():
@@ -98,8 +124,9 @@ class _Guarded(hso.OpacusHiddenStateAccountant):
     def get_epsilon(self, delta, *args, **kwargs):
         self.calls = getattr(self, "calls", 0) + 1
         if self.calls > 200:
-            raise AssertionError(f"get_noise_multiplier does not converge: epsilon jumps across the target at "
-                                 f"history {self.history}")
+            raise AssertionError(
+                f"get_noise_multiplier does not converge: epsilon jumps across the target at history {self.history}"
+            )
         return super().get_epsilon(delta, *args, **kwargs)
 
 
@@ -132,14 +159,27 @@ def _run(monkeypatch, name, intercept=None):
     return calls
 
 
-@pytest.mark.parametrize("name", GENERIC + [pytest.param(n, marks=[pytest.mark.slow, pytest.mark.xfail(
-    reason=f"hypothesis may draw a target where {CORE_JUMP}", strict=False)]) for n in SLOW])
+@pytest.mark.parametrize(
+    "name",
+    GENERIC
+    + [
+        pytest.param(
+            n,
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.xfail(reason=f"hypothesis may draw a target where {CORE_JUMP}", strict=False),
+            ],
+        )
+        for n in SLOW
+    ],
+)
 def test_upstream_accounting_generic(monkeypatch, name):
     assert _run(monkeypatch, name) == []
 
 
-@pytest.mark.parametrize("name", ["test_rdp_accountant", "test_gdp_accountant", "test_prv_accountant",
-                                  "test_accountant_load_state_dict"])
+@pytest.mark.parametrize(
+    "name", ["test_rdp_accountant", "test_gdp_accountant", "test_prv_accountant", "test_accountant_load_state_dict"]
+)
 def test_upstream_steps_to_epsilon(monkeypatch, name):
     method, _ = UPSTREAM_VALUES[name]
     calls = _run(monkeypatch, name, intercept=method)
@@ -152,7 +192,7 @@ def test_upstream_steps_to_epsilon(monkeypatch, name):
 
 @pytest.mark.parametrize("name", sorted(n for n in UPSTREAM_VALUES if "noise_multiplier" in n))
 def test_upstream_get_noise_multiplier(monkeypatch, name):
-    (sigma, _expected_by_opacus, *_), = _run(monkeypatch, name, intercept="assertAlmostEqual")
+    ((sigma, _expected_by_opacus, *_),) = _run(monkeypatch, name, intercept="assertAlmostEqual")
     steps = int(90 / 0.04) if "epochs" in name or "gdp" in name else 2000
     eps = core_epsilon([(sigma, 0.04, steps)], 1e-5)
     assert 8 - 0.01 <= eps <= 8  # Opacus' search: within epsilon_tolerance below the target
@@ -165,8 +205,9 @@ def test_calibration_converges_where_the_poisson_pld_gives_way(monkeypatch):
     monkeypatch.setattr(opacus_utils, "create_accountant", lambda mechanism: _Guarded())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)
-        sigma = get_noise_multiplier(target_epsilon=9.11, target_delta=1e-4, sample_rate=1e-4, epochs=13,
-                                     accountant="hidden_state")
+        sigma = get_noise_multiplier(
+            target_epsilon=9.11, target_delta=1e-4, sample_rate=1e-4, epochs=13, accountant="hidden_state"
+        )
     assert 9.11 - 0.01 <= core_epsilon([(sigma, 1e-4, 130000)], 1e-4) <= 9.11
 
 
@@ -218,8 +259,9 @@ class _SmallBatchNormNet(nn.Module):
 
     def __init__(self, weights=None):
         super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(1, 32, 3), nn.BatchNorm2d(32), nn.ReLU(),
-                                      nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 32, 3), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+        )
         self.classifier = nn.Linear(32, 10)
 
     def forward(self, x):
@@ -231,11 +273,15 @@ def _torchvision_stub():
     tv = types.ModuleType("torchvision")
     models, transforms, datasets = (types.ModuleType(f"torchvision.{m}") for m in ("models", "transforms", "datasets"))
     datasets.FakeData = _FakeData
-    transforms.Compose, transforms.Normalize, transforms.ToTensor = _Compose, _Normalize, lambda: (lambda x: x)
+    transforms.Compose, transforms.Normalize, transforms.ToTensor = _Compose, _Normalize, lambda: lambda x: x
     models.resnet18 = models.densenet121 = _SmallBatchNormNet
     tv.models, tv.transforms, tv.datasets = models, transforms, datasets
-    return {"torchvision": tv, "torchvision.models": models, "torchvision.transforms": transforms,
-            "torchvision.datasets": datasets}
+    return {
+        "torchvision": tv,
+        "torchvision.models": models,
+        "torchvision.transforms": transforms,
+        "torchvision.datasets": datasets,
+    }
 
 
 def _import_privacy_engine_test():
@@ -255,8 +301,13 @@ def _import_privacy_engine_test():
 
 
 engine_tests = _import_privacy_engine_test()
-ENGINE_CLASSES = sorted(name for name, obj in vars(engine_tests).items() if isinstance(obj, type)
-                        and issubclass(obj, unittest.TestCase) and issubclass(obj, engine_tests.BasePrivacyEngineTest))
+ENGINE_CLASSES = sorted(
+    name
+    for name, obj in vars(engine_tests).items()
+    if isinstance(obj, type)
+    and issubclass(obj, unittest.TestCase)
+    and issubclass(obj, engine_tests.BasePrivacyEngineTest)
+)
 FAST_CLASS = "PrivacyEngineCustomLayerTest"  # the cheapest model: run by default, the other classes are slow
 SLOW_METHODS = {"test_compare_to_vanilla", "test_noise_level"}  # long hypothesis searches that never read epsilon
 
@@ -271,8 +322,12 @@ def hidden_state_default(monkeypatch):
 def _engine_cases():
     for cls in ENGINE_CLASSES:
         for name in unittest.defaultTestLoader.getTestCaseNames(getattr(engine_tests, cls)):
-            yield pytest.param(cls, name, id=f"{cls}.{name}",
-                               marks=() if cls == FAST_CLASS and name not in SLOW_METHODS else pytest.mark.slow)
+            yield pytest.param(
+                cls,
+                name,
+                id=f"{cls}.{name}",
+                marks=() if cls == FAST_CLASS and name not in SLOW_METHODS else pytest.mark.slow,
+            )
 
 
 @pytest.mark.parametrize("cls, name", list(_engine_cases()))

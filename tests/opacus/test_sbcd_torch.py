@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.torch,
-              pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning")]
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning"),
+]
 
 from scipy import optimize  # noqa: E402
 from torch import nn  # noqa: E402
@@ -45,9 +47,12 @@ def _mlp(sizes=(6, 5, 4, 3), dtype=torch.float64, seed=0):
 def _cnn(dtype=torch.float64, seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(2, 2, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Flatten(), nn.Linear(2 * 3 * 3, 3),
+        nn.Conv2d(1, 2, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(2, 2, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(2 * 3 * 3, 3),
     ).to(dtype)
 
 
@@ -74,8 +79,9 @@ def _minimize(f, x0):
         (grad,) = torch.autograd.grad(val, t)
         return float(val.detach()), grad.numpy()
 
-    res = optimize.minimize(fun, x0.detach().reshape(-1).numpy(), jac=True, method="BFGS",
-                            options=dict(gtol=1e-12, maxiter=10_000))
+    res = optimize.minimize(
+        fun, x0.detach().reshape(-1).numpy(), jac=True, method="BFGS", options=dict(gtol=1e-12, maxiter=10_000)
+    )
     return torch.tensor(res.x).reshape(shape)
 
 
@@ -147,14 +153,14 @@ def test_theta_step_solves_eq7(model_fn, shape, reg, lam):
 
     def f(theta):
         r = torch.einsum("blk,ok->blo", p, theta) - u
-        return opt.gamma / 2 * (r ** 2).sum() / 4
+        return opt.gamma / 2 * (r**2).sum() / 4
 
     t = theta0.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(f(t), t)
     eta = opt.step_sizes[d]
 
     def lin(th):
-        reg_term = lam / 2 * (th ** 2).sum() if reg == "l2" else 0.0
+        reg_term = lam / 2 * (th**2).sum() if reg == "l2" else 0.0
         return (grad * (th - theta0)).sum() + ((th - theta0) ** 2).sum() / (2 * eta) + reg_term
 
     ref = _minimize(lin, theta0)
@@ -191,7 +197,7 @@ def test_appendix_c_step_solves_the_sub_problem(model_fn, shape):
 
     def f(theta):
         r = torch.einsum("blk,ok->blo", p, theta) - u
-        return opt.gamma / 2 * (r ** 2).sum() / 4 + ((theta - theta0) ** 2).sum() / (2 * 3.0)
+        return opt.gamma / 2 * (r**2).sum() / 4 + ((theta - theta0) ** 2).sum() / (2 * 3.0)
 
     ref = _minimize(f, theta0)
     opt._theta_update(d, x, target, 1e-30)
@@ -262,22 +268,25 @@ def test_appendix_c_projects_onto_the_ball():
 
 
 # ------------------------------------------------------------------- bad parameters
-@pytest.mark.parametrize("kw,param", [
-    (dict(step_size=0.0), "step_size"),
-    (dict(step_size=-0.1), "step_size"),
-    (dict(rho=0.0), "rho"),
-    (dict(rho=-1.0), "rho"),
-    (dict(noise=0.0), "noise"),
-    (dict(noise=-1e-3), "noise"),
-    (dict(batch_size=1000), "batch_size"),
-    (dict(regularizer="dropout"), "regularizer"),
-    (dict(sampling=POISSON), "sampling"),
-    (dict(variant="appendix_c"), "radius"),
-    (dict(step_size=[0.1, 0.2]), "step_size"),
-    (dict(regularization=-1.0), "regularization"),
-    (dict(seed=-1), "seed"),
-    (dict(seed=1.5), "seed"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(step_size=0.0), "step_size"),
+        (dict(step_size=-0.1), "step_size"),
+        (dict(rho=0.0), "rho"),
+        (dict(rho=-1.0), "rho"),
+        (dict(noise=0.0), "noise"),
+        (dict(noise=-1e-3), "noise"),
+        (dict(batch_size=1000), "batch_size"),
+        (dict(regularizer="dropout"), "regularizer"),
+        (dict(sampling=POISSON), "sampling"),
+        (dict(variant="appendix_c"), "radius"),
+        (dict(step_size=[0.1, 0.2]), "step_size"),
+        (dict(regularization=-1.0), "regularization"),
+        (dict(seed=-1), "seed"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
 def test_bad_hyperparameters(kw, param):
     with pytest.raises(ParameterError) as err:
         _opt(**kw)
@@ -292,15 +301,18 @@ def test_noise_schedule_reaching_zero_fails_at_that_step():
     assert err.value.parameter == "noise" and "k=2" in str(err.value)
 
 
-@pytest.mark.parametrize("model,msg", [
-    (nn.Sequential(nn.Linear(6, 4), nn.Sigmoid(), nn.Linear(4, 3)), "Sigmoid"),
-    (nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 3)), "followed by ReLU"),
-    (nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU()), "end with a layer"),
-    (nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Dropout(0.1), nn.Linear(4, 3)), "Dropout"),
-    (nn.Sequential(nn.ReLU(), nn.Linear(6, 3)), "ReLU must follow"),
-    (nn.Linear(6, 3), "nn.Sequential"),
-    (nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(5, 3)), "expects 5 inputs"),
-])
+@pytest.mark.parametrize(
+    "model,msg",
+    [
+        (nn.Sequential(nn.Linear(6, 4), nn.Sigmoid(), nn.Linear(4, 3)), "Sigmoid"),
+        (nn.Sequential(nn.Linear(6, 4), nn.Linear(4, 3)), "followed by ReLU"),
+        (nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU()), "end with a layer"),
+        (nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Dropout(0.1), nn.Linear(4, 3)), "Dropout"),
+        (nn.Sequential(nn.ReLU(), nn.Linear(6, 3)), "ReLU must follow"),
+        (nn.Linear(6, 3), "nn.Sequential"),
+        (nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(5, 3)), "expects 5 inputs"),
+    ],
+)
 def test_unsupported_models(model, msg):
     x, y = torch.randn(12, 6), torch.randint(0, 3, (12,))
     with pytest.raises(UnsupportedLayerError, match=msg) as err:
@@ -312,8 +324,12 @@ def test_unsupported_conv_models():
     x, y = torch.randn(12, 1, 6, 6), torch.randint(0, 3, (12,))
     bad = [
         (nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 3)), "MaxPool2d"),
-        (nn.Sequential(nn.Conv2d(1, 2, 3, groups=1, padding_mode="reflect"), nn.ReLU(), nn.Flatten(),
-                       nn.Linear(32, 3)), "padding_mode"),
+        (
+            nn.Sequential(
+                nn.Conv2d(1, 2, 3, groups=1, padding_mode="reflect"), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3)
+            ),
+            "padding_mode",
+        ),
         (nn.Sequential(nn.Flatten(), nn.Linear(36, 36), nn.ReLU(), nn.Conv2d(1, 2, 3)), "Conv2d needs"),
         (nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Conv2d(2, 3, 4)), "output layer must be Linear"),
     ]
@@ -351,8 +367,9 @@ def test_trains_an_mlp_on_digits():
     X, y = _digits()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-    opt = DPSBCD(model, X, y, batch_size=150, step_size=0.9, noise=1e-7, rho=1.0,
-                 regularizer="l2", regularization=1e-3, seed=0)
+    opt = DPSBCD(
+        model, X, y, batch_size=150, step_size=0.9, noise=1e-7, rho=1.0, regularizer="l2", regularization=1e-3, seed=0
+    )
     before = opt.objective()
     acc0 = float((opt.predict(X).argmax(1) == y).float().mean())
     opt.fit(25, progress=False)
@@ -365,8 +382,14 @@ def test_trains_a_cnn_through_im2col():
     X, y = _digits(300)
     X = X.reshape(-1, 1, 8, 8)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2, padding=1),
-                          nn.ReLU(), nn.Flatten(), nn.Linear(64, 10))
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
     opt = DPSBCD(model, X, y, batch_size=100, step_size=[0.027, 0.07, 0.9], noise=1e-8, rho=1.0, seed=0)
     before = opt.objective()
     opt.fit(10, progress=False)
@@ -523,8 +546,9 @@ def test_discard_auxiliary_state():
 
 def test_huge_hidden_convolution_is_refused():
     x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,))
-    model = nn.Sequential(nn.Conv2d(1, 300, 3, padding=1), nn.ReLU(), nn.Conv2d(300, 2, 3), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(72, 3))
+    model = nn.Sequential(
+        nn.Conv2d(1, 300, 3, padding=1), nn.ReLU(), nn.Conv2d(300, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(72, 3)
+    )
     with pytest.raises(UnsupportedLayerError, match="dense system"):
         DPSBCD(model, x, y, batch_size=4, step_size=0.01, noise=1e-3)
 
@@ -536,8 +560,13 @@ def test_example_runs():
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(root / "examples" / "sbcd_digits_torch.py"), "--quick", "--no-progress"],
-                         capture_output=True, text=True, check=True, timeout=600).stdout
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "sbcd_digits_torch.py"), "--quick", "--no-progress"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
     row = [line for line in out.splitlines() if line.startswith("| 479")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1].split()[0]) > 60  # DP-SBCD test accuracy (%)

@@ -51,8 +51,9 @@ def test_bayes_accuracy_of_ten_classes_matches_simulation(bench):
 
 @pytest.mark.parametrize("eigenvalues", [(1.0, 1.0), (0.2, 5.0)])
 def test_synthetic_task_has_the_announced_bayes_accuracy(bench, eigenvalues):
-    data = bench.synthetic_linear_probe(n_train=2000, n_val=500, n_test=20000, dim=64, classes=10, bayes=0.85,
-                                        eigenvalues=eigenvalues)
+    data = bench.synthetic_linear_probe(
+        n_train=2000, n_val=500, n_test=20000, dim=64, classes=10, bayes=0.85, eigenvalues=eigenvalues
+    )
     assert data.bayes_accuracy == pytest.approx(0.85, abs=1e-9)
     scored = float(data.description.rsplit("scores ", 1)[1].split(" ")[0])  # the Bayes rule on the test split
     assert abs(scored - 0.85) < 4 * math.sqrt(0.85 * 0.15 / 20000)
@@ -71,8 +72,10 @@ def test_poisson_plan_is_what_opacus_does(bench, n, b):
     assert steps == len(DPDataLoader.from_data_loader(loader))
 
 
-@pytest.mark.parametrize("key,sampler", [("B", None), ("C", "reshuffle"), ("C", "shuffle_partition"),
-                                         ("C", "balls_in_bins"), ("D", "balls_in_bins")])
+@pytest.mark.parametrize(
+    "key,sampler",
+    [("B", None), ("C", "reshuffle"), ("C", "shuffle_partition"), ("C", "balls_in_bins"), ("D", "balls_in_bins")],
+)
 def test_the_core_calibrates_for_the_run_the_adapter_records(bench, key, sampler):
     """The z of (B) and (C) is the core's for the event the engine's accountant records after training."""
     data = bench.dataset("breast_cancer")
@@ -86,9 +89,14 @@ def test_the_core_calibrates_for_the_run_the_adapter_records(bench, key, sampler
 
 
 def test_bad_grids_are_refused_naming_the_flag(bench, capsys):
-    for argv, flag in ((["--lrs", "1.95"], "--lrs"), (["--datasets", "mnist"], "--datasets"),
-                       (["--methods", "E"], "--methods"), (["--budgets", "0"], "--budgets"),
-                       (["--samplers", "poisson"], "--samplers"), (["--batch-sizes", "1000"], "--batch-sizes")):
+    for argv, flag in (
+        (["--lrs", "1.95"], "--lrs"),
+        (["--datasets", "mnist"], "--datasets"),
+        (["--methods", "E"], "--methods"),
+        (["--budgets", "0"], "--budgets"),
+        (["--samplers", "poisson"], "--samplers"),
+        (["--batch-sizes", "1000"], "--batch-sizes"),
+    ):
         with pytest.raises(SystemExit) as err:
             bench.main(["--quick"] + (argv if flag == "--datasets" else ["--datasets", "breast_cancer"] + argv))
         assert err.value.code == 2 and flag in capsys.readouterr().err
@@ -97,14 +105,42 @@ def test_bad_grids_are_refused_naming_the_flag(bench, capsys):
 @pytest.mark.slow
 def test_a_tiny_run_end_to_end(bench, tmp_path, capsys):
     out, fig, js = tmp_path / "u.md", tmp_path / "u.png", tmp_path / "u.json"
-    res = bench.main(["--datasets", "breast_cancer", "--budgets", "1,4", "--batch-sizes", "72", "--epochs", "2",
-                      "--lrs", "1", "--l2s", "0,0.05", "--radii", "none", "--samplers", "shuffle_partition",
-                      "--seeds", "2", "--no-progress", "--out", str(out), "--plot", str(fig), "--json", str(js),
-                      "--cache", str(tmp_path / "cache.jsonl")])
+    res = bench.main(
+        [
+            "--datasets",
+            "breast_cancer",
+            "--budgets",
+            "1,4",
+            "--batch-sizes",
+            "72",
+            "--epochs",
+            "2",
+            "--lrs",
+            "1",
+            "--l2s",
+            "0,0.05",
+            "--radii",
+            "none",
+            "--samplers",
+            "shuffle_partition",
+            "--seeds",
+            "2",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--plot",
+            str(fig),
+            "--json",
+            str(js),
+            "--cache",
+            str(tmp_path / "cache.jsonl"),
+        ]
+    )
     printed = capsys.readouterr().out
     rows = res["rows"]
     assert [(r["method"], r["epsilon_budget"]) for r in rows] == [
-        (m, e) for m in ("A", "B", "A'", "C", "D") for e in (1.0, 4.0)] + [("non-private", None)]
+        (m, e) for m in ("A", "B", "A'", "C", "D") for e in (1.0, 4.0)
+    ] + [("non-private", None)]
     for r in rows:
         assert len(r["test"]) == 2 and 0.5 < r["mean"] <= 1.0
         if r["epsilon_budget"] is not None:
@@ -115,8 +151,33 @@ def test_a_tiny_run_end_to_end(bench, tmp_path, capsys):
     assert "python benchmarks/utility_at_budget.py --datasets breast_cancer" in text and "opacus 1.6" in text
     assert text.count("| breast_cancer | (") == 5 and fig.stat().st_size > 10_000 and js.stat().st_size > 0
     # the cache resumes: a second run does no work and prints the same rows
-    again = bench.main(["--datasets", "breast_cancer", "--budgets", "1,4", "--batch-sizes", "72", "--epochs", "2",
-                        "--lrs", "1", "--l2s", "0,0.05", "--radii", "none", "--samplers", "shuffle_partition",
-                        "--seeds", "2", "--no-progress", "--out", str(out), "--plot", str(fig),
-                        "--cache", str(tmp_path / "cache.jsonl")])
+    again = bench.main(
+        [
+            "--datasets",
+            "breast_cancer",
+            "--budgets",
+            "1,4",
+            "--batch-sizes",
+            "72",
+            "--epochs",
+            "2",
+            "--lrs",
+            "1",
+            "--l2s",
+            "0,0.05",
+            "--radii",
+            "none",
+            "--samplers",
+            "shuffle_partition",
+            "--seeds",
+            "2",
+            "--no-progress",
+            "--out",
+            str(out),
+            "--plot",
+            str(fig),
+            "--cache",
+            str(tmp_path / "cache.jsonl"),
+        ]
+    )
     assert [r["test"] for r in again["rows"]] == [r["test"] for r in rows]

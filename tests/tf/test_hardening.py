@@ -9,14 +9,27 @@ import math
 import numpy as np
 import pytest
 
-from hidden_state_accountants import (HiddenStateAccountant, LossGeometry, ParameterError, TrainingRunDpEvent,
-                                      calibrate_noise_multiplier, max_epochs_within_budget)
+from hidden_state_accountants import (
+    HiddenStateAccountant,
+    LossGeometry,
+    ParameterError,
+    TrainingRunDpEvent,
+    calibrate_noise_multiplier,
+    max_epochs_within_budget,
+)
 from hidden_state_accountants.audit import audit
 from hidden_state_accountants.cli import main
 
 BAD_NUMBERS = [0, -1, -1e-300, math.nan, math.inf, -math.inf, "1", None, True]
-RUN = dict(dataset_size=1000, batch_size=50, steps=200, noise_multiplier=1.0, clip_norm=1.0,
-           learning_rate=0.1, sampling="cyclic")
+RUN = dict(
+    dataset_size=1000,
+    batch_size=50,
+    steps=200,
+    noise_multiplier=1.0,
+    clip_norm=1.0,
+    learning_rate=0.1,
+    sampling="cyclic",
+)
 GEOM = LossGeometry(strong_convexity=0.1, smoothness=1.0)
 
 
@@ -24,7 +37,9 @@ def run(**kw):
     return TrainingRunDpEvent(**{**RUN, "geometry": GEOM, **kw})
 
 
-@pytest.mark.parametrize("field", ["dataset_size", "batch_size", "steps", "noise_multiplier", "clip_norm", "learning_rate"])
+@pytest.mark.parametrize(
+    "field", ["dataset_size", "batch_size", "steps", "noise_multiplier", "clip_norm", "learning_rate"]
+)
 @pytest.mark.parametrize("value", BAD_NUMBERS)
 def test_run_event_rejects(field, value):
     with pytest.raises(ParameterError) as err:
@@ -43,14 +58,17 @@ def test_geometry_rejects(field, value):
     assert err.value.parameter == field
 
 
-@pytest.mark.parametrize("kw,parameter", [
-    (dict(orders=[0.5, 2.0]), "orders"),
-    (dict(orders=[2.0, math.inf]), "orders"),
-    (dict(orders=[2.0, math.nan]), "orders"),
-    (dict(pld_discretization=0.0), "pld_discretization"),
-    (dict(pld_discretization=math.nan), "pld_discretization"),
-    (dict(pld_discretization=5.0), "pld_discretization"),
-])
+@pytest.mark.parametrize(
+    "kw,parameter",
+    [
+        (dict(orders=[0.5, 2.0]), "orders"),
+        (dict(orders=[2.0, math.inf]), "orders"),
+        (dict(orders=[2.0, math.nan]), "orders"),
+        (dict(pld_discretization=0.0), "pld_discretization"),
+        (dict(pld_discretization=math.nan), "pld_discretization"),
+        (dict(pld_discretization=5.0), "pld_discretization"),
+    ],
+)
 def test_accountant_constructor_rejects(kw, parameter):
     with pytest.raises(ParameterError) as err:
         HiddenStateAccountant(**kw)
@@ -77,14 +95,25 @@ def test_get_delta_rejects_epsilon(eps):
         HiddenStateAccountant().compose(run()).get_delta(eps)
 
 
-@pytest.mark.parametrize("kw", [
-    dict(steps=10**18), dict(noise_multiplier=1e-12), dict(noise_multiplier=1e12), dict(clip_norm=1e-300),
-    dict(clip_norm=1e300), dict(learning_rate=1e-300), dict(dataset_size=10**12, batch_size=10**6),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(steps=10**18),
+        dict(noise_multiplier=1e-12),
+        dict(noise_multiplier=1e12),
+        dict(clip_norm=1e-300),
+        dict(clip_norm=1e300),
+        dict(learning_rate=1e-300),
+        dict(dataset_size=10**12, batch_size=10**6),
+    ],
+)
 @pytest.mark.parametrize("sampling", ["cyclic", "without_replacement", "full"])
 def test_extreme_but_valid_runs_give_valid_bounds(kw, sampling):
-    r = run(sampling=sampling, **({"batch_size": kw.get("dataset_size", RUN["dataset_size"])} if sampling == "full" else {}),
-            **{k: v for k, v in kw.items() if not (sampling == "full" and k == "batch_size")})
+    r = run(
+        sampling=sampling,
+        **({"batch_size": kw.get("dataset_size", RUN["dataset_size"])} if sampling == "full" else {}),
+        **{k: v for k, v in kw.items() if not (sampling == "full" and k == "batch_size")},
+    )
     acc = HiddenStateAccountant(orders=(1.5, 2.0, 32.0, 1e6))
     eps = acc.compose(r).get_epsilon(1e-9)
     assert not math.isnan(eps) and eps >= 0
@@ -101,23 +130,59 @@ def test_calibration_and_budget_reject_bad_targets():
         max_epochs_within_budget(run(), 1.0, 1e-5, max_epochs=0)
 
 
-@pytest.mark.parametrize("kw,parameter", [
-    (dict(repetitions=-5), "repetitions"), (dict(repetitions=math.nan), "repetitions"),
-    (dict(delta=math.nan), "delta"), (dict(confidence=0.0), "confidence"),
-])
+@pytest.mark.parametrize(
+    "kw,parameter",
+    [
+        (dict(repetitions=-5), "repetitions"),
+        (dict(repetitions=math.nan), "repetitions"),
+        (dict(delta=math.nan), "delta"),
+        (dict(confidence=0.0), "confidence"),
+    ],
+)
 def test_audit_rejects(kw, parameter):
     with pytest.raises(ParameterError) as err:
         audit(run(), **kw)
     assert err.value.parameter == parameter
 
 
-CLI = ["--dataset-size", "1000", "--batch-size", "50", "--steps", "200", "--noise-multiplier", "1",
-       "--clip-norm", "1", "--learning-rate", "0.1", "--sampling", "cyclic", "--strong-convexity", "0.1",
-       "--smoothness", "1", "--delta", "1e-5"]
+CLI = [
+    "--dataset-size",
+    "1000",
+    "--batch-size",
+    "50",
+    "--steps",
+    "200",
+    "--noise-multiplier",
+    "1",
+    "--clip-norm",
+    "1",
+    "--learning-rate",
+    "0.1",
+    "--sampling",
+    "cyclic",
+    "--strong-convexity",
+    "0.1",
+    "--smoothness",
+    "1",
+    "--delta",
+    "1e-5",
+]
 
 
-@pytest.mark.parametrize("flag", ["--dataset-size", "--batch-size", "--steps", "--noise-multiplier", "--clip-norm",
-                                  "--learning-rate", "--strong-convexity", "--smoothness", "--delta"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--dataset-size",
+        "--batch-size",
+        "--steps",
+        "--noise-multiplier",
+        "--clip-norm",
+        "--learning-rate",
+        "--strong-convexity",
+        "--smoothness",
+        "--delta",
+    ],
+)
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "x", "1e400"])
 def test_cli_rejects_with_one_line_naming_the_flag(capsys, flag, value):
     argv = list(CLI)
@@ -139,6 +204,7 @@ def test_cli_extreme_but_valid(capsys):
     argv[argv.index("--noise-multiplier") + 1] = "1e-9"
     assert main(["epsilon", *argv, "--json"]) == 0
     import json
+
     data = json.loads(capsys.readouterr().out)
     assert data["epsilon"] is None or data["epsilon"] >= 0  # inf is reported as null in JSON
 
@@ -148,8 +214,12 @@ def test_tf_adapter_entry_points():
     from hidden_state_accountants import tf_privacy as tfp
 
     x, y = np.zeros((100, 3), np.float32), np.zeros(100, np.int64)
-    for kw, parameter in [(dict(batch_size=0), "batch_size"), (dict(batch_size=200), "batch_size"),
-                          (dict(sampling="poisson"), "sampling"), (dict(seed=-1), "seed")]:
+    for kw, parameter in [
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=200), "batch_size"),
+        (dict(sampling="poisson"), "sampling"),
+        (dict(seed=-1), "seed"),
+    ]:
         args = dict(batch_size=10, sampling="cyclic", seed=0) | kw
         with pytest.raises(ParameterError) as err:
             tfp.batched_dataset(x, y, **args)
@@ -158,13 +228,26 @@ def test_tf_adapter_entry_points():
         with pytest.raises(ParameterError, match="radius"):
             tfp.L2BallProjection(value)
         with pytest.raises(ParameterError, match="l2_regularization"):
-            tfp.DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=1.0, l2_regularization=-1.0 if value == 0 else value)
+            tfp.DecoupledL2DPKerasSGDOptimizer(
+                l2_norm_clip=1.0, noise_multiplier=1.0, l2_regularization=-1.0 if value == 0 else value
+            )
         with pytest.raises(ParameterError, match="delta"):
-            tfp.HiddenStatePrivacyCallback(geometry=None, sampling="cyclic", dataset_size=100, batch_size=10, delta=value)
+            tfp.HiddenStatePrivacyCallback(
+                geometry=None, sampling="cyclic", dataset_size=100, batch_size=10, delta=value
+            )
     with pytest.raises(ParameterError, match="num_epochs"):
-        tfp.compute_hidden_state_privacy_statement(100, 10, math.nan, 1.0, 1e-5, l2_norm_clip=1.0,
-                                                    learning_rate=0.1, sampling="cyclic", geometry=None)
-    text = tfp.compute_hidden_state_privacy_statement(100, 10, 10**9, 1e-6, 1e-5, l2_norm_clip=1.0,
-                                                       learning_rate=0.1, sampling="cyclic",
-                                                       geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0))
+        tfp.compute_hidden_state_privacy_statement(
+            100, 10, math.nan, 1.0, 1e-5, l2_norm_clip=1.0, learning_rate=0.1, sampling="cyclic", geometry=None
+        )
+    text = tfp.compute_hidden_state_privacy_statement(
+        100,
+        10,
+        10**9,
+        1e-6,
+        1e-5,
+        l2_norm_clip=1.0,
+        learning_rate=0.1,
+        sampling="cyclic",
+        geometry=LossGeometry(strong_convexity=0.1, smoothness=1.0),
+    )
     assert "nan" not in text.lower()

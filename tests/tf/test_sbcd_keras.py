@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
-pytestmark = [pytest.mark.tf,
-              pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning")]
+pytestmark = [
+    pytest.mark.tf,
+    pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning"),
+]
 
 from scipy import optimize  # noqa: E402
 
@@ -59,7 +61,7 @@ def test_x_update_solves_eq4(d):
     def fg(z):
         x = z.reshape(prev.shape)
         r = target - x @ k - bias
-        val = ((x - prev) ** 2).sum() + (r ** 2).sum()
+        val = ((x - prev) ** 2).sum() + (r**2).sum()
         return val, (2 * (x - prev) - 2 * r @ k.T).ravel()
 
     np.testing.assert_allclose(got, _minimize(fg, np.zeros_like(prev)), atol=2e-5)
@@ -97,11 +99,11 @@ def test_theta_update_solves_its_sub_problem(variant):
     def fg(z):
         th = z.reshape(theta0.shape)
         if variant == "proximal_gradient":
-            val = (grad0 * (th - theta0)).sum() + ((th - theta0) ** 2).sum() / (2 * eta) + lam / 2 * (th ** 2).sum()
+            val = (grad0 * (th - theta0)).sum() + ((th - theta0) ** 2).sum() / (2 * eta) + lam / 2 * (th**2).sum()
             g = grad0 + (th - theta0) / eta + lam * th
         else:
             r = p @ th.T - target
-            val = (r ** 2).sum() / 8 + ((th - theta0) ** 2).sum() / (2 * eta)
+            val = (r**2).sum() / 8 + ((th - theta0) ** 2).sum() / (2 * eta)
             g = r.T @ p / 4 + (th - theta0) / eta
         return val, g.ravel()
 
@@ -130,29 +132,35 @@ def test_auxiliary_inputs_stay_clipped():
         assert np.linalg.norm(x.numpy(), axis=1).max() <= opt.rho_x[d] * (1 + 1e-5)
 
 
-@pytest.mark.parametrize("kw,param", [
-    (dict(step_size=0.0), "step_size"),
-    (dict(rho=-1.0), "rho"),
-    (dict(noise=0.0), "noise"),
-    (dict(noise=-1.0), "noise"),
-    (dict(batch_size=100), "batch_size"),
-    (dict(variant="appendix_c"), "radius"),
-    (dict(sampling=POISSON), "sampling"),
-    (dict(seed=-1), "seed"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(step_size=0.0), "step_size"),
+        (dict(rho=-1.0), "rho"),
+        (dict(noise=0.0), "noise"),
+        (dict(noise=-1.0), "noise"),
+        (dict(batch_size=100), "batch_size"),
+        (dict(variant="appendix_c"), "radius"),
+        (dict(sampling=POISSON), "sampling"),
+        (dict(seed=-1), "seed"),
+    ],
+)
 def test_bad_hyperparameters(kw, param):
     with pytest.raises(ParameterError) as err:
         _opt(**kw)
     assert err.value.parameter == param
 
 
-@pytest.mark.parametrize("layers,msg", [
-    ([L.Dense(4, activation="sigmoid"), L.Dense(3)], "activation"),
-    ([L.Dense(4), L.Dense(3)], "followed by ReLU"),
-    ([L.Dense(4, activation="relu"), L.Dense(3, activation="relu")], "output layer"),
-    ([L.Dense(4, activation="relu"), L.Dropout(0.1), L.Dense(3)], "Dropout"),
-    ([L.Dense(4, activation="relu"), L.BatchNormalization(), L.Dense(3)], "BatchNormalization"),
-])
+@pytest.mark.parametrize(
+    "layers,msg",
+    [
+        ([L.Dense(4, activation="sigmoid"), L.Dense(3)], "activation"),
+        ([L.Dense(4), L.Dense(3)], "followed by ReLU"),
+        ([L.Dense(4, activation="relu"), L.Dense(3, activation="relu")], "output layer"),
+        ([L.Dense(4, activation="relu"), L.Dropout(0.1), L.Dense(3)], "Dropout"),
+        ([L.Dense(4, activation="relu"), L.BatchNormalization(), L.Dense(3)], "BatchNormalization"),
+    ],
+)
 def test_unsupported_models(layers, msg):
     model = tf.keras.Sequential(layers)
     x, y = np.zeros((12, 6), np.float32), np.zeros(12, int)
@@ -169,8 +177,14 @@ def test_conv2d_points_to_pytorch():
 
 def test_separate_relu_layers_are_accepted():
     model = tf.keras.Sequential([L.Dense(5), L.ReLU(), L.Dense(4), L.Activation("relu"), L.Dense(3)])
-    opt = DPSBCD(model, np.random.default_rng(0).normal(size=(12, 6)).astype(np.float32), np.zeros(12, int),
-                 batch_size=4, step_size=0.1, noise=1e-3)
+    opt = DPSBCD(
+        model,
+        np.random.default_rng(0).normal(size=(12, 6)).astype(np.float32),
+        np.zeros(12, int),
+        batch_size=4,
+        step_size=0.1,
+        noise=1e-3,
+    )
     assert opt.num_layers == 3
 
 
@@ -181,8 +195,9 @@ def test_trains_an_mlp_on_digits():
     X, y = (X[:600] / 16.0).astype(np.float32), y[:600]
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([L.Dense(32, activation="relu"), L.Dense(10)])
-    opt = DPSBCD(model, X, y, batch_size=150, step_size=0.9, noise=1e-7, rho=1.0,
-                 regularizer="l2", regularization=1e-3, seed=0)
+    opt = DPSBCD(
+        model, X, y, batch_size=150, step_size=0.9, noise=1e-7, rho=1.0, regularizer="l2", regularization=1e-3, seed=0
+    )
     before = opt.objective()
     opt.fit(25, progress=False)
     acc = (opt.predict(X).argmax(1) == y).mean()
@@ -196,8 +211,16 @@ def test_epsilon_is_the_core_accountants():
     opt.fit(3, progress=False)
     ev = opt.privacy_event()
     expected = core.DpSbcdRunDpEvent(
-        dataset_size=24, batch_size=6, steps=12, num_layers=3, step_size=0.2,
-        rho=math.sqrt(1.5 ** 2 + 1), noise=(1e-3, 2e-3, 3e-3), regularizer="l2", regularization=0.5)
+        dataset_size=24,
+        batch_size=6,
+        steps=12,
+        num_layers=3,
+        step_size=0.2,
+        rho=math.sqrt(1.5**2 + 1),
+        noise=(1e-3, 2e-3, 3e-3),
+        regularizer="l2",
+        regularization=0.5,
+    )
     assert ev.rho == pytest.approx(expected.rho) and ev.noise == pytest.approx(expected.noise)
     direct = HiddenStateAccountant().compose(expected).get_epsilon(1e-5)
     assert opt.get_epsilon(1e-5) == pytest.approx(direct, rel=1e-9) == pytest.approx(planned, rel=1e-9)
@@ -255,8 +278,13 @@ def test_example_runs():
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(root / "examples" / "sbcd_digits_keras.py"), "--quick", "--no-progress"],
-                         capture_output=True, text=True, check=True, timeout=900).stdout
+    out = subprocess.run(
+        [sys.executable, str(root / "examples" / "sbcd_digits_keras.py"), "--quick", "--no-progress"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+    ).stdout
     row = [line for line in out.splitlines() if line.startswith("| 479")][0]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert float(cells[1].split()[0]) > 60
@@ -268,12 +296,14 @@ def test_the_keras_trainer_imports_without_tensorflow_privacy():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['tensorflow_privacy'] = None\n"  # any import of it now fails
-            "from hidden_state_accountants.keras import DPSBCD, UnsupportedLayerError\n"
-            "from hidden_state_accountants.errors import UnsupportedLayerError as core\n"
-            "assert UnsupportedLayerError is core and DPSBCD.__module__ == 'hidden_state_accountants.keras.sbcd'\n"
-            "assert not any(m.startswith(('tensorflow_privacy.', 'hidden_state_accountants.tf_privacy')) "
-            "for m in sys.modules)\n")
+    code = (
+        "import sys; sys.modules['tensorflow_privacy'] = None\n"  # any import of it now fails
+        "from hidden_state_accountants.keras import DPSBCD, UnsupportedLayerError\n"
+        "from hidden_state_accountants.errors import UnsupportedLayerError as core\n"
+        "assert UnsupportedLayerError is core and DPSBCD.__module__ == 'hidden_state_accountants.keras.sbcd'\n"
+        "assert not any(m.startswith(('tensorflow_privacy.', 'hidden_state_accountants.tf_privacy')) "
+        "for m in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
 

@@ -56,6 +56,11 @@ def test_a_chosen_seed_is_reproducible_and_there_is_no_fixed_partition():
 
 def test_keras_callback_refuses_it_with_the_reason():
     with pytest.raises(ParameterError, match="divide each batch by its own size") as err:
-        HiddenStatePrivacyCallback(geometry=LossGeometry.logistic_regression(1.0, 0.01), sampling=BALLS_IN_BINS,
-                                   dataset_size=N, batch_size=B, delta=1e-5)
+        HiddenStatePrivacyCallback(
+            geometry=LossGeometry.logistic_regression(1.0, 0.01),
+            sampling=BALLS_IN_BINS,
+            dataset_size=N,
+            batch_size=B,
+            delta=1e-5,
+        )
     assert err.value.parameter == "sampling"

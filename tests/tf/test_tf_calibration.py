@@ -44,8 +44,10 @@ def data(n):
 def model_with(optimizer, secret=True):
     tf.keras.utils.set_random_seed(0)  # the initial weights
     model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+    )
     if secret:
         tf.random.set_seed(None)  # Keras' own shuffle then draws from the operating system
     return model
@@ -66,21 +68,35 @@ def check_invariant(cb, z, target):
 
 @pytest.mark.parametrize("z, clip", [(1.0, 1.0), (1.2345678901, 0.1), (3.3333333333, 2.7), (0.7071067811865476, 1e-3)])
 def test_recorded_noise_is_what_the_callback_reads(z, clip):
-    for opt in (DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=clip, noise_multiplier=z, l2_regularization=0.0),
-                tfp.DPKerasSGDOptimizer(l2_norm_clip=clip, noise_multiplier=z)):
+    for opt in (
+        DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=clip, noise_multiplier=z, l2_regularization=0.0),
+        tfp.DPKerasSGDOptimizer(l2_norm_clip=clip, noise_multiplier=z),
+    ):
         assert read_dp_optimizer_settings(opt).noise_multiplier == recorded_noise_multiplier(z, clip)
     assert recorded_noise_multiplier(z * FLOAT32_MARGIN, clip) >= z
 
 
 def test_batched_dataset_run_meets_the_target_with_the_cores_noise():
     n, b, epochs, target = 60, 10, 6, 2.0
-    cb = HiddenStatePrivacyCallback(geometry=GEOMETRY, sampling="shuffle_partition", dataset_size=n, batch_size=b,
-                                    delta=DELTA, verbose=0)
+    cb = HiddenStatePrivacyCallback(
+        geometry=GEOMETRY, sampling="shuffle_partition", dataset_size=n, batch_size=b, delta=DELTA, verbose=0
+    )
     z = cb.compute_noise(target, epochs, learning_rate=LR, l2_norm_clip=C, l2_regularization=L2)
-    assert z == compute_hidden_state_noise(n, b, target, epochs, DELTA, sampling="shuffle_partition",
-                                           learning_rate=LR, l2_norm_clip=C, geometry=GEOMETRY, l2_regularization=L2)
-    model = model_with(DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=z, l2_regularization=L2,
-                                                      learning_rate=LR))
+    assert z == compute_hidden_state_noise(
+        n,
+        b,
+        target,
+        epochs,
+        DELTA,
+        sampling="shuffle_partition",
+        learning_rate=LR,
+        l2_norm_clip=C,
+        geometry=GEOMETRY,
+        l2_regularization=L2,
+    )
+    model = model_with(
+        DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=z, l2_regularization=L2, learning_rate=LR)
+    )
     model.fit(batched_dataset(*data(n), b, "shuffle_partition"), epochs=epochs, callbacks=[cb], verbose=0)
     check_invariant(cb, z, target)
     assert cb.report.analysis != "composition" and cb.epsilon < cb.report.composition_epsilon
@@ -92,12 +108,22 @@ def test_fit_shuffle_with_a_kept_short_batch_and_public_batches():
     told (and is refused at fit otherwise: it was calibrated for secret batches)."""
     n, b, epochs, target, lr = 61, 10, 5, 3.0, 0.1  # lr 0.1: float32 rounding matters
     x, y = data(n)
-    cb = HiddenStatePrivacyCallback(geometry=GEOMETRY, sampling="reshuffle", dataset_size=n, batch_size=b,
-                                    delta=DELTA, verbose=0, last_batch="kept_own_size")
+    cb = HiddenStatePrivacyCallback(
+        geometry=GEOMETRY,
+        sampling="reshuffle",
+        dataset_size=n,
+        batch_size=b,
+        delta=DELTA,
+        verbose=0,
+        last_batch="kept_own_size",
+    )
     z = cb.compute_noise(target, epochs, learning_rate=lr, l2_norm_clip=C, l2_regularization=L2)
     opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=z, l2_regularization=L2, learning_rate=lr)
-    with pytest.raises(ParameterError, match=r"^compute_noise: calibrated noise multiplier .* it differs in "
-                                             r"secret_batches False \(calibrated: True\)"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^compute_noise: calibrated noise multiplier .* it differs in "
+        r"secret_batches False \(calibrated: True\)",
+    ):
         model_with(opt, secret=False).fit(x, y, batch_size=b, shuffle=True, epochs=epochs, callbacks=[cb], verbose=0)
     z = cb.compute_noise(target, epochs, learning_rate=lr, l2_norm_clip=C, l2_regularization=L2, secret_batches=False)
     opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=z, l2_regularization=L2, learning_rate=lr)
@@ -108,19 +134,22 @@ def test_fit_shuffle_with_a_kept_short_batch_and_public_batches():
 
 def test_a_run_that_misses_the_calibrated_target_is_refused_before_any_step():
     n, b, epochs = 60, 10, 4
-    cb = HiddenStatePrivacyCallback(geometry=GEOMETRY, sampling="cyclic", dataset_size=n, batch_size=b,
-                                    delta=DELTA, verbose=0)
+    cb = HiddenStatePrivacyCallback(
+        geometry=GEOMETRY, sampling="cyclic", dataset_size=n, batch_size=b, delta=DELTA, verbose=0
+    )
     z = cb.compute_noise(2.0, epochs, learning_rate=LR, l2_norm_clip=C, l2_regularization=L2)
-    model = model_with(DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=0.9 * z,
-                                                      l2_regularization=L2, learning_rate=LR))
+    model = model_with(
+        DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=0.9 * z, l2_regularization=L2, learning_rate=LR)
+    )
     with pytest.raises(ParameterError, match=r"^compute_noise: .* it differs in noise_multiplier"):
         model.fit(batched_dataset(*data(n), b, "cyclic"), epochs=epochs, callbacks=[cb], verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 0
 
 
 def test_refusals():
-    cb = HiddenStatePrivacyCallback(geometry=GEOMETRY, sampling="reshuffle", dataset_size=61, batch_size=10,
-                                    delta=DELTA, verbose=0)
+    cb = HiddenStatePrivacyCallback(
+        geometry=GEOMETRY, sampling="reshuffle", dataset_size=61, batch_size=10, delta=DELTA, verbose=0
+    )
     with pytest.raises(ParameterError, match="^last_batch: the callback leaves it to the data"):
         cb.compute_noise(2.0, 3, learning_rate=LR, l2_norm_clip=C)
     common = dict(sampling="cyclic", learning_rate=LR, l2_norm_clip=C, geometry=GEOMETRY)

@@ -38,8 +38,9 @@ from keras_common import B, C, CLASSES, DELTA, DIM, GEOMETRY, L2, LR, N, SPE, Z 
 
 @pytest.fixture(scope="module")
 def data():
-    x, y = make_classification(n_samples=N, n_features=DIM, n_informative=3, n_redundant=0,
-                               n_classes=CLASSES, random_state=0)
+    x, y = make_classification(
+        n_samples=N, n_features=DIM, n_informative=3, n_redundant=0, n_classes=CLASSES, random_state=0
+    )
     return clip_feature_norms(x, 1.0), y.astype(np.int64)
 
 
@@ -61,8 +62,9 @@ def make_model(optimizer, loss=None, **dense_kwargs):
 
 
 def callback(sampling="cyclic", geometry=GEOMETRY, batch_size=B, **kwargs):
-    return HiddenStatePrivacyCallback(geometry=geometry, sampling=sampling, dataset_size=N,
-                                      batch_size=batch_size, delta=DELTA, verbose=0, **kwargs)
+    return HiddenStatePrivacyCallback(
+        geometry=geometry, sampling=sampling, dataset_size=N, batch_size=batch_size, delta=DELTA, verbose=0, **kwargs
+    )
 
 
 def fit(model, data, cb, epochs, sampling="cyclic", batch_size=B, extra=()):
@@ -71,8 +73,16 @@ def fit(model, data, cb, epochs, sampling="cyclic", batch_size=B, extra=()):
 
 
 def core_report(steps, sampling="cyclic", geometry=GEOMETRY, lr=LR, z=Z, batch_size=B):
-    run = TrainingRunDpEvent(dataset_size=N, batch_size=batch_size, steps=steps, noise_multiplier=z,
-                             clip_norm=C, learning_rate=lr, sampling=sampling, geometry=geometry)
+    run = TrainingRunDpEvent(
+        dataset_size=N,
+        batch_size=batch_size,
+        steps=steps,
+        noise_multiplier=z,
+        clip_norm=C,
+        learning_rate=lr,
+        sampling=sampling,
+        geometry=geometry,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return HiddenStateAccountant().compose(run).explain(DELTA)
@@ -106,8 +116,16 @@ def test_epsilon_in_logs_equals_the_core_each_epoch(data, sampling):
     assert cb.steps == int(model.optimizer.iterations.numpy()) == 3 * spe
     # the learning rate the optimizer used, as float32
     assert cb.run_event() == TrainingRunDpEvent(
-        dataset_size=N, batch_size=b, steps=3 * spe, noise_multiplier=Z, clip_norm=C,
-        learning_rate=LR, sampling=sampling, geometry=GEOMETRY, l2_regularization=L2)
+        dataset_size=N,
+        batch_size=b,
+        steps=3 * spe,
+        noise_multiplier=Z,
+        clip_norm=C,
+        learning_rate=LR,
+        sampling=sampling,
+        geometry=GEOMETRY,
+        l2_regularization=L2,
+    )
     assert cb.epsilon == hist["epsilon"][-1]
     # fixed-order schedules: the hidden-state bound is in use and beats composition already
     if sampling in ("cyclic", "shuffle_partition"):
@@ -182,8 +200,16 @@ def test_budget_stops_training_at_the_last_epoch_that_fits(data):
     target = (eps[2] + eps[3]) / 2  # 3 epochs fit, 4 do not
     expected = next(k for k in range(1, 9) if eps[k] > target)  # epochs before the first too many
     assert expected == 3
-    run = TrainingRunDpEvent(dataset_size=N, batch_size=B, steps=SPE, noise_multiplier=Z, clip_norm=C,
-                             learning_rate=LR, sampling="cyclic", geometry=GEOMETRY)
+    run = TrainingRunDpEvent(
+        dataset_size=N,
+        batch_size=B,
+        steps=SPE,
+        noise_multiplier=Z,
+        clip_norm=C,
+        learning_rate=LR,
+        sampling="cyclic",
+        geometry=GEOMETRY,
+    )
     assert max_epochs_within_budget(run, target, DELTA).epochs == expected  # the core agrees
     model = make_model(dp_sgd())
     cb = callback(target_epsilon=target)
@@ -226,50 +252,94 @@ def _refusal_cases():
     decaying = tf.keras.optimizers.schedules.ExponentialDecay(LR, decay_steps=4, decay_rate=0.8)
     return [
         ("plain Keras optimizer", lambda: make_model(legacy.SGD(LR)), {}, "optimizer", "not a TF-Privacy DP"),
-        ("microbatches",
-         lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, num_microbatches=1,
-                                                    learning_rate=LR)),
-         dict(geometry=None), "batch_size", "divides the clipped sum by 1"),
-        ("accumulation", lambda: make_model(dp_sgd(gradient_accumulation_steps=2)), {},
-         "accumulation", "2 batches per update"),
+        (
+            "microbatches",
+            lambda: make_model(
+                tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, num_microbatches=1, learning_rate=LR)
+            ),
+            dict(geometry=None),
+            "batch_size",
+            "divides the clipped sum by 1",
+        ),
+        (
+            "accumulation",
+            lambda: make_model(dp_sgd(gradient_accumulation_steps=2)),
+            {},
+            "accumulation",
+            "2 batches per update",
+        ),
         ("momentum", lambda: make_model(dp_sgd(momentum=0.9)), {}, "momentum", "momentum=0.9"),
         ("nesterov", lambda: make_model(dp_sgd(momentum=0.5, nesterov=True)), {}, "momentum", "nesterov=True"),
-        ("adam",
-         lambda: make_model(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01)),
-         {}, "optimizer", "adam applies its own update"),
+        (
+            "adam",
+            lambda: make_model(tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01)),
+            {},
+            "optimizer",
+            "adam applies its own update",
+        ),
         ("clipnorm", lambda: make_model(dp_sgd(clipnorm=1.0)), {}, "optimizer", "clipnorm=1.0 post-processes"),
-        ("tree aggregation",
-         lambda: make_model_ftrl(), dict(geometry=None), "optimizer", "DP query"),
-        ("no L2 outside clipping",
-         lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR)),
-         {}, "geometry", "strong_convexity 0.05 exceeds the L2 regularisation applied outside clipping (0)"),
-        ("reduced loss", lambda: make_model(dp_sgd(), loss=per_example_loss(tf.keras.losses.Reduction.AUTO)),
-         {}, "loss", "reduction"),
-        ("string loss", lambda: make_model(dp_sgd(), loss="sparse_categorical_crossentropy"), {}, "loss",
-         "reduced to the batch mean"),
+        ("tree aggregation", lambda: make_model_ftrl(), dict(geometry=None), "optimizer", "DP query"),
+        (
+            "no L2 outside clipping",
+            lambda: make_model(tfp.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR)),
+            {},
+            "geometry",
+            "strong_convexity 0.05 exceeds the L2 regularisation applied outside clipping (0)",
+        ),
+        (
+            "reduced loss",
+            lambda: make_model(dp_sgd(), loss=per_example_loss(tf.keras.losses.Reduction.AUTO)),
+            {},
+            "loss",
+            "reduction",
+        ),
+        (
+            "string loss",
+            lambda: make_model(dp_sgd(), loss="sparse_categorical_crossentropy"),
+            {},
+            "loss",
+            "reduced to the batch mean",
+        ),
         ("step size", lambda: make_model(dp_sgd(learning_rate=2.0)), {}, "learning_rate", "2/smoothness"),
-        ("decaying schedule", lambda: make_model(dp_sgd(learning_rate=decaying)), {}, "learning_rate",
-         "learning rate changed"),
+        (
+            "decaying schedule",
+            lambda: make_model(dp_sgd(learning_rate=decaying)),
+            {},
+            "learning_rate",
+            "learning rate changed",
+        ),
         ("legacy decay", lambda: make_model(dp_sgd(decay=0.1)), {}, "learning_rate", "learning rate changed"),
-        ("diameter without projection", lambda: make_model(dp_sgd()),
-         dict(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=4.0)), "geometry", "not projected"),
+        (
+            "diameter without projection",
+            lambda: make_model(dp_sgd()),
+            dict(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=4.0)),
+            "geometry",
+            "not projected",
+        ),
         ("DPSequential", lambda: make_dp_sequential(), dict(geometry=None), "model", "DPModel/DPSequential"),
         ("hidden layer", lambda: make_deep_model(), {}, "model", "2 trainable layers"),
-        ("other constraint", lambda: make_model(dp_sgd(), kernel_constraint=tf.keras.constraints.MaxNorm(1.0)),
-         {}, "optimizer", "MaxNorm"),
+        (
+            "other constraint",
+            lambda: make_model(dp_sgd(), kernel_constraint=tf.keras.constraints.MaxNorm(1.0)),
+            {},
+            "optimizer",
+            "MaxNorm",
+        ),
     ]
 
 
 def make_dp_sequential():
-    model = tfp.DPSequential(l2_norm_clip=C, noise_multiplier=Z,
-                             layers=[tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
+    model = tfp.DPSequential(
+        l2_norm_clip=C, noise_multiplier=Z, layers=[tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))]
+    )
     model.compile(optimizer=tf.keras.optimizers.legacy.SGD(LR), loss=per_example_loss())
     return model
 
 
 def make_deep_model():
-    model = tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu", input_shape=(DIM,)),
-                                 tf.keras.layers.Dense(CLASSES)])
+    model = tf.keras.Sequential(
+        [tf.keras.layers.Dense(4, activation="relu", input_shape=(DIM,)), tf.keras.layers.Dense(CLASSES)]
+    )
     model.compile(optimizer=dp_sgd(), loss=per_example_loss())
     return model
 
@@ -277,8 +347,9 @@ def make_deep_model():
 def make_model_ftrl():
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
-    opt = tfp.DPFTRLTreeAggregationOptimizer(l2_norm_clip=C, noise_multiplier=Z, var_list_or_model=model,
-                                             learning_rate=LR)
+    opt = tfp.DPFTRLTreeAggregationOptimizer(
+        l2_norm_clip=C, noise_multiplier=Z, var_list_or_model=model, learning_rate=LR
+    )
     model.compile(optimizer=opt, loss=per_example_loss())
     return model
 
@@ -314,8 +385,10 @@ def test_bad_callback_arguments(kwargs, parameter):
 
 
 def test_adam_momentum_and_clipnorm_are_accounted_by_composition_without_geometry(data):
-    for opt in (tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01),
-                dp_sgd(momentum=0.9, clipnorm=1.0)):
+    for opt in (
+        tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=0.01),
+        dp_sgd(momentum=0.9, clipnorm=1.0),
+    ):
         model = make_model(opt)
         cb = callback(geometry=None)
         with pytest.warns(CompositionFallbackWarning, match="no loss geometry"):
@@ -326,10 +399,12 @@ def test_adam_momentum_and_clipnorm_are_accounted_by_composition_without_geometr
 
 
 def test_settings_are_read_from_each_optimizer_kind():
-    generic = read_dp_optimizer_settings(tfp.DPKerasSGDOptimizer(l2_norm_clip=0.7, noise_multiplier=1.3,
-                                                                 learning_rate=0.1))
-    vectorized = read_dp_optimizer_settings(tfp.VectorizedDPKerasSGDOptimizer(
-        l2_norm_clip=0.7, noise_multiplier=1.3, num_microbatches=B, learning_rate=0.1))
+    generic = read_dp_optimizer_settings(
+        tfp.DPKerasSGDOptimizer(l2_norm_clip=0.7, noise_multiplier=1.3, learning_rate=0.1)
+    )
+    vectorized = read_dp_optimizer_settings(
+        tfp.VectorizedDPKerasSGDOptimizer(l2_norm_clip=0.7, noise_multiplier=1.3, num_microbatches=B, learning_rate=0.1)
+    )
     decoupled = read_dp_optimizer_settings(dp_sgd())
     for s in (generic, vectorized):
         assert s.l2_norm_clip == pytest.approx(0.7) and s.noise_multiplier == pytest.approx(1.3)
@@ -356,8 +431,10 @@ def test_decoupled_l2_acts_outside_clipping():
         opt.minimize(loss, var_list=[w])
         return w.numpy()
 
-    decoupled = step(DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1e-3, noise_multiplier=1e-9,
-                                                    l2_regularization=m, learning_rate=lr), False)
+    decoupled = step(
+        DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1e-3, noise_multiplier=1e-9, l2_regularization=m, learning_rate=lr),
+        False,
+    )
     np.testing.assert_allclose(decoupled, (1 - lr * m) * w0, atol=1e-6)
     # the same L2 term inside the per-example loss is clipped to norm 1e-3
     inside = step(tfp.DPKerasSGDOptimizer(l2_norm_clip=1e-3, noise_multiplier=1e-9, learning_rate=lr), True)
@@ -379,8 +456,11 @@ def test_projection_bounds_the_weights_and_reports_the_diameter(data):
     assert hist["epsilon"][-1] == pytest.approx(core_report(2 * SPE, geometry=geometry).epsilon, rel=1e-12)
     # a declared diameter must cover the projection set
     with pytest.raises(ParameterError, match="^geometry: declared diameter 0.5 is smaller"):
-        begin(make_model(dp_sgd(), kernel_constraint=L2BallProjection(rk), bias_constraint=L2BallProjection(rb)),
-              callback(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=0.5)), data)
+        begin(
+            make_model(dp_sgd(), kernel_constraint=L2BallProjection(rk), bias_constraint=L2BallProjection(rb)),
+            callback(geometry=LossGeometry.logistic_regression(1.0, L2, diameter=0.5)),
+            data,
+        )
 
 
 def test_the_projection_rounds_inside_the_ball():
@@ -406,9 +486,11 @@ def test_privacy_statement_of_the_callback_matches_the_function(data):
     # a secret seed, a model the core checked: only what the geometry rests on (the data checked, the loss read)
     assert cb.notes() == [
         f"feature norm <= 1: checked on the trainable layer's inputs before every step (largest seen {largest:.6g})",
-        "loss: SparseCategoricalCrossentropy(from_logits=True) in model.loss, unweighted, as the geometry assumes"]
+        "loss: SparseCategoricalCrossentropy(from_logits=True) in model.loss, unweighted, as the geometry assumes",
+    ]
     calculated = compute_hidden_state_privacy_statement(
-        N, B, 2, Z, DELTA, l2_norm_clip=C, learning_rate=LR, sampling="shuffle_partition", geometry=GEOMETRY)
+        N, B, 2, Z, DELTA, l2_norm_clip=C, learning_rate=LR, sampling="shuffle_partition", geometry=GEOMETRY
+    )
     # the same text, except that the function sees neither the model nor the data and says so
     notes = [p for p in calculated.split("\n\n") if p.startswith("Note:")]
     assert len(notes) == 3 and notes[0].startswith("Note: the model structure was not verified")

@@ -34,8 +34,9 @@ def _epoch(ds):
 
 
 def _steps_per_epoch(sampling, n=N, b=B):
-    return TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=1, noise_multiplier=1.0,
-                              clip_norm=1.0, learning_rate=0.1, sampling=sampling).steps_per_epoch
+    return TrainingRunDpEvent(
+        dataset_size=n, batch_size=b, steps=1, noise_multiplier=1.0, clip_norm=1.0, learning_rate=0.1, sampling=sampling
+    ).steps_per_epoch
 
 
 def test_cyclic_is_the_data_order_every_epoch_and_drops_the_remainder():
@@ -63,7 +64,8 @@ def test_shuffle_partition_draws_one_partition_and_keeps_it():
     assert _epoch(batched_dataset(x, y, B, "shuffle_partition", seed=8)) != epochs[0]
     # seed=None: a secret seed, different each time
     assert _epoch(batched_dataset(x, y, B, "shuffle_partition", seed=None)) != _epoch(
-        batched_dataset(x, y, B, "shuffle_partition", seed=None))
+        batched_dataset(x, y, B, "shuffle_partition", seed=None)
+    )
 
 
 def test_without_replacement_draws_distinct_records_afresh_each_step():

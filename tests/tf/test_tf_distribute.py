@@ -42,8 +42,9 @@ def last_json(completed):
 @pytest.fixture(scope="module")
 def mirrored():
     """One process with two logical CPUs: single-device and MirroredStrategy figures."""
-    return last_json(subprocess.run([sys.executable, str(JOB), "mirrored"], capture_output=True, text=True,
-                                    timeout=300, env=ENV))
+    return last_json(
+        subprocess.run([sys.executable, str(JOB), "mirrored"], capture_output=True, text=True, timeout=300, env=ENV)
+    )
 
 
 def test_a_mirrored_step_has_the_single_device_signal(mirrored):
@@ -78,8 +79,12 @@ def test_a_mirrored_fit_is_accounted_as_the_single_device_run(mirrored):
     assert two["steps"] == one["steps"] == 8
     assert two["ledger"] == one["ledger"] and two["epsilon"] == one["epsilon"]
     step = two["ledger"][0][0]
-    assert (step["noise_multiplier"], step["divisor"], step["weight_decay"], step["replicas"]) == (RUN_Z, RUN_B,
-                                                                                                  RUN_L2, 1)
+    assert (step["noise_multiplier"], step["divisor"], step["weight_decay"], step["replicas"]) == (
+        RUN_Z,
+        RUN_B,
+        RUN_L2,
+        1,
+    )
     # each step's two local batches make up the schedule's global batch
     schedule = BatchSchedule(N, RUN_B, "cyclic")
     local = two["batches"]
@@ -94,12 +99,14 @@ def test_tf_privacys_own_optimizer_under_mirrored_is_refused_with_the_reason(mir
     assert refused["refused"] == (
         "batch_size: the update divides the clipped sum by 50 but the schedule's batch at step 0 holds 100 records (2 "
         "replicas each divide their part of the batch by 50 and the framework sums their updates: the effective "
-        "learning rate is 2 times the one set)")
+        "learning rate is 2 times the one set)"
+    )
 
 
 def test_dp_sbcd_keras_trainer_refuses_a_mirrored_model(mirrored):
-    assert mirrored["sbcd"].startswith("model: the model was built under MirroredStrategy: DP-SBCD's Keras trainer "
-                                       "runs on one device")
+    assert mirrored["sbcd"].startswith(
+        "model: the model was built under MirroredStrategy: DP-SBCD's Keras trainer runs on one device"
+    )
 
 
 def free_ports(count):
@@ -115,8 +122,16 @@ def free_ports(count):
 
 def test_two_workers_on_localhost_train_the_accounted_run_and_agree_on_the_ledger():
     ports = ",".join(map(str, free_ports(2)))
-    workers = [subprocess.Popen([sys.executable, str(JOB), "worker", str(i), ports], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=ENV) for i in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(JOB), "worker", str(i), ports],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for i in range(2)
+    ]
     try:
         outs = [w.communicate(timeout=240) for w in workers]
     finally:
@@ -130,12 +145,18 @@ def test_two_workers_on_localhost_train_the_accounted_run_and_agree_on_the_ledge
     assert runs[0]["ledger"] == runs[1]["ledger"] and runs[0]["epsilon"] == runs[1]["epsilon"]
     assert runs[0]["schedule"] == runs[1]["schedule"] and runs[0]["weights"] == runs[1]["weights"]
     # the single-device run's ledger and epsilon
-    (step, count), = runs[0]["ledger"]
+    ((step, count),) = runs[0]["ledger"]
     assert count == 4 and (step["noise_multiplier"], step["divisor"], step["weight_decay"]) == (RUN_Z, RUN_B, RUN_L2)
-    run = TrainingRunDpEvent(dataset_size=N, batch_size=RUN_B, steps=4, noise_multiplier=RUN_Z, clip_norm=1.0,
-                             learning_rate=RUN_LR, sampling="shuffle_partition",
-                             geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0,
-                                                                       l2_regularization=RUN_L2))
+    run = TrainingRunDpEvent(
+        dataset_size=N,
+        batch_size=RUN_B,
+        steps=4,
+        noise_multiplier=RUN_Z,
+        clip_norm=1.0,
+        learning_rate=RUN_LR,
+        sampling="shuffle_partition",
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=RUN_L2),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert runs[0]["epsilon"] == HiddenStateAccountant().compose(run).get_epsilon(1e-5)
@@ -150,12 +171,17 @@ def test_an_unverified_strategy_is_refused_before_any_step():
     strategy = tf.distribute.experimental.CentralStorageStrategy()
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))])
-        model.compile(optimizer=DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=1.0,
-                                                               l2_regularization=0.0, learning_rate=0.1),
-                      loss=tf.keras.losses.SparseCategoricalCrossentropy(
-                          from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
-    cb = HiddenStatePrivacyCallback(geometry=None, sampling="cyclic", dataset_size=40, batch_size=10, delta=1e-5,
-                                    verbose=0)
+        model.compile(
+            optimizer=DecoupledL2DPKerasSGDOptimizer(
+                l2_norm_clip=1.0, noise_multiplier=1.0, l2_regularization=0.0, learning_rate=0.1
+            ),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction=tf.keras.losses.Reduction.NONE
+            ),
+        )
+    cb = HiddenStatePrivacyCallback(
+        geometry=None, sampling="cyclic", dataset_size=40, batch_size=10, delta=1e-5, verbose=0
+    )
     ds = batched_dataset(np.zeros((40, 4), np.float32), np.zeros(40, np.int64), 10, "cyclic")
     with pytest.raises(ParameterError, match="^distribute_strategy: CentralStorageStrategy is not supported"):
         model.fit(ds, epochs=1, callbacks=[cb], verbose=0)

@@ -36,9 +36,15 @@ def test_example_prints_epsilon_per_epoch_and_accuracy(capsys):
     assert "final test accuracy:" in out and "Example-level DP" in out
     assert result["accuracy"] > 0.7  # four epochs of DP logistic regression on digits
     run = TrainingRunDpEvent.from_epochs(
-        dataset_size=1437, batch_size=64, epochs=4, noise_multiplier=2.0, clip_norm=1.0,
-        learning_rate=0.5, sampling="shuffle_partition",
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+        dataset_size=1437,
+        batch_size=64,
+        epochs=4,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="shuffle_partition",
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = HiddenStateAccountant().compose(run).get_epsilon(1e-5)
@@ -54,18 +60,31 @@ def test_example_budget_stop():
 
 def test_example_distributed_mode_reports_the_one_device_run():
     # a fresh process: the two logical CPU devices must be set before TensorFlow starts
-    code = ("import json, runpy, sys; sys.argv = ['x', '--epochs', '2', '--distributed']; "
-            f"print(json.dumps(runpy.run_path({str(EXAMPLE)!r}, run_name='example')['main'](sys.argv[1:]), "
-            "default=float))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""))
+    code = (
+        "import json, runpy, sys; sys.argv = ['x', '--epochs', '2', '--distributed']; "
+        f"print(json.dumps(runpy.run_path({str(EXAMPLE)!r}, run_name='example')['main'](sys.argv[1:]), "
+        "default=float))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES=""),
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "DecoupledL2DPKerasSGDOptimizer on 2 replicas" in out.stdout
     result = json.loads(out.stdout.strip().splitlines()[-1])
     run = TrainingRunDpEvent.from_epochs(
-        dataset_size=1437, batch_size=64, epochs=2, noise_multiplier=2.0, clip_norm=1.0,
-        learning_rate=0.5, sampling="shuffle_partition",
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+        dataset_size=1437,
+        batch_size=64,
+        epochs=2,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="shuffle_partition",
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = HiddenStateAccountant().compose(run).get_epsilon(1e-5)
@@ -74,9 +93,17 @@ def test_example_distributed_mode_reports_the_one_device_run():
 
 def _reshuffle_epsilon(epochs, secret):
     run = TrainingRunDpEvent(
-        dataset_size=1437, batch_size=64, steps=epochs * 23, noise_multiplier=2.0, clip_norm=1.0, learning_rate=0.5,
-        sampling="reshuffle", last_batch="kept_own_size", secret_batches=secret,
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+        dataset_size=1437,
+        batch_size=64,
+        steps=epochs * 23,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="reshuffle",
+        last_batch="kept_own_size",
+        secret_batches=secret,
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+    )
     return HiddenStateAccountant().compose(run).explain(1e-5)
 
 

@@ -40,16 +40,20 @@ def digits():
 def model_of(*layers, loss=None, **compile_kwargs):
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential(list(layers) or [tf.keras.layers.Dense(10, input_shape=(64,))])
-    model.compile(optimizer=DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=2.0,
-                                                           l2_regularization=L2, learning_rate=0.5),
-                  loss=loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=PER_EXAMPLE),
-                  **compile_kwargs)
+    model.compile(
+        optimizer=DecoupledL2DPKerasSGDOptimizer(
+            l2_norm_clip=1.0, noise_multiplier=2.0, l2_regularization=L2, learning_rate=0.5
+        ),
+        loss=loss or tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=PER_EXAMPLE),
+        **compile_kwargs,
+    )
     return model
 
 
 def callback(n, geometry=GEOMETRY, sampling="shuffle_partition", **kwargs):
-    return HiddenStatePrivacyCallback(geometry=geometry, sampling=sampling, dataset_size=n, batch_size=B,
-                                      delta=DELTA, verbose=0, **kwargs)
+    return HiddenStatePrivacyCallback(
+        geometry=geometry, sampling=sampling, dataset_size=n, batch_size=B, delta=DELTA, verbose=0, **kwargs
+    )
 
 
 def refused(model, cb, x, y=None, **fit_kwargs):
@@ -71,10 +75,12 @@ def test_the_readme_pattern_on_raw_digits_is_refused_before_any_step(digits):
     # issue 18: batched_dataset of raw digits with feature_norm_bound=1.0 trained and reported 3.63
     x, y = digits
     err = refused(model_of(), callback(len(x)), batched_dataset(x, y, B, "shuffle_partition"))
-    assert str(err) == (f"feature_norm_bound: in the {len(x)} records fit trains on, the trainable layer has an input "
-                        f"of norm {largest(x):.6g}, above the declared bound 1: the declared smoothness does not hold "
-                        "for it, so the claim ends before a step is taken on it (clip the features, or declare the "
-                        "bound the data has)")
+    assert str(err) == (
+        f"feature_norm_bound: in the {len(x)} records fit trains on, the trainable layer has an input "
+        f"of norm {largest(x):.6g}, above the declared bound 1: the declared smoothness does not hold "
+        "for it, so the claim ends before a step is taken on it (clip the features, or declare the "
+        "bound the data has)"
+    )
 
 
 def test_fit_on_raw_arrays_is_refused_too(digits):
@@ -97,7 +103,8 @@ def test_clipped_data_is_checked_and_the_largest_reported(digits):
     assert cb.steps == 20 and cb.report.analysis != "composition"
     assert cb.notes() == [
         f"feature norm <= 1: checked on the trainable layer's inputs before every step (largest seen {largest(x):.6g})",
-        "loss: SparseCategoricalCrossentropy(from_logits=True) in model.loss, unweighted, as the geometry assumes"]
+        "loss: SparseCategoricalCrossentropy(from_logits=True) in model.loss, unweighted, as the geometry assumes",
+    ]
     assert "largest seen" in " ".join(cb.privacy_statement().split())  # and in the model-card text
     assert cb.privacy_state()["largest_feature_norm"] == pytest.approx(largest(x), rel=1e-12)
 
@@ -108,8 +115,9 @@ def test_a_feature_clip_layer_enforces_the_bound_on_raw_data(digits):
     assert model_facts(model).feature_clip_norm == 1.0
     cb = callback(len(x))
     model.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=1, callbacks=[cb], verbose=0)
-    assert cb.notes()[0] == ("feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the "
-                             "trainable layer")
+    assert cb.notes()[0] == (
+        "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer"
+    )
     inputs = model.layers[0](x)
     assert largest(inputs) <= 1.0
 
@@ -122,13 +130,18 @@ def test_layers_before_the_trainable_layer_are_run_to_check_its_inputs(digits):
     assert any(f"largest seen {largest(x / np.float32(80)):.6g}" in n for n in cb.notes())
     too_big = model_of(tf.keras.layers.Rescaling(1 / 16, input_shape=(64,)), tf.keras.layers.Dense(10))
     err = refused(too_big, callback(len(x)), batched_dataset(x, y, B, "shuffle_partition"))
-    assert f"(after the layers before it), the trainable layer has an input of norm {largest(x / np.float32(16)):.6g}" \
+    assert (
+        f"(after the layers before it), the trainable layer has an input of norm {largest(x / np.float32(16)):.6g}"
         in str(err)
+    )
 
 
-@pytest.mark.parametrize("make", [
-    lambda: (FeatureClip(2.0, input_shape=(64,)), tf.keras.layers.Dense(10)),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: (FeatureClip(2.0, input_shape=(64,)), tf.keras.layers.Dense(10)),
+    ],
+)
 def test_a_feature_clip_wider_than_the_bound_is_refused(make, digits):
     x, y = digits
     err = refused(model_of(*make()), callback(len(x)), batched_dataset(x, y, B, "shuffle_partition"))
@@ -147,21 +160,31 @@ def test_a_clip_that_does_not_feed_the_trainable_layer_enforces_nothing():
 
 def test_batched_dataset_refuses_features_above_a_bound_it_is_told(digits):
     x, y = digits
-    with pytest.raises(ParameterError, match=rf"^feature_norm_bound: the features have a record of norm "
-                                             rf"{largest(x.astype(np.float64)):.6g}, above 1"):
+    with pytest.raises(
+        ParameterError,
+        match=rf"^feature_norm_bound: the features have a record of norm "
+        rf"{largest(x.astype(np.float64)):.6g}, above 1",
+    ):
         batched_dataset(x, y, B, "cyclic", feature_norm_bound=1.0)
     batched_dataset(clip_feature_norms(x, 1.0), y, B, "cyclic", feature_norm_bound=1.0)
 
 
 # --------------------------------------------------------------------------------- the loss
-@pytest.mark.parametrize("loss,fit_kwargs,compile_kwargs,fragment", [
-    (tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False, reduction=PER_EXAMPLE), {}, {},
-     "SparseCategoricalCrossentropy(from_logits=False) in model.loss, which expects probabilities"),
-    (tf.keras.losses.MeanSquaredError(reduction=PER_EXAMPLE), {}, {}, "the loss MeanSquaredError in model.loss"),
-    (None, dict(class_weight={k: 2.0 for k in range(10)}), {}, "weighted by the class_weight passed to fit"),
-    (None, dict(sample_weight=np.full(640, 3.0)), {}, "weighted by the sample_weight passed to fit"),
-    (None, {}, dict(loss_weights=[2.0]), "weighted by compile(loss_weights=[2.0])"),
-])
+@pytest.mark.parametrize(
+    "loss,fit_kwargs,compile_kwargs,fragment",
+    [
+        (
+            tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False, reduction=PER_EXAMPLE),
+            {},
+            {},
+            "SparseCategoricalCrossentropy(from_logits=False) in model.loss, which expects probabilities",
+        ),
+        (tf.keras.losses.MeanSquaredError(reduction=PER_EXAMPLE), {}, {}, "the loss MeanSquaredError in model.loss"),
+        (None, dict(class_weight={k: 2.0 for k in range(10)}), {}, "weighted by the class_weight passed to fit"),
+        (None, dict(sample_weight=np.full(640, 3.0)), {}, "weighted by the sample_weight passed to fit"),
+        (None, {}, dict(loss_weights=[2.0]), "weighted by compile(loss_weights=[2.0])"),
+    ],
+)
 def test_a_loss_other_than_the_geometrys_is_refused(loss, fit_kwargs, compile_kwargs, fragment, digits):
     x, y = digits
     x = clip_feature_norms(x, 1.0)
@@ -190,8 +213,12 @@ def test_binary_cross_entropy_on_logits_is_covered(digits):
     loss = tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=PER_EXAMPLE)
     cb = callback(len(x))
     model = model_of(tf.keras.layers.Dense(1, input_shape=(64,)), loss=loss)
-    model.fit(batched_dataset(x, (y % 2).astype(np.float32)[:, None], B, "shuffle_partition"), epochs=1,
-              callbacks=[cb], verbose=0)
+    model.fit(
+        batched_dataset(x, (y % 2).astype(np.float32)[:, None], B, "shuffle_partition"),
+        epochs=1,
+        callbacks=[cb],
+        verbose=0,
+    )
     assert cb.notes()[-1].startswith("loss: BinaryCrossentropy(from_logits=True)")
 
 
@@ -202,11 +229,16 @@ def test_a_geometry_given_by_its_constants_is_the_users_claim_and_nothing_is_che
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model_of(loss=tf.keras.losses.MeanSquaredError(reduction=PER_EXAMPLE)).fit(
-            batched_dataset(x / np.float32(80), y.astype(np.float32), B, "shuffle_partition"), epochs=1,
-            callbacks=[cb], verbose=0)
-    assert cb.notes() == [f"the declared geometry (smoothness={1 / 0.6:g}, strong_convexity={L2:g}) is the user's "
-                          "claim: given by its constants, not derived from a loss, it cannot be observed from the "
-                          "training run"]
+            batched_dataset(x / np.float32(80), y.astype(np.float32), B, "shuffle_partition"),
+            epochs=1,
+            callbacks=[cb],
+            verbose=0,
+        )
+    assert cb.notes() == [
+        f"the declared geometry (smoothness={1 / 0.6:g}, strong_convexity={L2:g}) is the user's "
+        "claim: given by its constants, not derived from a loss, it cannot be observed from the "
+        "training run"
+    ]
 
 
 # ------------------------------------------------------------------------------- resuming
@@ -223,12 +255,18 @@ def test_a_restored_state_must_show_its_steps_respected_the_bound(digits):
     missing = seal_state({k: v for k, v in payload.items() if k != "largest_feature_norm"})
     with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state lacks largest_feature_norm"):
         callback(len(x)).load_privacy_state(missing)
-    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state is of format .* version 2; "
-                                             r"this version of the package reads .* version 4"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^checkpoint: the hidden-state privacy state is of format .* version 2; "
+        r"this version of the package reads .* version 4",
+    ):
         callback(len(x)).load_privacy_state(seal_state({**payload, "version": 2}))
     unknown = seal_state({**payload, "largest_feature_norm": None})  # steps not known to respect the bound
-    with pytest.raises(ParameterError, match=r"^checkpoint: the hidden-state privacy state has 10 steps whose "
-                                             r"largest input norm is not known"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^checkpoint: the hidden-state privacy state has 10 steps whose "
+        r"largest input norm is not known",
+    ):
         callback(len(x)).load_privacy_state(json.loads(json.dumps(unknown)))
     again = callback(len(x))
     again.set_model(model)
@@ -257,8 +295,9 @@ def test_a_run_whose_bound_is_the_users_claim_resumes_from_its_state(digits):
     again.load_privacy_state(state)
     second = model()
     second.optimizer.iterations.assign(cb.steps)  # the optimizer restored with the state, as a checkpoint does
-    second.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=2, initial_epoch=1, callbacks=[again],
-               verbose=0)
+    second.fit(batched_dataset(x, y, B, "shuffle_partition"), epochs=2, initial_epoch=1, callbacks=[again], verbose=0)
     assert again.steps == 2 * cb.steps
-    assert any(n.startswith("feature norm <= 1 is the user's claim: the model has no single trainable Dense")
-               for n in again.notes())
+    assert any(
+        n.startswith("feature norm <= 1 is the user's claim: the model has no single trainable Dense")
+        for n in again.notes()
+    )

@@ -47,13 +47,16 @@ def data():
 
 
 def dp_sgd(**kwargs):
-    return DecoupledL2DPKerasSGDOptimizer(**dict(dict(l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2,
-                                                      learning_rate=LR), **kwargs))
+    return DecoupledL2DPKerasSGDOptimizer(
+        **dict(dict(l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2, learning_rate=LR), **kwargs)
+    )
 
 
 def compiled(model, optimizer=None):
-    model.compile(optimizer=optimizer or dp_sgd(), loss=tf.keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+    model.compile(
+        optimizer=optimizer or dp_sgd(),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+    )
     return model
 
 
@@ -63,8 +66,9 @@ def logistic(optimizer=None):
 
 
 def callback(sampling="shuffle_partition", geometry=GEOMETRY, **kwargs):
-    return HiddenStatePrivacyCallback(geometry=geometry, sampling=sampling, dataset_size=N, batch_size=B,
-                                      delta=DELTA, verbose=0, **kwargs)
+    return HiddenStatePrivacyCallback(
+        geometry=geometry, sampling=sampling, dataset_size=N, batch_size=B, delta=DELTA, verbose=0, **kwargs
+    )
 
 
 def refused(model, cb, x, y=None, **fit_kwargs):
@@ -77,8 +81,16 @@ def refused(model, cb, x, y=None, **fit_kwargs):
 
 
 def epsilon(steps, sampling="shuffle_partition", geometry=GEOMETRY):
-    run = TrainingRunDpEvent(dataset_size=N, batch_size=B, steps=steps, noise_multiplier=Z, clip_norm=C,
-                             learning_rate=LR, sampling=sampling, geometry=geometry)
+    run = TrainingRunDpEvent(
+        dataset_size=N,
+        batch_size=B,
+        steps=steps,
+        noise_multiplier=Z,
+        clip_norm=C,
+        learning_rate=LR,
+        sampling=sampling,
+        geometry=geometry,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CompositionFallbackWarning)  # no geometry: composition, said here
         return HiddenStateAccountant().compose(run).get_epsilon(DELTA)
@@ -87,10 +99,19 @@ def epsilon(steps, sampling="shuffle_partition", geometry=GEOMETRY):
 # ------------------------------------------------------------ 1. model structure
 def conv_net():
     tf.keras.utils.set_random_seed(0)
-    return compiled(tf.keras.Sequential([
-        tf.keras.layers.Conv2D(4, 3, input_shape=(8, 8, 1), name="conv"), tf.keras.layers.ReLU(),
-        tf.keras.layers.Flatten(name="flatten"), tf.keras.layers.Dense(8, name="hidden"), tf.keras.layers.ReLU(),
-        tf.keras.layers.Dense(CLASSES, name="logits")], name="convnet"))
+    return compiled(
+        tf.keras.Sequential(
+            [
+                tf.keras.layers.Conv2D(4, 3, input_shape=(8, 8, 1), name="conv"),
+                tf.keras.layers.ReLU(),
+                tf.keras.layers.Flatten(name="flatten"),
+                tf.keras.layers.Dense(8, name="hidden"),
+                tf.keras.layers.ReLU(),
+                tf.keras.layers.Dense(CLASSES, name="logits"),
+            ],
+            name="convnet",
+        )
+    )
 
 
 def test_a_conv_relu_network_is_refused_with_the_core_reason_as_in_opacus():
@@ -103,12 +124,25 @@ def test_a_conv_relu_network_is_refused_with_the_core_reason_as_in_opacus():
     err = refused(model, callback(), batched_dataset(x, y, B, "shuffle_partition"))
     facts = model_facts(model)
     assert err.parameter == "model" and str(err) == f"model: {model_refusal(facts)}"
-    assert str(err).startswith("model: the Keras model 'convnet' has 3 trainable layers (conv, hidden, logits): a "
-                               "composition of trainable layers is not convex in its parameters")
+    assert str(err).startswith(
+        "model: the Keras model 'convnet' has 3 trainable layers (conv, hidden, logits): a "
+        "composition of trainable layers is not convex in its parameters"
+    )
     # the same structure as the PyTorch network Opacus reports (Flatten is a reshape there)
-    torch_like = ModelFacts(layers=[LayerFacts(name=n, kind=k, trainable=t) for n, k, t in [
-        ("Conv2d", "other", True), ("ReLU", "other", False), ("Linear", "affine", True),
-        ("ReLU", "other", False), ("Linear", "affine", True)]], complete=True, description=facts.description)
+    torch_like = ModelFacts(
+        layers=[
+            LayerFacts(name=n, kind=k, trainable=t)
+            for n, k, t in [
+                ("Conv2d", "other", True),
+                ("ReLU", "other", False),
+                ("Linear", "affine", True),
+                ("ReLU", "other", False),
+                ("Linear", "affine", True),
+            ]
+        ],
+        complete=True,
+        description=facts.description,
+    )
     keras = [(layer.kind, layer.trainable) for layer in facts.layers if layer.name != "flatten"]
     assert keras == [(layer.kind, layer.trainable) for layer in torch_like.layers]
     assert re.sub(r"\(.*?\)", "()", model_refusal(facts)) == re.sub(r"\(.*?\)", "()", model_refusal(torch_like))
@@ -137,18 +171,35 @@ def nested():
     return tf.keras.Sequential([tf.keras.layers.Rescaling(0.5, input_shape=(DIM,)), inner])
 
 
-@pytest.mark.parametrize("build, reason", [
-    (lambda: tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, activation="relu", input_shape=(DIM,))]),
-     "not an affine map"),
-    (lambda: tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,)),
-                                  tf.keras.layers.Activation("softmax")]), "follow the trainable layer"),
-    (lambda: tf.keras.Sequential([tf.keras.layers.Dropout(0.2, input_shape=(DIM,)),
-                                  tf.keras.layers.Dense(CLASSES)]), "randomness"),
-    (lambda: tf.keras.Sequential([tf.keras.layers.GaussianNoise(0.1, input_shape=(DIM,)),
-                                  tf.keras.layers.Dense(CLASSES)]), "randomness"),
-    (Subclassed, "could not be read"),
-    (functional_shared, "3 trainable layers"),  # one Dense applied twice: a composition
-])
+@pytest.mark.parametrize(
+    "build, reason",
+    [
+        (
+            lambda: tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, activation="relu", input_shape=(DIM,))]),
+            "not an affine map",
+        ),
+        (
+            lambda: tf.keras.Sequential(
+                [tf.keras.layers.Dense(CLASSES, input_shape=(DIM,)), tf.keras.layers.Activation("softmax")]
+            ),
+            "follow the trainable layer",
+        ),
+        (
+            lambda: tf.keras.Sequential(
+                [tf.keras.layers.Dropout(0.2, input_shape=(DIM,)), tf.keras.layers.Dense(CLASSES)]
+            ),
+            "randomness",
+        ),
+        (
+            lambda: tf.keras.Sequential(
+                [tf.keras.layers.GaussianNoise(0.1, input_shape=(DIM,)), tf.keras.layers.Dense(CLASSES)]
+            ),
+            "randomness",
+        ),
+        (Subclassed, "could not be read"),
+        (functional_shared, "3 trainable layers"),  # one Dense applied twice: a composition
+    ],
+)
 def test_models_that_are_not_one_linear_map_are_refused_with_a_geometry(build, reason, data):
     tf.keras.utils.set_random_seed(0)
     model = compiled(build())
@@ -156,15 +207,23 @@ def test_models_that_are_not_one_linear_map_are_refused_with_a_geometry(build, r
     assert err.parameter == "model" and reason in str(err)
 
 
-@pytest.mark.parametrize("build", [
-    lambda: tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, activation="linear", input_shape=(DIM,))]),
-    nested,  # a fixed rescaling, then a nested model of one Dense
-    lambda: tf.keras.Model(*(lambda i: (i, tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Flatten()(i))))(
-        tf.keras.Input((DIM,)))),
-    lambda: tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(DIM,), trainable=False),
-                                 FeatureClip(1.0),  # the bound holds for the trainable layer's input
-                                 tf.keras.layers.Dense(CLASSES)]),  # a frozen feature map
-])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, activation="linear", input_shape=(DIM,))]),
+        nested,  # a fixed rescaling, then a nested model of one Dense
+        lambda: tf.keras.Model(
+            *(lambda i: (i, tf.keras.layers.Dense(CLASSES)(tf.keras.layers.Flatten()(i))))(tf.keras.Input((DIM,)))
+        ),
+        lambda: tf.keras.Sequential(
+            [
+                tf.keras.layers.Dense(4, input_shape=(DIM,), trainable=False),
+                FeatureClip(1.0),  # the bound holds for the trainable layer's input
+                tf.keras.layers.Dense(CLASSES),
+            ]
+        ),  # a frozen feature map
+    ],
+)
 def test_one_dense_layer_on_fixed_features_carries_a_geometry(build, data):
     from hidden_state_accountants.tf_privacy import model_facts
 
@@ -178,8 +237,11 @@ def test_one_dense_layer_on_fixed_features_carries_a_geometry(build, data):
 
 def test_assume_convex_model_is_the_documented_opt_in_and_is_reported(data):
     tf.keras.utils.set_random_seed(0)
-    model = compiled(tf.keras.Sequential([tf.keras.layers.Dense(4, activation="relu", input_shape=(DIM,)),
-                                          tf.keras.layers.Dense(CLASSES)]))
+    model = compiled(
+        tf.keras.Sequential(
+            [tf.keras.layers.Dense(4, activation="relu", input_shape=(DIM,)), tf.keras.layers.Dense(CLASSES)]
+        )
+    )
     cb = callback(assume_convex_model=True)
     model.fit(batched_dataset(*data, B, "shuffle_partition"), epochs=1, callbacks=[cb], verbose=0)
     assert cb.epsilon == pytest.approx(epsilon(SPE), rel=1e-12)
@@ -205,8 +267,9 @@ def test_random_schedules_draw_a_secret_seed_by_default(data):
     first, second = (partition_indices(N, B, "shuffle_partition").tolist() for _ in range(2))
     assert first != second
     # a seed you pass is your choice: reproducible, and stated as a secret to keep
-    assert _labels(batched_dataset(x, y, B, "shuffle_partition", seed=5)) == \
-        _labels(batched_dataset(x, y, B, "shuffle_partition", seed=5))
+    assert _labels(batched_dataset(x, y, B, "shuffle_partition", seed=5)) == _labels(
+        batched_dataset(x, y, B, "shuffle_partition", seed=5)
+    )
     cb = callback()
     model = logistic()
     model.fit(batched_dataset(*data, B, "shuffle_partition", seed=5), epochs=1, callbacks=[cb], verbose=0)
@@ -238,9 +301,15 @@ def test_plain_fit_on_arrays_is_refused_with_what_it_does(data):
     # Keras' shuffle is the reshuffle schedule drawn by Keras, not the declared shuffle_partition
     assert "sampling='reshuffle', drawn by the framework" in str(err) and "'shuffle_partition'" in str(err)
     # with a short last batch (120 = 7 * 16 + 8)
-    err = refused(logistic(), HiddenStatePrivacyCallback(
-        geometry=GEOMETRY, sampling="cyclic", dataset_size=N, batch_size=16, delta=DELTA, verbose=0),
-        *data, batch_size=16, shuffle=False)
+    err = refused(
+        logistic(),
+        HiddenStatePrivacyCallback(
+            geometry=GEOMETRY, sampling="cyclic", dataset_size=N, batch_size=16, delta=DELTA, verbose=0
+        ),
+        *data,
+        batch_size=16,
+        shuffle=False,
+    )
     assert err.parameter == "data" and "short last batch of 8 records" in str(err)
 
 
@@ -250,8 +319,9 @@ def test_arrays_in_data_order_are_the_cyclic_schedule_and_a_full_batch_is_full(d
     model.fit(*data, batch_size=B, shuffle=False, epochs=2, callbacks=[cb], verbose=0)
     assert cb.epsilon == pytest.approx(epsilon(2 * SPE, "cyclic"), rel=1e-12)
     model = logistic()
-    cb = HiddenStatePrivacyCallback(geometry=GEOMETRY, sampling="full", dataset_size=N, batch_size=N,
-                                    delta=DELTA, verbose=0)
+    cb = HiddenStatePrivacyCallback(
+        geometry=GEOMETRY, sampling="full", dataset_size=N, batch_size=N, delta=DELTA, verbose=0
+    )
     model.fit(*data, batch_size=N, epochs=2, callbacks=[cb], verbose=0)
     assert cb.steps == 2 and cb.run_event().sampling == "full"
 
@@ -337,29 +407,39 @@ class ExtraStep(tf.keras.callbacks.Callback):
 def test_steps_on_other_data_during_an_epoch_are_refused(data):
     model = logistic()
     with pytest.raises(ParameterError, match="fit's data has handed out 6 batches for 7 steps"):
-        model.fit(batched_dataset(*data, B, "shuffle_partition"), epochs=1, callbacks=[callback(), ExtraStep()],
-                  verbose=0)
+        model.fit(
+            batched_dataset(*data, B, "shuffle_partition"), epochs=1, callbacks=[callback(), ExtraStep()], verbose=0
+        )
 
 
 # ------------------------------------------------------------ 5/6. one policy
 def core_error(step_kwargs, sampling="shuffle_partition"):
     """The core's verdict on the first step, as any framework's adapter gets it."""
     facts = dict(noise_multiplier=Z, clip_norm=C, learning_rate=LR, divisor=B, weight_decay=L2)
-    recorder = RunRecorder(Claim(schedule=BatchSchedule(N, B, sampling), geometry=GEOMETRY,
-                                 model=ModelFacts(layers=[LayerFacts(name="Linear", kind="affine", trainable=True)],
-                                                  complete=True)))
+    recorder = RunRecorder(
+        Claim(
+            schedule=BatchSchedule(N, B, sampling),
+            geometry=GEOMETRY,
+            model=ModelFacts(layers=[LayerFacts(name="Linear", kind="affine", trainable=True)], complete=True),
+        )
+    )
     with pytest.raises(ParameterError) as err:
         recorder.check(StepFacts(**dict(facts, **step_kwargs)))
     return err.value
 
 
-@pytest.mark.parametrize("optimizer, same_as", [
-    (lambda: dp_sgd(momentum=0.9), dict(momentum=0.9)),  # Opacus fell back to composition here
-    (lambda: dp_sgd(learning_rate=2.0), dict(learning_rate=2.0)),
-    (lambda: dp_sgd(l2_regularization=0.01), dict(weight_decay=0.01)),
-    (lambda: tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR),
-     dict(optimizer="adam", weight_decay=0.0)),
-])
+@pytest.mark.parametrize(
+    "optimizer, same_as",
+    [
+        (lambda: dp_sgd(momentum=0.9), dict(momentum=0.9)),  # Opacus fell back to composition here
+        (lambda: dp_sgd(learning_rate=2.0), dict(learning_rate=2.0)),
+        (lambda: dp_sgd(l2_regularization=0.01), dict(weight_decay=0.01)),
+        (
+            lambda: tfp.DPKerasAdamOptimizer(l2_norm_clip=C, noise_multiplier=Z, learning_rate=LR),
+            dict(optimizer="adam", weight_decay=0.0),
+        ),
+    ],
+)
 def test_contradictions_known_before_training_are_the_cores_errors(optimizer, same_as, data):
     err = refused(logistic(optimizer()), callback(), batched_dataset(*data, B, "shuffle_partition"))
     expected = core_error(same_as)
@@ -384,8 +464,9 @@ def test_a_learning_rate_changed_mid_run_falls_back_to_composition_with_one_warn
     cb = callback()
     changer = tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr: LR if epoch == 0 else 2.0)
     with pytest.warns(CompositionFallbackWarning, match="learning rate changed during training") as record:
-        hist = model.fit(batched_dataset(*data, B, "shuffle_partition"), epochs=3, callbacks=[cb, changer],
-                         verbose=0).history
+        hist = model.fit(
+            batched_dataset(*data, B, "shuffle_partition"), epochs=3, callbacks=[cb, changer], verbose=0
+        ).history
     assert len([w for w in record if w.category is CompositionFallbackWarning]) == 1
     assert hist["epsilon"][0] == pytest.approx(epsilon(SPE), rel=1e-12)  # hidden state until the change
     assert hist["epsilon"][-1] == pytest.approx(epsilon(3 * SPE, geometry=None), rel=1e-12)

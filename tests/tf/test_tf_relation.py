@@ -15,13 +15,28 @@ from hidden_state_accountants.tf_privacy import compute_hidden_state_privacy_sta
 def test_statement_is_replace_one_and_names_it():
     geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
     text = compute_hidden_state_privacy_statement(
-        number_of_examples=1437, batch_size=64, num_epochs=30, noise_multiplier=2.0, delta=1e-5, l2_norm_clip=1.0,
-        learning_rate=0.5, sampling="shuffle_partition", geometry=geometry)
+        number_of_examples=1437,
+        batch_size=64,
+        num_epochs=30,
+        noise_multiplier=2.0,
+        delta=1e-5,
+        l2_norm_clip=1.0,
+        learning_rate=0.5,
+        sampling="shuffle_partition",
+        geometry=geometry,
+    )
     flat = " ".join(text.split())
     assert "replace-one adjacency (REPLACE_ONE)" in flat
-    run = TrainingRunDpEvent.from_epochs(dataset_size=1437, batch_size=64, epochs=30, noise_multiplier=2.0,
-                                         clip_norm=1.0, learning_rate=0.5, sampling="shuffle_partition",
-                                         geometry=geometry)
+    run = TrainingRunDpEvent.from_epochs(
+        dataset_size=1437,
+        batch_size=64,
+        epochs=30,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling="shuffle_partition",
+        geometry=geometry,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         r1 = HiddenStateAccountant(neighboring_relation="REPLACE_ONE").compose(run).explain(1e-5)

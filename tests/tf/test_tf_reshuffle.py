@@ -42,22 +42,34 @@ def data():
 def logistic(optimizer=None, secret=True):
     tf.keras.utils.set_random_seed(0)  # the initial weights
     model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
-    model.compile(optimizer=optimizer or DecoupledL2DPKerasSGDOptimizer(
-        l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2, learning_rate=LR),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+    model.compile(
+        optimizer=optimizer
+        or DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2, learning_rate=LR),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+    )
     if secret:
         tf.random.set_seed(None)  # no global seed: Keras' shuffle is seeded by the operating system
     return model
 
 
 def callback(n=N, b=B, **kwargs):
-    return HiddenStatePrivacyCallback(geometry=GEOMETRY, sampling="reshuffle", dataset_size=n, batch_size=b,
-                                      delta=DELTA, verbose=0, **kwargs)
+    return HiddenStatePrivacyCallback(
+        geometry=GEOMETRY, sampling="reshuffle", dataset_size=n, batch_size=b, delta=DELTA, verbose=0, **kwargs
+    )
 
 
 def core_epsilon(steps, n=N, b=B, **kwargs):
-    run = TrainingRunDpEvent(dataset_size=n, batch_size=b, steps=steps, noise_multiplier=Z, clip_norm=C,
-                             learning_rate=LR, sampling="reshuffle", geometry=GEOMETRY, **kwargs)
+    run = TrainingRunDpEvent(
+        dataset_size=n,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=Z,
+        clip_norm=C,
+        learning_rate=LR,
+        sampling="reshuffle",
+        geometry=GEOMETRY,
+        **kwargs,
+    )
     return HiddenStateAccountant().compose(run).explain(DELTA)
 
 
@@ -80,7 +92,9 @@ def test_batched_dataset_reshuffle_draws_a_secret_permutation_every_epoch():
         assert len(epoch) == spe and all(len(batch) == B for batch in epoch)
         assert len(set(flat)) == spe * B  # disjoint batches, n % b records left out
     assert epochs[0] != epochs[1] != epochs[2]  # a fresh permutation every epoch
-    assert {tuple(sorted(i for b in e for i in b)) for e in epochs} != {tuple(range(spe * B))}  # different records left out
+    assert {tuple(sorted(i for b in e for i in b)) for e in epochs} != {
+        tuple(range(spe * B))
+    }  # different records left out
     # the short batch kept: ceil(n / b) batches, every record once per epoch
     kept = batched_dataset(x, y, B, "reshuffle", seed=3, last_batch="kept_own_size")
     epoch = _labels(kept)
@@ -154,15 +168,18 @@ def test_the_recorded_short_divisor_is_what_tf_privacy_divides_by():
 
     from hidden_state_accountants.tf_privacy.optimizers import read_dp_optimizer_settings, step_facts
 
-    for make in (lambda: DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=0.0, learning_rate=1.0),
-                 lambda: DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=0.0,
-                                                        l2_regularization=0.0, learning_rate=1.0)):
+    for make in (
+        lambda: DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=0.0, learning_rate=1.0),
+        lambda: DecoupledL2DPKerasSGDOptimizer(
+            l2_norm_clip=1.0, noise_multiplier=0.0, l2_regularization=0.0, learning_rate=1.0
+        ),
+    ):
         for size in (B, R, 4):
             opt = make()
             w = tf.Variable([0.0])
             with tf.GradientTape() as tape:
                 loss = 0.5 * w * tf.ones([size])  # one loss per record, gradient 0.5 each
-            (grad, _), = opt._compute_gradients(loss, [w], tape=tape)
+            ((grad, _),) = opt._compute_gradients(loss, [w], tape=tape)
             divisor = 0.5 * size / float(grad.numpy()[0])
             assert divisor == pytest.approx(size)
     # what the callback records for the short step of a fit(shuffle=True) run (n % b = 1)
@@ -208,12 +225,16 @@ def test_statement_for_a_reshuffled_keras_run():
     text = compute_hidden_state_privacy_statement(N, B, 2, Z, DELTA, last_batch="kept_own_size", **common)
     expected = core_epsilon(22, last_batch="kept_own_size")
     assert f"{expected.epsilon:.3f}  ({expected.analysis})" in text
-    assert "short last batch of the 1 examples left over (61 mod 6) every epoch, divided by its own size" in \
-        " ".join(text.split())
-    public = compute_hidden_state_privacy_statement(N, B, 2, Z, DELTA, last_batch="kept_own_size",
-                                                    secret_batches=False, **common)
+    assert "short last batch of the 1 examples left over (61 mod 6) every epoch, divided by its own size" in " ".join(
+        text.split()
+    )
+    public = compute_hidden_state_privacy_statement(
+        N, B, 2, Z, DELTA, last_batch="kept_own_size", secret_batches=False, **common
+    )
     worst = core_epsilon(22, last_batch="kept_own_size", secret_batches=False)
-    assert f"{worst.epsilon:.3f}  (si_reshuffle_worst)" in public and "public (secret=False)" in " ".join(public.split())
+    assert f"{worst.epsilon:.3f}  (si_reshuffle_worst)" in public and "public (secret=False)" in " ".join(
+        public.split()
+    )
     dropped = compute_hidden_state_privacy_statement(N, B, 2, Z, DELTA, **common)
     assert f"{core_epsilon(20).epsilon:.3f}" in dropped and "dropped each epoch" in dropped
     with pytest.raises(ParameterError, match="last_batch"):

@@ -40,10 +40,13 @@ def uninterrupted(sampling, epochs=job.EPOCHS):
     return cb
 
 
-@pytest.mark.parametrize("sampling, order", [
-    ("shuffle_partition", "callback_first"),
-    pytest.param("without_replacement", "backup_first", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "sampling, order",
+    [
+        ("shuffle_partition", "callback_first"),
+        pytest.param("without_replacement", "backup_first", marks=pytest.mark.slow),
+    ],
+)
 def test_a_run_killed_and_resumed_in_a_new_process_is_the_uninterrupted_run(tmp_path, sampling, order):
     kill_at = 2 * SPE + 2  # BackupAndRestore saved after epoch 2; killed 2 steps into epoch 3
     first = run_job(tmp_path, sampling, order, kill_at)
@@ -58,13 +61,13 @@ def test_a_run_killed_and_resumed_in_a_new_process_is_the_uninterrupted_run(tmp_
     killed = json.loads((tmp_path / "batches.json").read_text())
     assert len(killed) == kill_at and len(out["batches"]) == SPE
     # the two steps of epoch 3 the killed process took are the first two taken again
-    assert out["batches"][:2] == killed[2 * SPE:]
+    assert out["batches"][:2] == killed[2 * SPE :]
     state = unseal_state(json.loads((tmp_path / "state.json").read_text()))
     assert state["claim"]["seed_is_secret"] and state["steps"] == kill_at
     schedule = BatchSchedule.from_description(state["claim"]["schedule"])
     expected = [sorted(schedule.batch(t).tolist()) for t in range(3 * SPE)]
     assert killed == expected[:kill_at]
-    assert out["batches"] == expected[2 * SPE:]  # the last epoch, trained again in the new process
+    assert out["batches"] == expected[2 * SPE :]  # the last epoch, trained again in the new process
 
     reference = uninterrupted(sampling)
     assert out["steps"] == reference.steps == 3 * SPE
@@ -87,8 +90,10 @@ def test_tf_checkpoint_and_save_weights_carry_the_run(tmp_path):
     model, cb = trained()
     save(model, tmp_path / "ckpt")
     model.save_weights(str(tmp_path / "weights"))  # the TensorFlow format
-    for restore in (lambda m: tf.train.Checkpoint(model=m).read(str(tmp_path / "ckpt")).expect_partial(),
-                    lambda m: m.load_weights(str(tmp_path / "weights"))):
+    for restore in (
+        lambda m: tf.train.Checkpoint(model=m).read(str(tmp_path / "ckpt")).expect_partial(),
+        lambda m: m.load_weights(str(tmp_path / "weights")),
+    ):
         model2, cb2, ds2 = job.build("shuffle_partition")
         restore(model2)
         model2.fit(ds2, epochs=1, callbacks=[cb2], verbose=0)
@@ -114,11 +119,17 @@ def test_the_issue_scenario_restored_weights_and_a_fresh_optimizer_is_refused(tm
     save(model, tmp_path / "ckpt")
     model2, cb2, ds2 = job.build("shuffle_partition")
     tf.train.Checkpoint(model=model2).read(str(tmp_path / "ckpt")).expect_partial()
-    model2.compile(optimizer=job.DecoupledL2DPKerasSGDOptimizer(
-        l2_norm_clip=job.C, noise_multiplier=job.Z, l2_regularization=job.L2, learning_rate=job.LR),
-        loss=model2.loss)
-    with pytest.raises(ParameterError, match=r"^optimizer: has taken 0 steps but the callback's state accounts 6: "
-                                             "the optimizer was not restored"):
+    model2.compile(
+        optimizer=job.DecoupledL2DPKerasSGDOptimizer(
+            l2_norm_clip=job.C, noise_multiplier=job.Z, l2_regularization=job.L2, learning_rate=job.LR
+        ),
+        loss=model2.loss,
+    )
+    with pytest.raises(
+        ParameterError,
+        match=r"^optimizer: has taken 0 steps but the callback's state accounts 6: "
+        "the optimizer was not restored",
+    ):
         model2.fit(ds2, epochs=1, callbacks=[cb2], verbose=0)
     assert int(model2.optimizer.iterations.numpy()) == 0
 
@@ -129,9 +140,12 @@ def test_a_restored_optimizer_without_the_callback_state_is_refused_with_how_to_
     save(model, tmp_path / "ckpt")
     model2, cb2, ds2 = job.build("cyclic")
     tf.train.Checkpoint(model=model2).read(str(tmp_path / "ckpt")).expect_partial()
-    with pytest.raises(ParameterError, match=r"^optimizer: has taken 6 steps but this callback accounted 0: "
-                                             r"reporting 0 steps as the whole run would under-report .* to resume a "
-                                             r"run, restore the callback's state together with the model"):
+    with pytest.raises(
+        ParameterError,
+        match=r"^optimizer: has taken 6 steps but this callback accounted 0: "
+        r"reporting 0 steps as the whole run would under-report .* to resume a "
+        r"run, restore the callback's state together with the model",
+    ):
         model2.fit(ds2, epochs=1, callbacks=[cb2], verbose=0)
 
 
@@ -175,28 +189,43 @@ def resealed(change):
         payload = unseal_state(state)
         change(payload)
         return seal_state(payload)
+
     return edit
 
 
-@pytest.mark.parametrize("edit, message", [
-    (shortened, "checkpoint: its digest does not match its content"),
-    (lambda s: {k: x for k, x in s.items() if k != "digest"}, "checkpoint: has no digest"),
-    (lambda s: "not json", "checkpoint: the hidden-state privacy state is not JSON"),
-    (resealed(lambda p: p.update(format="opacus")), "checkpoint: the hidden-state privacy state is of format "
-                                                    "'opacus' version 4; this version of the package reads"),
-    (resealed(lambda p: p.update(steps=7)), "checkpoint: the hidden-state privacy state says 7 steps were taken but "
-                                            "its ledger accounts 6"),
-    (resealed(lambda p: p["ledger"][0].__setitem__(1, 2.5)), "checkpoint: .* invalid ledger .*positive integer"),
-    (resealed(lambda p: p["claim"]["schedule"].update(dataset_size=100)),
-     "checkpoint: the hidden-state privacy state is a run of sampling='shuffle_partition', dataset_size=100, "
-     "batch_size=20, but this callback was declared with sampling='shuffle_partition', dataset_size=120, "
-     "batch_size=20"),
-    (resealed(lambda p: p["claim"]["schedule"].update(batch_size=30)),  # its ledger divides by 20: not its run
-     "checkpoint: the hidden-state privacy state has an invalid ledger .*divides the clipped sum by 20"),
-    (resealed(lambda p: p["claim"].update(geometry={"smoothness": 1.0})),
-     "geometry: the checkpoint's geometry has no feature_norm_bound"),
-    (resealed(lambda p: p.pop("ledger")), "checkpoint: the hidden-state privacy state lacks ledger"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (shortened, "checkpoint: its digest does not match its content"),
+        (lambda s: {k: x for k, x in s.items() if k != "digest"}, "checkpoint: has no digest"),
+        (lambda s: "not json", "checkpoint: the hidden-state privacy state is not JSON"),
+        (
+            resealed(lambda p: p.update(format="opacus")),
+            "checkpoint: the hidden-state privacy state is of format "
+            "'opacus' version 4; this version of the package reads",
+        ),
+        (
+            resealed(lambda p: p.update(steps=7)),
+            "checkpoint: the hidden-state privacy state says 7 steps were taken but its ledger accounts 6",
+        ),
+        (resealed(lambda p: p["ledger"][0].__setitem__(1, 2.5)), "checkpoint: .* invalid ledger .*positive integer"),
+        (
+            resealed(lambda p: p["claim"]["schedule"].update(dataset_size=100)),
+            "checkpoint: the hidden-state privacy state is a run of sampling='shuffle_partition', dataset_size=100, "
+            "batch_size=20, but this callback was declared with sampling='shuffle_partition', dataset_size=120, "
+            "batch_size=20",
+        ),
+        (
+            resealed(lambda p: p["claim"]["schedule"].update(batch_size=30)),  # its ledger divides by 20: not its run
+            "checkpoint: the hidden-state privacy state has an invalid ledger .*divides the clipped sum by 20",
+        ),
+        (
+            resealed(lambda p: p["claim"].update(geometry={"smoothness": 1.0})),
+            "geometry: the checkpoint's geometry has no feature_norm_bound",
+        ),
+        (resealed(lambda p: p.pop("ledger")), "checkpoint: the hidden-state privacy state lacks ledger"),
+    ],
+)
 def test_an_edited_or_foreign_state_is_refused_before_any_step(tmp_path, edit, message):
     path = forged_checkpoint(tmp_path, edit)
     model, cb, ds = job.build("shuffle_partition")
@@ -208,8 +237,9 @@ def test_an_edited_or_foreign_state_is_refused_before_any_step(tmp_path, edit, m
 
 def test_a_state_of_another_schedule_is_refused():
     _, cb = trained("cyclic")
-    other = HiddenStatePrivacyCallback(geometry=None, sampling="shuffle_partition", dataset_size=job.N,
-                                       batch_size=job.B, delta=job.DELTA, verbose=0)
+    other = HiddenStatePrivacyCallback(
+        geometry=None, sampling="shuffle_partition", dataset_size=job.N, batch_size=job.B, delta=job.DELTA, verbose=0
+    )
     with pytest.raises(ParameterError, match="^checkpoint: .* is a run of sampling='cyclic'"):
         other.load_privacy_state(cb.privacy_state())
 
@@ -219,12 +249,19 @@ def test_a_state_of_another_geometry_is_refused():
     run's without its L2 term) would account the steps already taken under a claim they were not
     checked against; it is refused as the Opacus accountant refuses it."""
     _, cb = trained("cyclic")
-    other = HiddenStatePrivacyCallback(geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0,
-                                                                                 l2_regularization=0.0),
-                                       sampling="cyclic", dataset_size=job.N, batch_size=job.B, delta=job.DELTA,
-                                       verbose=0)
-    with pytest.raises(ParameterError, match=r"^geometry: the checkpoint was taken with "
-                                             r"geometry=LossGeometry\(smoothness=1.05, strong_convexity=0.05"):
+    other = HiddenStatePrivacyCallback(
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.0),
+        sampling="cyclic",
+        dataset_size=job.N,
+        batch_size=job.B,
+        delta=job.DELTA,
+        verbose=0,
+    )
+    with pytest.raises(
+        ParameterError,
+        match=r"^geometry: the checkpoint was taken with "
+        r"geometry=LossGeometry\(smoothness=1.05, strong_convexity=0.05",
+    ):
         other.load_privacy_state(cb.privacy_state())
 
 
@@ -235,8 +272,11 @@ def test_a_dataset_seed_the_user_chose_must_be_the_runs(tmp_path):
     tf.train.Checkpoint(model=model2).read(str(tmp_path / "ckpt")).expect_partial()
     x = np.zeros((job.N, job.DIM), np.float32)
     ds = job.batched_dataset(x, np.zeros(job.N, np.int64), job.B, "shuffle_partition", seed=5)
-    with pytest.raises(ParameterError, match="^seed: the batched_dataset has a seed you chose, but the run's "
-                                             "shuffle_partition schedule has another one"):
+    with pytest.raises(
+        ParameterError,
+        match="^seed: the batched_dataset has a seed you chose, but the run's "
+        "shuffle_partition schedule has another one",
+    ):
         model2.fit(ds, epochs=1, callbacks=[cb2], verbose=0)
 
 

@@ -17,8 +17,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 MODE = sys.argv[1]
 if MODE == "worker":
     INDEX, PORTS = int(sys.argv[2]), sys.argv[3].split(",")
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{p}" for p in PORTS]},
-                                          "task": {"type": "worker", "index": INDEX}})
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": [f"localhost:{p}" for p in PORTS]}, "task": {"type": "worker", "index": INDEX}}
+    )
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -54,16 +55,18 @@ class ScaledSum(tf.keras.losses.Loss):
 
 def optimizer(kind, noise, l2=L2):
     if kind == "package":
-        return DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=noise, l2_regularization=l2,
-                                              learning_rate=LR)
+        return DecoupledL2DPKerasSGDOptimizer(
+            l2_norm_clip=C, noise_multiplier=noise, l2_regularization=l2, learning_rate=LR
+        )
     return tensorflow_privacy.DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=noise, learning_rate=LR)
 
 
 def one_step(strategy, kind, scale, noise):
     """The update of one step from all-ones weights on a batch of identical records."""
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Dense(OUT, input_shape=(DIM,), kernel_initializer="ones",
-                                                           bias_initializer="ones")])
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Dense(OUT, input_shape=(DIM,), kernel_initializer="ones", bias_initializer="ones")]
+        )
         model.compile(optimizer=optimizer(kind, noise), loss=ScaledSum(scale))
     x = np.full((B, DIM), 0.01, np.float32)  # per-example gradient norm sqrt(50 * 1.02) > C: clipped
     before = np.concatenate([w.ravel() for w in model.get_weights()])
@@ -74,8 +77,13 @@ def one_step(strategy, kind, scale, noise):
 def step_figures(strategy, kind):
     signal = one_step(strategy, kind, 1.0, 0.0)  # constant gradient, no noise
     noise = one_step(strategy, kind, 0.0, Z)  # zero gradient: the L2 term and the noise
-    return {"signal": signal.tolist()[:5] + [float(signal.mean())], "signal_max_abs": float(np.abs(signal).max()),
-            "noise_mean": float(noise.mean()), "noise_std": float(noise.std()), "parameters": int(noise.size)}
+    return {
+        "signal": signal.tolist()[:5] + [float(signal.mean())],
+        "signal_max_abs": float(np.abs(signal).max()),
+        "noise_mean": float(noise.mean()),
+        "noise_std": float(noise.std()),
+        "parameters": int(noise.size),
+    }
 
 
 # --- a run: the callback on a batched_dataset
@@ -100,34 +108,55 @@ def run(strategy, kind, sampling="cyclic", epochs=2, seed=None):
     x = (x / np.linalg.norm(x, axis=1, keepdims=True) * 0.99).astype(np.float32)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(FEATURES,))])
-        opt = (DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=RUN_Z, l2_regularization=RUN_L2,
-                                              learning_rate=RUN_LR) if kind == "package" else
-               tensorflow_privacy.DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=RUN_Z, learning_rate=RUN_LR))
-        model.compile(optimizer=opt, metrics=[batch_labels], loss=tf.keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction=tf.keras.losses.Reduction.NONE))
+        opt = (
+            DecoupledL2DPKerasSGDOptimizer(
+                l2_norm_clip=1.0, noise_multiplier=RUN_Z, l2_regularization=RUN_L2, learning_rate=RUN_LR
+            )
+            if kind == "package"
+            else tensorflow_privacy.DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=RUN_Z, learning_rate=RUN_LR)
+        )
+        model.compile(
+            optimizer=opt,
+            metrics=[batch_labels],
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction=tf.keras.losses.Reduction.NONE
+            ),
+        )
     geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=RUN_L2)
-    callback = HiddenStatePrivacyCallback(geometry=geometry if kind == "package" else None, sampling=sampling,
-                                          dataset_size=N, batch_size=RUN_B, delta=1e-5, verbose=0)
+    callback = HiddenStatePrivacyCallback(
+        geometry=geometry if kind == "package" else None,
+        sampling=sampling,
+        dataset_size=N,
+        batch_size=RUN_B,
+        delta=1e-5,
+        verbose=0,
+    )
     TRAINED.clear()
     try:
-        model.fit(batched_dataset(x, np.arange(N), RUN_B, sampling, seed=seed), epochs=epochs, callbacks=[callback],
-                  verbose=0)
+        model.fit(
+            batched_dataset(x, np.arange(N), RUN_B, sampling, seed=seed), epochs=epochs, callbacks=[callback], verbose=0
+        )
     except ParameterError as err:
         return {"refused": str(err), "iterations": int(model.optimizer.iterations.numpy())}
-    return {"epsilon": callback.epsilon, "steps": callback.steps, "ledger": callback.recorder.ledger_state(),
-            "schedule": callback.recorder.claim.schedule.describe(), "batches": list(TRAINED),
-            "weights": [float(w.sum()) for w in model.get_weights()]}
+    return {
+        "epsilon": callback.epsilon,
+        "steps": callback.steps,
+        "ledger": callback.recorder.ledger_state(),
+        "schedule": callback.recorder.claim.schedule.describe(),
+        "batches": list(TRAINED),
+        "weights": [float(w.sum()) for w in model.get_weights()],
+    }
 
 
 def sbcd_refusal(strategy):
     from hidden_state_accountants.keras.sbcd import DPSBCD
 
     with strategy.scope():
-        model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)),
-                                     tf.keras.layers.Dense(2)])
+        model = tf.keras.Sequential(
+            [tf.keras.layers.Dense(8, activation="relu", input_shape=(4,)), tf.keras.layers.Dense(2)]
+        )
     try:
-        DPSBCD(model, np.zeros((40, 4), np.float32), np.zeros(40, np.int64), batch_size=10, step_size=0.1,
-               noise=0.1)
+        DPSBCD(model, np.zeros((40, 4), np.float32), np.zeros(40, np.int64), batch_size=10, step_size=0.1, noise=0.1)
     except ParameterError as err:
         return str(err)
     return None
@@ -146,8 +175,10 @@ def main():
         out["sbcd"] = sbcd_refusal(mirrored)
     else:
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        out = {"replicas": strategy.num_replicas_in_sync,
-               "run": run(strategy, "package", sampling="shuffle_partition", epochs=1)}
+        out = {
+            "replicas": strategy.num_replicas_in_sync,
+            "run": run(strategy, "package", sampling="shuffle_partition", epochs=1),
+        }
     print(json.dumps(out))
 
 

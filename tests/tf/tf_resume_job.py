@@ -52,13 +52,20 @@ def build(sampling):
     y = np.arange(N)
     model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(DIM,))])
     model.compile(
-        optimizer=DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2,
-                                                 learning_rate=LR),
+        optimizer=DecoupledL2DPKerasSGDOptimizer(
+            l2_norm_clip=C, noise_multiplier=Z, l2_regularization=L2, learning_rate=LR
+        ),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
-        metrics=[batch_labels])
+        metrics=[batch_labels],
+    )
     callback = HiddenStatePrivacyCallback(
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2), sampling=sampling,
-        dataset_size=N, batch_size=B, delta=DELTA, verbose=0)
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2),
+        sampling=sampling,
+        dataset_size=N,
+        batch_size=B,
+        delta=DELTA,
+        verbose=0,
+    )
     return model, callback, batched_dataset(x, y, B, sampling)
 
 
@@ -87,8 +94,16 @@ def main(workdir, sampling, order, kill_at=None):
     if kill_at is not None:
         callbacks.append(KillAt(kill_at, callback, workdir))
     model.fit(ds, epochs=EPOCHS, callbacks=callbacks, verbose=0)
-    print(json.dumps({"epsilon": callback.epsilon, "steps": callback.steps, "ledger": callback.recorder.ledger_state(),
-                      "batches": TRAINED}))
+    print(
+        json.dumps(
+            {
+                "epsilon": callback.epsilon,
+                "steps": callback.steps,
+                "ledger": callback.recorder.ledger_state(),
+                "batches": TRAINED,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -105,37 +105,12 @@ def test_bad_grids_are_refused_naming_the_flag(bench, capsys):
 @pytest.mark.slow
 def test_a_tiny_run_end_to_end(bench, tmp_path, capsys):
     out, fig, js = tmp_path / "u.md", tmp_path / "u.png", tmp_path / "u.json"
-    res = bench.main(
-        [
-            "--datasets",
-            "breast_cancer",
-            "--budgets",
-            "1,4",
-            "--batch-sizes",
-            "72",
-            "--epochs",
-            "2",
-            "--lrs",
-            "1",
-            "--l2s",
-            "0,0.05",
-            "--radii",
-            "none",
-            "--samplers",
-            "shuffle_partition",
-            "--seeds",
-            "2",
-            "--no-progress",
-            "--out",
-            str(out),
-            "--plot",
-            str(fig),
-            "--json",
-            str(js),
-            "--cache",
-            str(tmp_path / "cache.jsonl"),
-        ]
-    )
+    tiny = (
+        "--datasets breast_cancer --budgets 1,4 --batch-sizes 72 --epochs 2 --lrs 1 --l2s 0,0.05 --radii none "
+        "--samplers shuffle_partition --seeds 2 --no-progress"
+    ).split()
+    files = ["--out", str(out), "--plot", str(fig), "--cache", str(tmp_path / "cache.jsonl")]
+    res = bench.main(tiny + files + ["--json", str(js)])
     printed = capsys.readouterr().out
     rows = res["rows"]
     assert [(r["method"], r["epsilon_budget"]) for r in rows] == [
@@ -151,33 +126,5 @@ def test_a_tiny_run_end_to_end(bench, tmp_path, capsys):
     assert "python benchmarks/utility_at_budget.py --datasets breast_cancer" in text and "opacus 1.6" in text
     assert text.count("| breast_cancer | (") == 5 and fig.stat().st_size > 10_000 and js.stat().st_size > 0
     # the cache resumes: a second run does no work and prints the same rows
-    again = bench.main(
-        [
-            "--datasets",
-            "breast_cancer",
-            "--budgets",
-            "1,4",
-            "--batch-sizes",
-            "72",
-            "--epochs",
-            "2",
-            "--lrs",
-            "1",
-            "--l2s",
-            "0,0.05",
-            "--radii",
-            "none",
-            "--samplers",
-            "shuffle_partition",
-            "--seeds",
-            "2",
-            "--no-progress",
-            "--out",
-            str(out),
-            "--plot",
-            str(fig),
-            "--cache",
-            str(tmp_path / "cache.jsonl"),
-        ]
-    )
+    again = bench.main(tiny + files)
     assert [r["test"] for r in again["rows"]] == [r["test"] for r in rows]

@@ -1,5 +1,7 @@
 import os
+import pathlib
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Accounting calls take milliseconds to seconds; no per-example deadline, few examples.
@@ -18,15 +20,13 @@ settings.load_profile("hsa")
 _FRAMEWORK_MARK = {"opacus": "torch", "tf": "tf"}
 
 
+_TESTS = pathlib.Path(__file__).resolve().parent
+
+
 def pytest_collection_modifyitems(config, items):
-    import pathlib
-
-    import pytest
-
-    tests = pathlib.Path(__file__).resolve().parent
     for item in items:
-        path = pathlib.Path(str(item.fspath)).resolve()
-        if tests in path.parents:
-            mark = _FRAMEWORK_MARK.get(path.relative_to(tests).parts[0])
+        path = item.path.resolve()
+        if _TESTS in path.parents:
+            mark = _FRAMEWORK_MARK.get(path.relative_to(_TESTS).parts[0])
             if mark:
                 item.add_marker(getattr(pytest.mark, mark))

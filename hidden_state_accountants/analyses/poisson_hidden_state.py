@@ -463,10 +463,9 @@ def grid_epsilon(pld: fdp.PLD, delta: float) -> float:
             return math.inf
         loss = (pmf._lower_loss + np.arange(p.size)) * pmf._discretization  # noqa: SLF001
         tail_p = np.concatenate([np.cumsum(p[::-1])[::-1][1:], [0.0]])
-        with np.errstate(over="ignore", invalid="ignore"):  # 0 * inf: NaN drops the candidate
+        with np.errstate(over="ignore", invalid="ignore"):  # 0 * inf: the NaN only drops a candidate
             w = p * np.exp(-(loss - loss[-1]))
-        tail_w = np.concatenate([np.cumsum(w[::-1])[::-1][1:], [0.0]])
-        with np.errstate(over="ignore", invalid="ignore"):
+            tail_w = np.concatenate([np.cumsum(w[::-1])[::-1][1:], [0.0]])
             dl = inf + tail_p - np.exp(loss - loss[-1]) * tail_w
         ok = np.flatnonzero(dl <= delta)
         out = max(out, float(loss[ok[0]]) if ok.size else math.inf)

@@ -1,6 +1,6 @@
 """Doctests of the package's modules, collected by ``pytest --doctest-modules`` (pyproject.toml).
 
-pytest would import a module by its path, which for the adapters (``adapters/opacus/...``,
+pytest would import a module by its path, which for the framework packages (``adapters/opacus/...``,
 installed as ``hidden_state_accountants.opacus``) names a second copy of the package or shadows
 the framework itself (``opacus.accountant``). Here every module of the package is imported
 under its installed name instead; an adapter whose framework is not installed (torch, Opacus,
@@ -18,13 +18,15 @@ import pytest
 from _pytest.doctest import DoctestModule
 
 ROOT = pathlib.Path(__file__).resolve().parent
+FRAMEWORK_ROOTS = ("adapters", "training")  # as in setup.py
 PACKAGE_DIRS: Dict[str, pathlib.Path] = {
     "hidden_state_accountants": ROOT / "hidden_state_accountants",
-    # every adapter under adapters/ installs as hidden_state_accountants.<name>, the rule of setup.py
-    # (tests/core/test_import_rules.py checks they agree)
+    # every package under adapters/ and training/ installs as hidden_state_accountants.<name>, the
+    # rule of setup.py (tests/core/test_packaging.py checks the wheel against it)
     **{
         f"hidden_state_accountants.{d.name}": d
-        for d in sorted((ROOT / "adapters").iterdir())
+        for root in FRAMEWORK_ROOTS
+        for d in sorted((ROOT / root).iterdir())
         if (d / "__init__.py").is_file()
     },
 }

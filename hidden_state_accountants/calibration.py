@@ -16,8 +16,9 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import attr
 from scipy import optimize
 
 from hidden_state_accountants import fdp
@@ -364,6 +365,29 @@ def calibrate_noise_multiplier(
     return NoiseCalibration(
         noise_multiplier=best_z, epsilon=eps, analysis=name, evaluations=len(cands.noises), converged=converged
     )
+
+
+def run_differences(run: TrainingRunDpEvent, calibrated: TrainingRunDpEvent) -> List[str]:
+    """The fields in which ``run`` differs from the ``calibrated`` run, each with both values, for the
+    refusal of a run that does not meet the target it was calibrated for. More noise than calibrated is
+    no difference (a framework may store the noise multiplier rounded up).
+
+    >>> from hidden_state_accountants import TrainingRunDpEvent
+    >>> a = TrainingRunDpEvent(dataset_size=100, batch_size=10, steps=10, noise_multiplier=1.0,
+    ...                        clip_norm=1.0, learning_rate=0.1, sampling="cyclic")
+    >>> run_differences(a.replace(learning_rate=0.2, noise_multiplier=2.0), a)
+    ['learning_rate 0.2 (calibrated: 0.1)']
+    """
+
+    def differs(name: str) -> bool:
+        mine, theirs = getattr(run, name), getattr(calibrated, name)
+        return mine < theirs if name == "noise_multiplier" and isinstance(mine, float) else mine != theirs
+
+    return [
+        f"{f.name} {getattr(run, f.name)!r} (calibrated: {getattr(calibrated, f.name)!r})"
+        for f in attr.fields(TrainingRunDpEvent)
+        if differs(f.name)
+    ]
 
 
 class _Budget(Exception):

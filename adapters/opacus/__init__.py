@@ -6,27 +6,18 @@ line::
     import hidden_state_accountants.opacus  # registers "hidden_state"
     engine = PrivacyEngine(accountant="hidden_state")
 
-and supplies what makes the hidden-state bounds true: batch samplers following the core's
-schedules (:mod:`.samplers`), a projection/regularisation hook (:mod:`.hooks`), and feature
-clipping (:mod:`.features`: a ``FeatureClip`` in front of the trainable layer enforces the
-geometry's feature bound; without one the accountant checks the layer's inputs on every batch
-before its step). For such engines it also makes ``make_private_with_epsilon`` calibrate the
-configured claim, and ``save_checkpoint`` / ``load_checkpoint`` check a whole checkpoint before
-applying any of it, bind the ledger to the weights it describes, and write atomically
-(:mod:`.engine`). The accountant only reads Opacus (:mod:`.facts`); the core's recording layer
-decides what the facts back (its policy: :mod:`hidden_state_accountants.recording`). See
-``docs/opacus.md``.
+The accountant only reads Opacus (:mod:`.facts`) and the core's recording layer decides what the
+facts back (its policy: :mod:`hidden_state_accountants.recording`); for its engines
+:mod:`.engine` makes ``make_private_with_epsilon`` calibrate the configured claim and checkpoints
+all or nothing. The training tools of :mod:`hidden_state_accountants.pytorch` (samplers,
+``FeatureClip``, ``ProjectionHook``: the last imported on first use, as it reads the optimizer
+through this adapter) are re-exported here. See ``docs/opacus.md``.
 """
 
 from opacus.accountants import create_accountant, register_accountant
 
-from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
-from .engine import install as _install_engine
-from .engine import load_checkpoint, module_weights_digest, save_checkpoint
-from .facts import PROJECTION_ATTR, loader_facts, model_facts, step_facts
-from .features import FeatureClip, FeatureNormMonitor, clip_features
-from .hooks import ProjectionHook
-from .samplers import (
+from hidden_state_accountants.pytorch.features import FeatureClip, FeatureNormMonitor, clip_features
+from hidden_state_accountants.pytorch.samplers import (
     BallsInBinsBatchSampler,
     CyclicBatchSampler,
     FullBatchSampler,
@@ -38,6 +29,19 @@ from .samplers import (
     sampler_from_state_dict,
     secret_shuffle,
 )
+
+from .accountant import MECHANISM, HiddenStateCalibration, OpacusHiddenStateAccountant, sampler_from_checkpoint
+from .engine import install as _install_engine
+from .engine import load_checkpoint, module_weights_digest, save_checkpoint
+from .facts import PROJECTION_ATTR, loader_facts, model_facts, step_facts
+
+
+def __getattr__(name: str):
+    if name == "ProjectionHook":  # on first use: its module imports this adapter's facts
+        from hidden_state_accountants.pytorch.projection import ProjectionHook
+
+        return ProjectionHook
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register() -> None:

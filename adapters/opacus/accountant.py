@@ -30,10 +30,12 @@ from hidden_state_accountants.recording import (
     check_position,
 )
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, schedule_reason
+from hidden_state_accountants.statement import render_statement
+
+from hidden_state_accountants.pytorch.features import FeatureNormMonitor
+from hidden_state_accountants.pytorch.samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 from .facts import LOSS_UNSEEN, feature_facts, loader_facts, model_facts, optimizer_facts, step_facts
-from .features import FeatureNormMonitor
-from .samplers import HiddenStateBatchSampler, sampler_from_state_dict
 
 __all__ = [
     "OpacusHiddenStateAccountant",
@@ -436,6 +438,14 @@ class OpacusHiddenStateAccountant(IAccountant):
         if len(self.history) != 1:
             raise v.ParameterError("history", "calibration expects one (noise, sample_rate, steps) entry")
         return spec.recorder(*self.history[0]).report(delta, warn=False)
+
+    def privacy_statement(self, delta: float, include_analyses: bool = False) -> str:
+        """The model-card text for the steps recorded so far
+        (:func:`~hidden_state_accountants.statement.render_statement`: what was run, both numbers, what
+        the claim rests on)."""
+        if not len(self):
+            raise ValueError("no training step has been accounted yet")
+        return render_statement(self._recorder, delta, include_analyses=include_analyses)
 
     def composition_epsilon(self, delta: float) -> float:
         """The best composition bound for the same run (valid even if every iterate is released)."""

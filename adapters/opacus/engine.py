@@ -5,31 +5,17 @@ For an engine whose accountant is the hidden-state one, :func:`install` (run whe
 :mod:`hidden_state_accountants.opacus` is imported) makes four of its methods call the functions
 here, with Opacus' signatures; other engines keep Opacus' methods:
 
-* ``make_private`` tells the accountant the data loader's dataset size (a configured Poisson
-  ``dataset_size`` must be it: :meth:`~.accountant.OpacusHiddenStateAccountant.check_data_loader`).
-* ``make_private_with_epsilon`` calibrates the *configured* claim: Opacus calibrates with a fresh
-  accountant built by name, which knows only Poisson composition under ADD_OR_REMOVE_ONE, so the
-  wrapper hands it the configuration (:meth:`~.accountant.OpacusHiddenStateAccountant.calibration_for`,
-  made from the call's optimizer and ``max_grad_norm``); the user's code stays Opacus'.
-* ``save_checkpoint`` / ``load_checkpoint``: Opacus' own ``load_checkpoint`` loads the module's
-  weights, then the accountant's state, then the optimizer's, each as it comes: a refused
-  accountant state or a broken optimizer state leaves the parts before it applied. Here
-  ``engine.load_checkpoint(...)``, as in Opacus' documentation:
+* ``make_private`` tells the accountant the data loader's dataset size
+  (:meth:`~.accountant.OpacusHiddenStateAccountant.check_data_loader`);
+* ``make_private_with_epsilon`` hands Opacus' calibration, which builds a fresh accountant by name,
+  the *configured* claim (:meth:`~.accountant.OpacusHiddenStateAccountant.calibration_for`);
+* ``save_checkpoint`` seals the digest of the module weights it writes into the accountant state and
+  writes the file atomically (:func:`~hidden_state_accountants.checkpoint.write_atomically`);
+* ``load_checkpoint`` checks every part of the file (the accountant state, that it was saved with
+  these weights, the module state's keys and shapes, the optimizer state in a copy of the optimizer)
+  before it applies any, and puts the module and optimizer back if applying fails anyway.
 
-1. reads the file and checks every part before applying any: the accountant state (the core's
-   :func:`~hidden_state_accountants.checkpoint.open_run`: digest, format, types, the ledger
-   replayed under the claim; then the configuration), that it was saved with exactly the module
-   weights the file holds (the weights digest sealed in at save time), the module state's keys
-   and shapes against the module, the optimizer state by loading it into a copy of the
-   optimizer;
-2. then applies the module's weights, the optimizer's state, the schedulers' and the accountant's
-   (if applying fails anyway, the module and optimizer are put back as they were).
-
-``engine.save_checkpoint(path=...)`` seals the digest of the module state it writes into the
-accountant state and writes the file atomically (:func:`~hidden_state_accountants.checkpoint.write_atomically`:
-a temporary file in the same directory, flushed to disk, renamed onto ``path``): a process killed
-during the write leaves the previous checkpoint. A file object given as ``path`` is written as
-Opacus writes it (its atomicity is the caller's).
+docs/opacus.md ("Checkpoints") says what each check refuses, and why Opacus' own methods are not enough.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from hidden_state_accountants.recording import (
 )
 from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSchedule
 
-from .features import FeatureClip
-from .samplers import HiddenStateBatchSampler, has_secret_generator
+from hidden_state_accountants.pytorch.features import FeatureClip
+from hidden_state_accountants.pytorch.samplers import HiddenStateBatchSampler, has_secret_generator
 
 __all__ = [
     "step_facts",
@@ -55,7 +55,8 @@ __all__ = [
 ]
 
 PROJECTION_ATTR = "_hsa_projection"
-"""The attribute of the DP optimizer that holds its :class:`~.hooks.ProjectionHook` (read here at every step)."""
+"""The attribute of the DP optimizer that holds its :class:`~hidden_state_accountants.pytorch.projection.ProjectionHook`
+(read here at every step)."""
 
 
 # ---------------------------------------------------------------------------- steps
@@ -203,35 +204,15 @@ _RANDOM_MODULES = (
     nn.FeatureAlphaDropout,
     nn.RReLU,
 )
-_RANDOM_FUNCTIONS = {  # functions and tensor methods that draw randomness
-    "dropout",
-    "dropout1d",
-    "dropout2d",
-    "dropout3d",
-    "alpha_dropout",
-    "feature_alpha_dropout",
-    "rrelu",
-    "gumbel_softmax",
-    "rand",
-    "randn",
-    "randint",
-    "rand_like",
-    "randn_like",
-    "randint_like",
-    "randperm",
-    "bernoulli",
-    "normal",
-    "multinomial",
-    "poisson",
-    "bernoulli_",
-    "normal_",
-    "uniform_",
-    "exponential_",
-    "random_",
-    "cauchy_",
-    "geometric_",
-    "log_normal_",
-}
+# functions and tensor methods that draw randomness
+_RANDOM_FUNCTIONS = frozenset(
+    """
+    dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout rrelu gumbel_softmax
+    rand randn randint rand_like randn_like randint_like randperm bernoulli
+    normal multinomial poisson bernoulli_ normal_ uniform_ exponential_ random_
+    cauchy_ geometric_ log_normal_
+    """.split()
+)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -405,7 +386,7 @@ LOSS_UNSEEN = "Opacus does not see it (the training loop computes the loss)"
 
 def feature_facts(model: Optional[nn.Module]) -> Tuple[Optional[nn.Linear], Optional[str]]:
     """The trainable ``nn.Linear`` whose inputs can be checked on every batch (a
-    :class:`~.features.FeatureNormMonitor` on it), or ``None`` and why none can (the core's
+    :class:`~hidden_state_accountants.pytorch.features.FeatureNormMonitor` on it), or ``None`` and why none can (the core's
     :attr:`Claim.feature_unobservable <hidden_state_accountants.recording.Claim.feature_unobservable>`)."""
     if model is None:
         return None, "the model was not given to configure(), so its inputs cannot be checked"

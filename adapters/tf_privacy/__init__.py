@@ -16,30 +16,29 @@ Add one callback to ``model.fit`` and Keras reports the hidden-state epsilon eac
         sampling="shuffle_partition", dataset_size=len(x), batch_size=64, delta=1e-5)
     model.fit(ds, epochs=20, callbacks=[cb])   # logs: epsilon, epsilon_composition
 
-Pieces: :class:`HiddenStatePrivacyCallback` (reads the optimizer, the model and what ``fit``
-trains on, and hands the facts to the core's recording layer, which decides; budget stop);
-:func:`batched_dataset` (the core's batch schedules as ``tf.data``);
-:class:`DecoupledL2DPKerasSGDOptimizer` (L2 outside clipping) and :class:`L2BallProjection`
-(projection, diameter reported to the callback); :class:`FeatureClip` (a layer that enforces the
-geometry's feature bound; without it the callback checks the data before training);
-:func:`model_facts` (the model's structure as the core sees it);
-:func:`compute_hidden_state_privacy_statement` (model-card text);
-:func:`compute_hidden_state_noise` (the noise for a target epsilon, the hidden-state
-``compute_noise``; also :meth:`HiddenStatePrivacyCallback.compute_noise`).
+The adapter: :class:`HiddenStatePrivacyCallback` (reads the optimizer, the model and what ``fit``
+trains on; the core's recording layer decides; budget stop), :func:`compute_hidden_state_noise`
+(the hidden-state ``compute_noise``), :func:`compute_hidden_state_privacy_statement` (model-card
+text), and the readers :func:`model_facts` and :func:`projection_diameter`. The Keras training tools
+(:mod:`hidden_state_accountants.keras`: ``batched_dataset``, ``FeatureClip``, ``L2BallProjection``,
+``DecoupledL2DPKerasSGDOptimizer``) are re-exported here. See ``docs/tf_privacy.md``.
 """
+
+from hidden_state_accountants.keras.data import (
+    DATASET_SAMPLINGS,
+    batched_dataset,
+    dataset_schedule,
+    partition_indices,
+)
+from hidden_state_accountants.keras.decoupled_l2 import DecoupledL2DPKerasSGDOptimizer
+from hidden_state_accountants.keras.features import FeatureClip, clip_feature_norms, largest_input_norm
+from hidden_state_accountants.keras.projection import L2BallProjection
 
 from .calibration import compute_hidden_state_noise, planned_run, recorded_noise_multiplier
 from .callback import STATE_ATTRIBUTE, CalibratedRun, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
-from .data import DATASET_SAMPLINGS, batched_dataset, clip_feature_norms, dataset_schedule, partition_indices
-from .model import FeatureClip, largest_input_norm, model_facts
+from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
-from .regularization import (
-    DecoupledL2DPKerasSGDOptimizer,
-    L2BallProjection,
-    inside_clipping_regularizers,
-    projection_diameter,
-    projection_facts,
-)
+from .regularization import inside_clipping_regularizers, projection_diameter, projection_facts
 from .statement import compute_hidden_state_privacy_statement
 
 __all__ = [

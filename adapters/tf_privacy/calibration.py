@@ -36,10 +36,10 @@ from hidden_state_accountants import (
     calibrate_noise_multiplier,
 )
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.keras.data import check_dataset_last_batch, check_dataset_sampling
 from hidden_state_accountants.recording import Claim, OptimizerKind, batch_records
 from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule
 
-from .data import check_dataset_last_batch, check_dataset_sampling
 from .optimizers import DPOptimizerSettings, step_facts
 from .statement import RELATION
 

@@ -1,24 +1,10 @@
 """``HiddenStatePrivacyCallback``: hidden-state epsilon in Keras' logs, and a budget stop.
 
 The callback only reads facts and hands them to the core's recording layer
-(:mod:`hidden_state_accountants.recording`), which decides what they back, the same way as
-for every other framework:
-
-* each optimiser step, from the model's TF-Privacy optimizer, as ``StepFacts``: noise, clip
-  norm, learning rate (constant, a ``LearningRateSchedule``, the legacy ``decay``, or changed
-  by another callback), the number of microbatches, L2 outside clipping, the
-  ``L2BallProjection`` diameter, the optimizer kind, momentum, ``clipnorm``, gradient
-  accumulation, and the replicas of the model's ``tf.distribute`` strategy (how many, how
-  Keras combines them, whether the optimizer splits its step over them);
-* the model's layers as ``ModelFacts`` (a :class:`~.model.FeatureClip` feeding the trainable
-  layer enforces the geometry's feature bound);
-* with a geometry that has a feature bound and no such clip, the largest input norm of the
-  trainable layer over every record ``fit`` trains on, checked by the core before any step, and
-  the loss (``model.loss``, sample and class weights) compared with the one the geometry assumes;
-* what ``model.fit`` trains on as ``BatchSourceFacts``: a :func:`batched_dataset` of the
-  declared schedule, Keras' own per-epoch shuffle of arrays (``fit(x, y, batch_size=b,
-  shuffle=True)``: ``reshuffle`` drawn by Keras, secret unless TensorFlow's random seed was
-  set), or something else, which is refused with what it is.
+(:mod:`hidden_state_accountants.recording`), which decides what they back, as for every other
+framework: each optimiser step from the TF-Privacy optimizer (:mod:`.optimizers`), the model's
+layers and the inputs of its trainable layer (:mod:`.model`), the loss ``fit`` minimises, and what
+``fit`` trains on (:mod:`.data`). docs/tf_privacy.md lists every fact read and what each setting meets.
 
 At the end of every epoch it writes ``epsilon`` (the best valid bound for the steps taken)
 and ``epsilon_composition`` (every iterate released) into the epoch's logs, so the progress
@@ -42,9 +28,12 @@ import tensorflow as tf
 from hidden_state_accountants import BatchSchedule, LossGeometry, ParameterError, TrainingRunDpEvent
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.accountant import PrivacyReport
+from hidden_state_accountants.calibration import run_differences
 from hidden_state_accountants.checkpoint import RunState, check_continues, open_run, refusal, seal_run
 from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
+from hidden_state_accountants.keras.data import check_dataset_last_batch, check_dataset_sampling
+from hidden_state_accountants.keras.features import largest_input_norm
 from hidden_state_accountants.recording import (
     Claim,
     RunRecorder,
@@ -54,21 +43,20 @@ from hidden_state_accountants.recording import (
     check_position,
 )
 from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule, steps_per_epoch
+from hidden_state_accountants.statement import render_statement
 
 from .calibration import FLOAT32_MARGIN, compute_hidden_state_noise, planned_run
 from .data import (
     FitData,
-    check_dataset_last_batch,
-    check_dataset_sampling,
     continue_batch_source,
     fit_batch_source,
     fit_data,
     share_batch_source_across_workers,
 )
-from .model import largest_input_norm, model_facts
+from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
-from .statement import RELATION, render_statement
+from .statement import RELATION, host_paragraphs
 
 _DP_MODEL_MODULE = "tensorflow_privacy.privacy.keras_models.dp_keras_model"
 
@@ -517,17 +505,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         eps = self.recorder.report(self.delta, plan=plan, warn=False).epsilon
         if eps <= c.target_epsilon:
             return
-        planned = self.recorder.run(plan=plan, warn=False)
-
-        def differs(name: str) -> bool:  # more noise than calibrated (TF-Privacy's float32 copy) is no difference
-            mine, calibrated = getattr(planned, name), getattr(c.run, name)
-            return mine < calibrated if name == "noise_multiplier" and isinstance(mine, float) else mine != calibrated
-
-        diff = [
-            f"{f.name} {getattr(planned, f.name)!r} (calibrated: {getattr(c.run, f.name)!r})"
-            for f in attr.fields(TrainingRunDpEvent)
-            if differs(f.name)
-        ]
+        diff = run_differences(self.recorder.run(plan=plan, warn=False), c.run)  # TF-Privacy's float32 z is >=
         raise ParameterError(
             "compute_noise",
             f"calibrated noise multiplier {c.noise_multiplier:.6g} for epsilon <= "
@@ -548,7 +526,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if not self.steps:
             raise ValueError("no training step has been accounted yet")
         extra = [f"batches: {self._source_description}"] if self._source_description else []
-        return render_statement(self.recorder, self.delta, extra_notes=extra, include_analyses=include_analyses)
+        return render_statement(
+            self.recorder,
+            self.delta,
+            extra_notes=extra,
+            include_analyses=include_analyses,
+            host_paragraphs=host_paragraphs(self.recorder.claim.sampling),
+        )
 
     # ----------------------------------------------------------------- resuming
     def privacy_state(self) -> Dict[str, Any]:

@@ -12,7 +12,9 @@
   and every analysis (the code both sides need lives in ``schedule_laws`` and ``mixture_pair``, tested
   on their own in tests/core/test_schedule_laws.py); tests/core/test_lower_bounds.py checks that the report
   computes it only when shown and that nothing else reads it.
-* Each adapter imports only its own framework (and the core).
+* Each adapter imports only its own framework, the core and its framework's training tools; the
+  training tools import only their framework and the core (the two that extend a DP library's
+  optimizer import that library, and ProjectionHook the Opacus adapter's reading of it).
 * Every warning the package emits is a ``HiddenStateWarning``, every exception and warning class
   is defined once, and the leaf modules (``errors``, ``analyses.analysis_info``) import nothing
   that imports them back.
@@ -35,15 +37,24 @@ PACKAGE_DIRS = _root_conftest.PACKAGE_DIRS  # the installed name of every direct
 
 PKG = "hidden_state_accountants"
 FRAMEWORKS = {"torch", "opacus", "tensorflow", "tensorflow_privacy", "keras"}
+# the framework packages (installed from adapters/ and training/) and the frameworks each may import
 ADAPTER_FRAMEWORKS = {
     f"{PKG}.opacus": {"torch", "opacus"},
     f"{PKG}.pytorch": {"torch"},
     f"{PKG}.tf_privacy": {"tensorflow", "tensorflow_privacy"},
     f"{PKG}.keras": {"tensorflow"},
 }
+MODULE_FRAMEWORKS = {
+    # the two training tools that extend a DP library's optimizer (not imported by their package)
+    f"{PKG}.pytorch.projection": {"torch", "opacus"},
+    f"{PKG}.keras.decoupled_l2": {"tensorflow", "tensorflow_privacy"},
+}
 ADAPTER_IMPORTS_ADAPTER = {
-    # the module's former name: hidden_state_accountants.tf_privacy.sbcd is the Keras trainer
-    (f"{PKG}.tf_privacy.sbcd", f"{PKG}.keras"),
+    # each adapter re-exports and reads its framework's training tools
+    (f"{PKG}.opacus", f"{PKG}.pytorch"),
+    (f"{PKG}.tf_privacy", f"{PKG}.keras"),
+    # ProjectionHook refuses an update the analyses do not cover, as the Opacus adapter reads it
+    (f"{PKG}.pytorch.projection", f"{PKG}.opacus"),
 }
 
 
@@ -169,7 +180,7 @@ def _function_level(name: str) -> Set[int]:
 def test_the_parser_sees_the_package():
     assert {f"{PKG}.accountant", f"{PKG}.analyses.registry", f"{PKG}.opacus.facts", f"{PKG}.keras.sbcd"} <= set(MODULES)
     assert f"{PKG}.analyses.bok" in GRAPH[f"{PKG}.analyses.registry"]
-    assert f"{PKG}.opacus.features" in GRAPH[f"{PKG}.opacus.facts"]  # relative imports resolve
+    assert f"{PKG}.opacus.facts" in GRAPH[f"{PKG}.opacus.accountant"]  # relative imports resolve
 
 
 def test_no_import_circle():
@@ -238,12 +249,14 @@ def test_each_adapter_imports_only_its_own_framework():
         for target, _ in _imports(name):
             root = target.split(".")[0]
             if root in FRAMEWORKS:
-                assert root in ADAPTER_FRAMEWORKS[adapter], f"{name} imports {target}"
+                assert root in MODULE_FRAMEWORKS.get(name, ADAPTER_FRAMEWORKS[adapter]), f"{name} imports {target}"
             other = next(
                 (a for a in ADAPTER_FRAMEWORKS if a != adapter and (target == a or target.startswith(a + "."))), None
             )
             if other is not None:
-                assert (name, other) in ADAPTER_IMPORTS_ADAPTER, f"{name} imports the adapter {target}"
+                assert (name, other) in ADAPTER_IMPORTS_ADAPTER or (adapter, other) in ADAPTER_IMPORTS_ADAPTER, (
+                    f"{name} imports the package {target}"
+                )
 
 
 def test_the_leaf_modules_import_no_module_that_imports_them():
@@ -268,7 +281,7 @@ def test_every_class_is_defined_once():
     # one DP-SBCD trainer and one feature clip (a torch module, a Keras layer) per framework
     assert twice == {
         "DPSBCD": [f"{PKG}.keras.sbcd", f"{PKG}.pytorch.sbcd"],
-        "FeatureClip": [f"{PKG}.opacus.features", f"{PKG}.tf_privacy.model"],
+        "FeatureClip": [f"{PKG}.keras.features", f"{PKG}.pytorch.features"],
     }
     assert _classes()["UnsupportedLayerError"] == [f"{PKG}.errors"]
 
@@ -317,12 +330,17 @@ def test_every_warning_the_package_emits_is_a_hidden_state_warning():
 
 
 def test_the_installed_names_are_setup_pys():
-    """conftest.py imports the adapters under the names setup.py installs them as."""
+    """conftest.py imports the framework packages under the names setup.py installs them as."""
     setuptools = pytest.importorskip("setuptools")
-    adapters = [name for name in setuptools.find_packages(str(ROOT / "adapters")) if "." not in name]
-    assert adapters, "no adapter found under adapters/"
-    mapped = {f"{PKG}.{name}": ROOT / "adapters" / name for name in adapters}
+    mapped = {
+        f"{PKG}.{name}": ROOT / root / name
+        for root in ("adapters", "training")
+        for name in setuptools.find_packages(str(ROOT / root))
+        if "." not in name
+    }
+    assert {f"{PKG}.opacus", f"{PKG}.tf_privacy", f"{PKG}.pytorch", f"{PKG}.keras"} <= set(mapped)
     assert {k: v for k, v in PACKAGE_DIRS.items() if k != PKG} == mapped
+    assert set(mapped) == set(ADAPTER_FRAMEWORKS)  # every framework package has its import rule
 
 
 def test_every_declared_analysis_is_registered():

@@ -37,11 +37,15 @@ def wheel(tmp_path_factory) -> pathlib.Path:
 
 
 def _source_modules() -> set:
-    """Where each source file must land in the wheel: the core as it is, adapters/<name>/... under
-    hidden_state_accountants/<name>/...."""
+    """Where each source file must land in the wheel: the core as it is, adapters/<name>/... and
+    training/<name>/... under hidden_state_accountants/<name>/...."""
     core = {p.relative_to(ROOT).as_posix() for p in (ROOT / CORE).rglob("*.py")}
-    adapters = {f"{CORE}/{p.relative_to(ROOT / 'adapters').as_posix()}" for p in (ROOT / "adapters").rglob("*.py")}
-    return {m for m in core | adapters if "__pycache__" not in m}
+    framework = {
+        f"{CORE}/{p.relative_to(ROOT / root).as_posix()}"
+        for root in ("adapters", "training")
+        for p in (ROOT / root).rglob("*.py")
+    }
+    return {m for m in core | framework if "__pycache__" not in m}
 
 
 def _metadata(wheel: pathlib.Path):
@@ -56,14 +60,14 @@ def test_wheel_holds_the_core_and_every_adapter(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     expected = _source_modules()
-    for adapter in ("opacus", "pytorch", "tf_privacy"):  # the mapping itself, not only the walk
+    for adapter in ("opacus", "pytorch", "tf_privacy", "keras"):  # the mapping itself, not only the walk
         assert f"{CORE}/{adapter}/__init__.py" in expected
     assert f"{CORE}/analyses/__init__.py" in expected
     missing = sorted(expected - names)
     assert not missing, f"source modules missing from the wheel: {missing}"
     modules = {n for n in names if n.endswith(".py")}
     assert modules == expected, f"modules in the wheel with no source: {sorted(modules - expected)}"
-    # nothing at the top level but the package and its metadata (no `adapters`, no tests)
+    # nothing at the top level but the package and its metadata (no `adapters`, `training`, tests)
     assert {n.split("/")[0] for n in names} == {CORE, f"{CORE}-{hidden_state_accountants.__version__}.dist-info"}
 
 

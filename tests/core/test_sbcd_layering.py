@@ -48,8 +48,8 @@ def _string_constants(path: pathlib.Path) -> List[str]:
     [
         "hidden_state_accountants/analyses/sbcd.py",
         "hidden_state_accountants/sbcd_training.py",
-        "adapters/pytorch/sbcd.py",
-        "adapters/keras/sbcd.py",
+        "training/pytorch/sbcd.py",
+        "training/keras/sbcd.py",
     ],
 )
 def test_sampling_names_are_the_cores_constants(relpath):

@@ -460,11 +460,31 @@ def test_two_departures_give_one_warning_each():
 def test_no_regex_silencing_left_in_the_adapter():
     import inspect
 
-    from hidden_state_accountants.opacus import accountant, facts, hooks, samplers
+    from hidden_state_accountants.opacus import accountant, facts
+    from hidden_state_accountants.pytorch import projection as hooks
+    from hidden_state_accountants.pytorch import samplers
 
     for mod in (accountant, facts, hooks, samplers):
         src = inspect.getsource(mod)
         assert "filterwarnings" not in src and "simplefilter" not in src, mod.__name__
+
+
+def test_privacy_statement_states_the_accountants_numbers_and_relation():
+    s = sampler_for(SHUFFLE_PARTITION)
+    engine, model, opt, loader = private(s)
+    hook = hso.ProjectionHook(opt, l2_regularization=0.05)
+    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), sampler=s, model=model, optimizer=opt)
+    with pytest.raises(ValueError, match="no training step"):
+        engine.accountant.privacy_statement(DELTA)
+    train(model, opt, loader, 2)
+    report = engine.accountant.explain(DELTA)
+    text = " ".join(engine.accountant.privacy_statement(DELTA).split())
+    assert f"released: {report.epsilon:.3f} ({report.analysis})" in text
+    assert f"released: {report.composition_epsilon:.3f} (composition)" in text
+    assert "replace-one adjacency (REPLACE_ONE)" in text  # the fixed-size sampler's relation
+    assert "Note: feature norm <= 1: enforced by the model's feature clip" in text  # read from the model
+    assert "Note: the loss is the user's claim" in text and "Opacus does not see it" in text
+    assert "TF-Privacy" not in text
 
 
 # ------------------------------------------------------------------------ bad configurations

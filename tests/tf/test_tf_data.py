@@ -147,7 +147,8 @@ def test_clip_feature_norms_bounds_rows_and_keeps_short_ones():
 def test_module_doctests():
     import doctest
 
-    from hidden_state_accountants.tf_privacy import data, model
+    from hidden_state_accountants.keras import data
+    from hidden_state_accountants.tf_privacy import model
 
     for mod in (data, model):
         result = doctest.testmod(mod)

@@ -35,7 +35,7 @@ from hidden_state_accountants.tf_privacy import (  # noqa: E402
     clip_feature_norms,
     partition_indices,
 )
-from hidden_state_accountants.tf_privacy import data as data_module  # noqa: E402
+from hidden_state_accountants.keras.data import dataset_source  # noqa: E402
 
 from keras_common import B, C, CLASSES, DELTA, DIM, GEOMETRY, L2, LR, N, SPE, Z  # noqa: E402
 
@@ -389,7 +389,7 @@ def test_fresh_draws_are_never_replayed(data):
     # out the batches of steps 0.. again)
     fresh = batched_dataset(*data, B, "without_replacement", seed=3)
     model.fit(fresh, epochs=1, callbacks=[cb], verbose=0)
-    assert cb.steps == 3 * SPE and data_module._SOURCES[fresh].next_step == 3 * SPE
+    assert cb.steps == 3 * SPE and dataset_source(fresh).next_step == 3 * SPE
     # one that has already handed out the draws of steps 0..5 elsewhere cannot be moved on
     used = batched_dataset(*data, B, "without_replacement", seed=3)
     list(used)

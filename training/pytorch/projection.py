@@ -1,5 +1,10 @@
 """The projection and L2 hook that make a declared :class:`~hidden_state_accountants.LossGeometry` true in Opacus.
 
+It extends Opacus' DP optimizer, so unlike the rest of :mod:`hidden_state_accountants.pytorch` it
+needs Opacus; the package does not import it, and the Opacus adapter re-exports it
+(``from hidden_state_accountants.opacus import ProjectionHook``). It refuses an update the analyses
+do not cover as the adapter reads it (:func:`hidden_state_accountants.opacus.facts.step_facts`).
+
 :class:`ProjectionHook` keeps all trained parameters in the L2 ball of radius ``R`` after every
 optimiser step, rescaled a hair inside it by the core's rounding rule
 (:mod:`hidden_state_accountants.projection`; the accountant learns the diameter ``D = 2R``), and
@@ -31,7 +36,7 @@ from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.projection import ball_product_diameter, inside_factor
 from hidden_state_accountants.recording import unaccountable, update_departure
 
-from .facts import PROJECTION_ATTR, step_facts
+from hidden_state_accountants.opacus.facts import PROJECTION_ATTR, step_facts
 
 __all__ = ["ProjectionHook"]
 

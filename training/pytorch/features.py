@@ -3,10 +3,11 @@
 * :func:`clip_features` / :class:`FeatureClip` scale every input to L2 norm ``<= R``, the feature
   bound of :meth:`LossGeometry.logistic_regression <hidden_state_accountants.LossGeometry.logistic_regression>`,
   a hair inside the ball by the core's rounding rule (:mod:`hidden_state_accountants.projection`);
-  the accountant recognises a ``FeatureClip`` in front of the trainable layer from the model's
-  structure (the bound is then *enforced*).
+  the Opacus accountant recognises a ``FeatureClip`` in front of the trainable layer from the
+  model's structure (the bound is then *enforced*).
 * :class:`FeatureNormMonitor` sees the inputs of the trainable layer in every training forward
-  pass, so that without a ``FeatureClip`` the bound is *checked* on every batch before its step.
+  pass, so that without a ``FeatureClip`` the accountant *checks* the bound on every batch before
+  its step.
 """
 
 from __future__ import annotations

@@ -179,3 +179,13 @@ def test_a_kept_short_batch_is_divided_as_the_host_divides_it(last_batch, divide
     assert f"short last batch of the 29 examples left over (1437 mod 64) every epoch, {divided}" in text
     assert "30 epochs (690 steps)" in text
     assert f"released: {report.epsilon:.3f} ({report.analysis})" in text
+
+
+def test_a_relation_other_than_the_hosts_default_is_explained():
+    # a fixed-size schedule is not covered under a host's ADD_OR_REMOVE_ONE: reported under REPLACE_ONE, saying why
+    args = dict(ARGS, l2_norm_clip=1.0, learning_rate=0.5, sampling="shuffle_partition", geometry=GEOMETRY)
+    text = _flat(privacy_statement(**args, neighboring_relation=ADD_OR_REMOVE_ONE))
+    assert "replace-one adjacency (REPLACE_ONE)" in text
+    assert "Note: reported under REPLACE_ONE, not the host's ADD_OR_REMOVE_ONE: the shuffle_partition schedule" in text
+    assert f"released: {_report(GEOMETRY).epsilon:.3f}" in text
+    assert "not the host's" not in _flat(privacy_statement(**args))  # REPLACE_ONE is the default: nothing to explain

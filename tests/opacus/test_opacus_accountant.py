@@ -481,7 +481,8 @@ def test_privacy_statement_states_the_accountants_numbers_and_relation():
     text = " ".join(engine.accountant.privacy_statement(DELTA).split())
     assert f"released: {report.epsilon:.3f} ({report.analysis})" in text
     assert f"released: {report.composition_epsilon:.3f} (composition)" in text
-    assert "replace-one adjacency (REPLACE_ONE)" in text  # the fixed-size sampler's relation
+    assert "replace-one adjacency (REPLACE_ONE)" in text  # the fixed-size sampler's relation, and why
+    assert "Note: reported under REPLACE_ONE, not the host's ADD_OR_REMOVE_ONE" in text
     assert "Note: feature norm <= 1: enforced by the model's feature clip" in text  # read from the model
     assert "Note: the loss is the user's claim" in text and "Opacus does not see it" in text
     assert "TF-Privacy" not in text

@@ -1157,7 +1157,8 @@ class RunRecorder:
         return self._hidden_state([s for s, _ in self._ledger])[1]
 
     def notes(self) -> List[str]:
-        """Facts about the claim a report should state."""
+        """Facts about the claim a report should state (the last: why the relation is not the host's default,
+        when it is not)."""
         c = self.claim
         out = []
         if c.geometry is not None and c.assume_convex_model:
@@ -1184,7 +1185,8 @@ class RunRecorder:
                 f"the {s.sampling} schedule uses a seed chosen by the user; the bound assumes it is kept "
                 "as secret as the data"
             )
-        return out
+        relation_note = c.relation()[1]  # why the relation is not the host's default, when it is not
+        return out + ([relation_note] if relation_note else [])
 
     def _geometry_notes(self) -> List[str]:
         """What the declared geometry rests on: enforced, checked, or the user's claim."""
@@ -1327,14 +1329,14 @@ class RunRecorder:
         epsilon or why it does not apply, under the claim's relation (:meth:`Claim.relation`), with the
         reasons for a composition fallback and the notes. Epsilon 0 before any step."""
         plan = list(plan)
-        relation, note = self.claim.relation()
+        relation = self.claim.relation()[0]
         if not self._steps and not plan:
             return HiddenStateAccountant(neighboring_relation=relation).explain(delta)
         run = self.run(plan=plan, steps=steps, warn=warn)
         key = (run, float(delta), relation, self.claim)
         if self._cache[0] != key:
             report = HiddenStateAccountant(neighboring_relation=relation).compose(run).explain(delta)
-            report.notes.extend(self.notes() + ([note] if note else []))
+            report.notes.extend(self.notes())
             self._cache = (key, report)
         return self._cache[1]
 

@@ -146,13 +146,11 @@ def render_statement(
 ) -> str:
     """The statement for the run a recorder holds (``steps`` more than recorded: its last step
     repeated), with what the claim rests on (:meth:`RunRecorder.notes
-    <hidden_state_accountants.recording.RunRecorder.notes>`), why the relation is not the host's default
-    when it is not, and ``extra_notes`` stated as qualifications, and the host's paragraphs last."""
+    <hidden_state_accountants.recording.RunRecorder.notes>`: among them why the relation is not the host's
+    default, when it is not) and ``extra_notes`` stated as qualifications, and the host's paragraphs last."""
     run = recorder.run(steps=steps, warn=False)
     report = recorder.report(delta, steps=steps, warn=False)
-    relation_note = recorder.claim.relation()[1]
-    notes = recorder.notes() + ([relation_note] if relation_note else []) + list(extra_notes)
-    paragraphs = _render(run, report, notes, include_analyses)
+    paragraphs = _render(run, report, recorder.notes() + list(extra_notes), include_analyses)
     return "\n\n".join(paragraphs + [_fill(p) for p in host_paragraphs]) + "\n"
 
 

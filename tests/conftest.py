@@ -1,5 +1,7 @@
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -30,3 +32,23 @@ def pytest_collection_modifyitems(config, items):
             mark = _FRAMEWORK_MARK.get(path.relative_to(_TESTS).parts[0])
             if mark:
                 item.add_marker(getattr(pytest.mark, mark))
+
+
+@pytest.fixture
+def sbcd_example_row():
+    """Runs ``examples/<script> --quick`` (a DP-SBCD digits example, torch or Keras) and returns the
+    cells of its table row for the 479-parameter MLP: test accuracy, hidden-state and composition
+    epsilon."""
+
+    def run(script: str, timeout: int):
+        out = subprocess.run(
+            [sys.executable, str(_TESTS.parent / "examples" / script), "--quick", "--no-progress"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout,
+        ).stdout
+        row = [line for line in out.splitlines() if line.startswith("| 479")][0]
+        return [c.strip() for c in row.strip("|").split("|")]
+
+    return run

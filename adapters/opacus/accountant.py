@@ -29,11 +29,10 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     check_position,
 )
-from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, schedule_reason
-from hidden_state_accountants.statement import render_statement
-
 from hidden_state_accountants.pytorch.features import FeatureNormMonitor
 from hidden_state_accountants.pytorch.samplers import HiddenStateBatchSampler, sampler_from_state_dict
+from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, schedule_reason
+from hidden_state_accountants.statement import render_statement
 
 from .facts import LOSS_UNSEEN, feature_facts, loader_facts, model_facts, optimizer_facts, step_facts
 

@@ -554,20 +554,7 @@ def test_huge_hidden_convolution_is_refused():
 
 
 @pytest.mark.slow
-def test_example_runs():
-    import pathlib
-    import subprocess
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    out = subprocess.run(
-        [sys.executable, str(root / "examples" / "sbcd_digits_torch.py"), "--quick", "--no-progress"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    row = [line for line in out.splitlines() if line.startswith("| 479")][0]
-    cells = [c.strip() for c in row.strip("|").split("|")]
+def test_example_runs(sbcd_example_row):
+    cells = sbcd_example_row("sbcd_digits_torch.py", timeout=600)
     assert float(cells[1].split()[0]) > 60  # DP-SBCD test accuracy (%)
     assert float(cells[2]) < float(cells[3])  # hidden-state eps below composition

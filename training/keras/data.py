@@ -12,7 +12,7 @@ a dataset that the callback would refuse is refused when it is built.
 from __future__ import annotations
 
 import weakref
-from typing import List, Optional, Union
+from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,9 +34,7 @@ from hidden_state_accountants.schedules import (
     WITHOUT_REPLACEMENT,
 )
 
-from .features import largest_row_norm
-
-ArrayLike = Union[np.ndarray, tf.Tensor, list]
+from .features import ArrayLike, largest_row_norm
 
 DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT)
 """Schedules a Keras ``fit`` with TF-Privacy can be accounted for. ``poisson`` batches have a random

@@ -51,8 +51,8 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
         return run
     geom = run.geometry
     if geom is not None:
-        geom = geom.rescaled(C)
-    return run.replace(clip_norm=1.0, geometry=geom)
+        geom = geom.rescaled(C)  # drops what the clip is checked against: the verdict is kept below
+    return run.replace(clip_norm=1.0, geometry=geom, hidden_state_refusal=run.hidden_state_reason())
 
 
 def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
@@ -227,10 +227,17 @@ def geometry_note(geometry: LossGeometry) -> str:
         if g.diameter is None
         else ", and the parameters are projected onto a convex set of diameter D after every step"
     )
+    classes = ""
+    if g.loss is not None:
+        classes = ", 2 classes" if g.num_classes == 2 else f", {g.num_classes or 'an undeclared number of'} classes"
     return (
-        f"the geometry (m = {g.strong_convexity:g}, M = {g.smoothness:g}, {domain}{inputs}) is declared, not "
-        f"verified: the accountant takes it as given, and every hidden-state bound holds only if each "
-        f"per-example update clip(grad l_i) + m_reg theta is m-strongly convex and M-smooth{projected}"
+        f"the geometry (m = {g.strong_convexity:g}, M = {g.smoothness:g}, {domain}{inputs}{classes}) is declared, "
+        f"not verified: the accountant takes it as given, and every hidden-state bound holds only if each "
+        f"per-example update clip(grad l_i) + m_reg theta is m-strongly monotone and M-Lipschitz{projected}. "
+        "That holds for a loss of one linear form of the parameters (binary logistic regression, a scalar GLM), "
+        "for squared-loss regression, and for any smooth convex loss whose clip never binds; for softmax "
+        "cross-entropy over 3 or more classes only when the clip cannot bind (clip norm >= sqrt(2 (R^2 + 1)) "
+        "for features of norm <= R; docs/derivations.md section 18)"
     )
 
 
@@ -330,18 +337,17 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
     def _add(self, event, count):
         if count <= 0:
             return
-        if (
-            isinstance(event, TrainingRunDpEvent)
-            and event.geometry is None
-            and not event.hidden_state_refusal
-            and not self._warned
-        ):
-            self._warned = True
-            warnings.warn(
-                f"{NO_GEOMETRY}; reporting the composition bound for sampling={event.sampling!r}",
-                CompositionFallbackWarning,
-                stacklevel=4,
-            )
+        # the recording layer warned of its own refusals; the core warns of no geometry, and of a geometry
+        # that is not proved for the run's clip
+        if isinstance(event, TrainingRunDpEvent) and not event.hidden_state_refusal and not self._warned:
+            why = NO_GEOMETRY if event.geometry is None else event.hidden_state_reason()
+            if why:
+                self._warned = True
+                warnings.warn(
+                    f"{why}; reporting the composition bound for sampling={event.sampling!r}",
+                    CompositionFallbackWarning,
+                    stacklevel=4,
+                )
         # a standard event's count is folded into its bounds (composition.standard_event_bounds)
         standard = registry.event_analyses(type(event)) is None
         self._components.append(_Component(event, count, folded=standard))
@@ -385,8 +391,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         for c in self._components:
             if not isinstance(c.event, TrainingRunDpEvent):
                 continue
-            if c.event.hidden_state_refusal:
-                note = f"hidden-state analyses refused: {c.event.hidden_state_refusal}"
+            if c.event.hidden_state_reason():
+                note = f"hidden-state analyses refused: {c.event.hidden_state_reason()}"
             elif c.event.geometry is None:
                 note = f"{NO_GEOMETRY}: the composition bound is reported"
             else:

@@ -386,6 +386,9 @@ def check_continues(
             f"the checkpoint was taken with {stored.model.description or 'a model'} "
             "of another structure than the configured one",
         )
+    # a checkpoint written before the outputs were read has outputs None (unknown): not compared
+    if None not in (model, stored.model, stored.model.outputs) and model.outputs != stored.model.outputs:
+        differs("outputs", model.outputs, stored.model.outputs)
     relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
     if None not in (relation, stored.neighboring_relation) and relation != stored.neighboring_relation:
         differs("neighboring_relation", relation.name, stored.neighboring_relation.name)
@@ -405,6 +408,7 @@ def encode_claim(claim: Claim) -> Dict[str, Any]:
             "complete": m.complete,
             "description": m.description,
             "feature_clip_norm": m.feature_clip_norm,
+            "outputs": m.outputs,
         },
         "assume_convex_model": claim.assume_convex_model,
         "gaussian_initialization": claim.gaussian_initialization,
@@ -526,14 +530,15 @@ def decode_claim(claim: Any, subject: str) -> Claim:
 def _decode_model(d: Dict[str, Any]) -> ModelFacts:
     if (
         not isinstance(d, dict)
-        or set(d) != {"layers", "complete", "description", "feature_clip_norm"}
+        # "outputs" is absent from checkpoints written before it was read (unknown: None)
+        or set(d) - {"outputs"} != {"layers", "complete", "description", "feature_clip_norm"}
         or not isinstance(d["layers"], list)
         or not isinstance(d["complete"], bool)
         or not isinstance(d["description"], str)
     ):
         raise ValueError(
             f"a model must be {{layers: [...], complete: bool, description: str, feature_clip_norm: "
-            f"number or null}}, got {d!r}"
+            f"number or null, outputs: integer or null}}, got {d!r}"
         )
     layers: List[LayerFacts] = []
     for layer in d["layers"]:
@@ -550,6 +555,7 @@ def _decode_model(d: Dict[str, Any]) -> ModelFacts:
         complete=d["complete"],
         description=d["description"],
         feature_clip_norm=None if clip is None else v.positive_float("feature_clip_norm", clip),
+        outputs=d.get("outputs"),
     )
 
 

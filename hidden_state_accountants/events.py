@@ -39,8 +39,8 @@ CROSS_ENTROPY_ON_LOGITS = "cross_entropy_on_logits"
 
 LOSSES: Dict[str, str] = {
     CROSS_ENTROPY_ON_LOGITS: (
-        "softmax cross-entropy with one-hot or integer labels, or sigmoid cross-entropy, on the trainable "
-        "layer's outputs (logits), one unweighted loss per example"
+        "softmax cross-entropy with one-hot or integer labels on the trainable layer's outputs (logits), "
+        "or sigmoid cross-entropy on its one output (binary), one unweighted loss per example"
     ),
 }
 """The losses a :class:`LossGeometry` can be derived from (``LossGeometry.loss``), with what each
@@ -68,6 +68,20 @@ def cross_entropy_smoothness(feature_norm_bound: float) -> float:
     return beta
 
 
+def nonbinding_clip_norm(feature_norm_bound: float) -> float:
+    """``sqrt(2 (R^2 + 1))``: no per-example gradient of softmax cross-entropy on the logits of an affine
+    map with a bias reaches this norm, for features of norm ``<= R`` (``|p - e_y| <= sqrt(2) (1 - p_y) <
+    sqrt(2)`` and ``||(x, 1)|| <= sqrt(R^2 + 1)``), so a clip norm at least this large never binds and the
+    clipped step is a plain gradient step (docs/derivations.md section 18).
+
+    >>> nonbinding_clip_norm(1.0)
+    2.0
+    """
+    beta = cross_entropy_smoothness(feature_norm_bound)  # (R^2 + 1) / 2
+    t = 2.0 * math.sqrt(beta)
+    return t if t * t == 4.0 * beta else math.nextafter(t, math.inf)  # never rounded below the threshold
+
+
 @attr.s(frozen=True, slots=True, kw_only=True)
 class LossGeometry:
     """A declared claim about the per-example update map ``g_i(theta) = clip_C(grad l_i) + m_reg*theta``.
@@ -86,9 +100,17 @@ class LossGeometry:
       loss: the loss the constants were derived from (a key of :data:`LOSSES`), or ``None``.
         Set by :meth:`logistic_regression`; needs ``feature_norm_bound`` and a smoothness of at
         least what that loss gives plus ``strong_convexity``.
+      num_classes: with ``loss``, the number of classes (2 for a binary model: one sigmoid logit or a
+        softmax over two), or ``None`` when not known (the adapters read it from the model). The
+        constants hold for the *clipped* per-example map only for two classes, or for any number when
+        the clip cannot bind (:meth:`clipped_map_refusal`, docs/derivations.md section 18).
 
     A geometry given by its constants alone (``LossGeometry(smoothness=..., ...)``) cannot be
-    observed from a training run: it is the user's claim, and the adapters' reports say so.
+    observed from a training run: it is the user's claim, and the adapters' reports say so. It is a
+    claim about the clipped map: it holds for a per-example loss of one linear form of the parameters
+    (binary logistic regression, a scalar GLM, Huber or squared-loss regression with one output),
+    for squared-loss regression with several outputs, and for any smooth convex loss whose clip never
+    binds; not for softmax cross-entropy over three or more classes with a clip that can bind.
     Declaring a geometry the training code does not enforce (feature clipping, L2
     regularisation outside clipping, projection) makes every hidden-state number meaningless.
     """
@@ -99,6 +121,7 @@ class LossGeometry:
     lsi_constant: Optional[float] = attr.ib(default=None)
     feature_norm_bound: Optional[float] = attr.ib(default=None)
     loss: Optional[str] = attr.ib(default=None)
+    num_classes: Optional[int] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
         object.__setattr__(self, "smoothness", v.positive_float("smoothness", self.smoothness))
@@ -116,6 +139,12 @@ class LossGeometry:
             object.__setattr__(
                 self, "feature_norm_bound", v.nonnegative_float("feature_norm_bound", self.feature_norm_bound)
             )
+        if self.num_classes is not None and self.loss is None:
+            raise v.ParameterError(
+                "num_classes",
+                "applies to a geometry derived from a loss (LossGeometry.logistic_regression), not to one given "
+                "by its constants",
+            )
         if self.loss is not None:
             if self.loss not in LOSSES:
                 raise v.ParameterError("loss", f"must be None or one of {', '.join(LOSSES)}, got {self.loss!r}")
@@ -124,6 +153,11 @@ class LossGeometry:
                     "feature_norm_bound",
                     f"is needed with loss={self.loss!r} (its smoothness depends on the feature norm)",
                 )
+            if self.num_classes is not None:
+                k = v.positive_int("num_classes", self.num_classes)
+                if k < 2:
+                    raise v.ParameterError("num_classes", f"must be at least 2 (a binary model has 2), got {k}")
+                object.__setattr__(self, "num_classes", k)
             needed = self.loss_smoothness + self.strong_convexity
             if self.smoothness < needed * (1 - 1e-12):
                 raise v.ParameterError(
@@ -147,17 +181,24 @@ class LossGeometry:
         feature_norm_bound: float,
         l2_regularization: float,
         diameter: Optional[float] = None,
+        num_classes: Optional[int] = None,
     ) -> "LossGeometry":
-        """Geometry of (multi-class) L2-regularised logistic regression with a bias.
+        """Geometry of L2-regularised logistic regression with a bias (softmax over ``num_classes``
+        logits, or one sigmoid logit for two classes).
 
         Ye & Shokri (2022) Prop. 5.1/5.2: with features clipped to ``||x|| <= R`` and the
         regulariser ``m_reg`` applied outside per-example clipping, the per-example map is
-        ``m_reg``-strongly convex and ``((R^2 + 1)/2 + m_reg)``-smooth (eq. 10, eq. 11). The
-        geometry remembers what the data must satisfy (``feature_norm_bound``) and the loss it
-        assumes (cross-entropy on logits), so that the adapters can enforce or check them.
+        ``m_reg``-strongly convex and ``((R^2 + 1)/2 + m_reg)``-smooth (eq. 10, eq. 11). Prop. 5.2
+        (the *clipped* gradient keeps those constants) is proved here for two classes only, where the
+        gradient is a function of one linear form; for three or more classes a clip that can bind makes
+        the clipped field non-monotone, and the constants hold only when the clip cannot bind
+        (``clip_norm >= sqrt(2 (R^2 + 1))``, :meth:`clipped_map_refusal`; docs/derivations.md section 18).
+        ``num_classes=None`` (unknown) is treated as three or more; the adapters read it from the model.
+        The geometry remembers what the data must satisfy (``feature_norm_bound``) and the loss it assumes
+        (cross-entropy on logits), so that the adapters can enforce or check them.
 
-        >>> LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
-        LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=None, lsi_constant=None, feature_norm_bound=1.0, loss='cross_entropy_on_logits')
+        >>> LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
+        LossGeometry(smoothness=1.01, strong_convexity=0.01, diameter=None, lsi_constant=None, feature_norm_bound=1.0, loss='cross_entropy_on_logits', num_classes=2)
         """
         beta = cross_entropy_smoothness(feature_norm_bound)
         m_reg = v.nonnegative_float("l2_regularization", l2_regularization)
@@ -173,6 +214,37 @@ class LossGeometry:
             diameter=diameter,
             feature_norm_bound=float(feature_norm_bound),
             loss=CROSS_ENTROPY_ON_LOGITS,
+            num_classes=num_classes,
+        )
+
+    def clipped_map_refusal(self, clip_norm: float, clip_margin: float = 0.0) -> Optional[str]:
+        """Why the declared constants are not proved for the clipped per-example map
+        ``clip_C(grad l_i) + m_reg theta`` with this clip, or ``None`` when they are.
+
+        Only a geometry derived from a loss is checked (one given by its constants is the user's
+        claim). Softmax cross-entropy over three or more classes (or an unknown number) needs a clip
+        that cannot bind: ``clip_norm - clip_margin >= sqrt(2 (R^2 + 1))`` (:func:`nonbinding_clip_norm`),
+        where ``clip_margin`` is how far below ``clip_norm`` the framework's clip starts rescaling
+        (Opacus divides by the norm plus 1e-6). Two classes need nothing (docs/derivations.md section 18).
+
+        >>> g = LossGeometry.logistic_regression(1.0, 0.01, num_classes=5)
+        >>> g.clipped_map_refusal(2.0) is None, g.clipped_map_refusal(1.0)[:40]
+        (True, 'softmax cross-entropy over 5 classes wit')
+        """
+        if self.loss is None or self.num_classes == 2:
+            return None
+        needed = nonbinding_clip_norm(self.feature_norm_bound)
+        if clip_norm - clip_margin >= needed:
+            return None
+        classes = "an undeclared number of" if self.num_classes is None else str(self.num_classes)
+        margin = f" (the framework's clip rescales from {clip_margin:g} below its clip norm)" if clip_margin else ""
+        fix = "" if self.num_classes is not None else " (or declare num_classes=2 for a binary model)"
+        return (
+            f"softmax cross-entropy over {classes} classes with clip norm {clip_norm:.6g}, which can bind for "
+            f"features of norm <= {self.feature_norm_bound:g}: a clipped gradient of three or more classes is not "
+            f"monotone, so the declared m and M do not hold for the clipped step (Ye & Shokri's Prop. 5.2 holds "
+            f"for two classes; docs/derivations.md section 18); the claim holds with clip norm >= "
+            f"{needed + clip_margin:.7g}{margin}{fix}"
         )
 
     def rescaled(self, scale: float) -> "LossGeometry":
@@ -180,8 +252,12 @@ class LossGeometry:
         LSI ``c -> c scale^2``; ``m``, ``M`` unchanged). Never rounds towards a tighter claim:
         a diameter that overflows becomes ``inf`` (the constrained bounds are then vacuous) and
         an LSI constant that underflows becomes 0 (the LSI bound then takes its limit, which is
-        larger), values a user could not declare but the analyses handle."""
+        larger), values a user could not declare but the analyses handle. What the constants were
+        derived from (feature bound, loss, classes) has no meaning in the new units and is dropped:
+        check :meth:`clipped_map_refusal` before rescaling."""
         new = copy.copy(self)
+        for name in ("feature_norm_bound", "loss", "num_classes"):
+            object.__setattr__(new, name, None)
         if self.diameter is not None:
             # an underflow to 0 would claim a point; the smallest positive diameter is larger
             object.__setattr__(new, "diameter", max(self.diameter / scale, 5e-324))
@@ -357,6 +433,15 @@ class TrainingRunDpEvent(dp_event.DpEvent):
             return self.sampling_probability
         return self.batch_size / self.dataset_size
 
+    def hidden_state_reason(self) -> Optional[str]:
+        """Why no hidden-state claim is made for this run before any analysis looks at it: the
+        recording layer's refusal, or a declared geometry that is not proved for the clipped map with
+        this clip norm (:meth:`LossGeometry.clipped_map_refusal`); ``None`` otherwise (also without a
+        geometry)."""
+        if self.hidden_state_refusal:
+            return self.hidden_state_refusal
+        return None if self.geometry is None else self.geometry.clipped_map_refusal(self.clip_norm)
+
     @property
     def is_constant(self) -> bool:
         return not isinstance(self.noise_multiplier, tuple) and not isinstance(self.learning_rate, tuple)
@@ -381,4 +466,5 @@ __all__ = [
     "LOSSES",
     "CROSS_ENTROPY_ON_LOGITS",
     "cross_entropy_smoothness",
+    "nonbinding_clip_norm",
 ]

@@ -31,7 +31,7 @@ takes at most about half a second on one core (measured on a loaded 2-core machi
 >>> from hidden_state_accountants import LossGeometry, TrainingRunDpEvent
 >>> run = TrainingRunDpEvent(dataset_size=60000, batch_size=255, steps=4700, noise_multiplier=1.0, clip_norm=1.0,
 ...     learning_rate=0.5, sampling="poisson", sampling_probability=1 / 235, l2_regularization=0.01,
-...     geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+...     geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2))
 >>> lower = best_known_lower_bound(run, 1e-5, "ADD_OR_REMOVE_ONE")
 >>> round(lower.epsilon, 3)
 0.313

@@ -210,6 +210,9 @@ class StepFacts:
         update (the replicas reduce their noisy gradients and one optimizer step follows, e.g.
         Opacus' ``DistributedDPOptimizer``), not by each replica; ``replica_share`` then
         concerns the noise only.
+      clip_margin: how far below ``clip_norm`` the framework's clip starts rescaling a per-example
+        gradient (0 for ``min(1, C/|g|)``; Opacus divides by ``|g| + 1e-6``: 1e-6). A clip that never
+        binds is one whose ``clip_norm - clip_margin`` no gradient reaches.
     """
 
     noise_multiplier: float = attr.ib(converter=float)
@@ -232,6 +235,12 @@ class StepFacts:
     )
     replica_share: int = attr.ib(default=1)
     l2_after_reduction: bool = attr.ib(default=False)
+    clip_margin: float = attr.ib(default=0.0, converter=float)
+
+    @clip_margin.validator
+    def _check_margin(self, attribute, value):
+        if not (math.isfinite(value) and value >= 0):
+            raise v.ParameterError(attribute.name, f"must be a finite number >= 0, got {value!r}")
 
     @l2_after_reduction.validator
     def _check_flag(self, attribute, value):
@@ -285,6 +294,20 @@ class ModelFacts:
     """``max_norm`` of the package's feature clip when the adapter read from the model's structure
     that the clip's output is the whole input of the one trainable layer (so every input it sees has
     norm ``<= max_norm``), else ``None``."""
+    outputs: Optional[int] = attr.ib(default=None)
+    """The number of outputs (logits) of the one trainable affine layer (``out_features``, ``units``), or
+    ``None`` when the adapter could not read it."""
+
+    @outputs.validator
+    def _check_outputs(self, attribute, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise v.ParameterError(attribute.name, f"must be None or an integer >= 1, got {value!r}")
+
+    @property
+    def classes(self) -> Optional[int]:
+        """The classes the trainable layer's logits score: its outputs, with one output read as a binary
+        model (one sigmoid logit); ``None`` when unknown."""
+        return None if self.outputs is None else max(2, self.outputs)
 
     def structure(self) -> Tuple[Any, ...]:
         """What the checks read from the model, without the names (a framework may name the layers of
@@ -525,10 +548,15 @@ def _poisson_needs(step: StepFacts) -> List[Tuple[str, str]]:
 
 
 def check_geometry(
-    geometry: LossGeometry, *, weight_decay: float, projection_diameter: Optional[float]
+    geometry: LossGeometry,
+    *,
+    weight_decay: float,
+    projection_diameter: Optional[float],
+    num_classes: Optional[int] = None,
 ) -> LossGeometry:
     """The declared geometry checked against what training enforces; returns the geometry to
-    account (the projection's diameter filled in when none was declared).
+    account (the projection's diameter filled in when none was declared, and the model's number of
+    classes when the geometry derived from a loss does not declare it).
 
     Strong convexity can only come from the L2 term applied outside clipping (a clipped
     gradient is bounded, so it is not strongly monotone); a geometry derived from a loss
@@ -552,6 +580,8 @@ def check_geometry(
             f"{geometry.smoothness - beta:g}, but the update applies {weight_decay:g} outside clipping, which makes "
             f"the per-example map {beta + weight_decay:g}-smooth; declare the geometry with that L2 strength",
         )
+    if geometry.loss is not None and geometry.num_classes is None and num_classes is not None:
+        geometry = attr.evolve(geometry, num_classes=num_classes)
     if geometry.diameter is None:
         if projection_diameter is not None:
             return attr.evolve(geometry, diameter=projection_diameter)
@@ -689,6 +719,13 @@ class Claim:
         reason = model_refusal(model, self.assume_convex_model)
         if reason:
             raise v.ParameterError("model", reason)
+        observed, declared = (None if model is None else model.classes), geometry.num_classes
+        if geometry.loss is not None and None not in (observed, declared) and observed != declared:
+            raise v.ParameterError(
+                "num_classes",
+                f"the geometry is declared for {declared} classes, but the model's trainable layer has "
+                f"{model.outputs} output{'s' if model.outputs > 1 else ''} ({observed} classes)",
+            )
         clip, bound = (None if model is None else model.feature_clip_norm), geometry.feature_norm_bound
         if clip is not None and bound is not None and clip > bound:
             raise v.ParameterError(
@@ -726,6 +763,16 @@ class Claim:
         """The relation every number is reported under, and the note saying why it is not the host's
         default when it is not (:func:`~hidden_state_accountants.relations.resolve_relation`)."""
         return resolve_relation(self.neighboring_relation, self.default_relation, self.sampling)
+
+    @property
+    def num_classes(self) -> Optional[int]:
+        """The classes of a geometry derived from a loss: declared, else read from the model's trainable
+        layer (``None``: unknown, or no such geometry)."""
+        if self.geometry is None or self.geometry.loss is None:
+            return None
+        if self.geometry.num_classes is not None:
+            return self.geometry.num_classes
+        return None if self.model is None else self.model.classes
 
     @property
     def needs_feature_checks(self) -> bool:
@@ -878,7 +925,12 @@ class RunRecorder:
         for param, problem in self._hidden_state_needs(step):
             raise v.ParameterError(param, problem + _REMEDY)
         wd = _group_value(step.weight_decay)
-        accounted = check_geometry(geometry, weight_decay=wd, projection_diameter=step.projection_diameter)
+        accounted = check_geometry(
+            geometry,
+            weight_decay=wd,
+            projection_diameter=step.projection_diameter,
+            num_classes=self.claim.num_classes,
+        )
         if accounted.strong_convexity < wd * (1 - 1e-9) and "loose" not in self._warned:
             self._warned.add("loose")
             warnings.warn(
@@ -1078,9 +1130,11 @@ class RunRecorder:
         if not (math.isfinite(x) and x <= bound):  # NaN and inf included
             raise v.ParameterError(
                 "feature_norm_bound",
-                f"in {what}, the trainable layer has an input of norm {x:.6g}, above the "
-                f"declared bound {bound:g}: the declared smoothness does not hold for it, so the claim ends before "
-                "a step is taken on it (clip the features, or declare the bound the data has)",
+                f"in {what}, the trainable layer has an input of norm {x!r}, above the declared bound {bound:g}"
+                f"{'' if not math.isfinite(x) else f' by {x - bound:.3g}'}: the declared smoothness does not hold "
+                "for it, so the claim ends before a step is taken on it (clip the features with the package's "
+                "FeatureClip or clip_features, which round inside the ball: dividing by the norm in float32 can "
+                "leave a norm a few roundings above it; or declare the bound the data has)",
             )
         self._feature_largest = x if self._feature_largest is None else max(self._feature_largest, x)
         self._feature_cover = math.inf if steps is None else float(v.positive_int("steps", steps))
@@ -1144,13 +1198,17 @@ class RunRecorder:
         if out or not steps:
             return None, out
         try:
-            return check_geometry(
+            accounted = check_geometry(
                 geometry,
                 weight_decay=_group_value(steps[0].weight_decay),
                 projection_diameter=steps[0].projection_diameter,
-            ), []
+                num_classes=self.claim.num_classes,
+            )
         except v.ParameterError as err:
             return None, [err.reason]
+        # the constants must hold for the map the framework's clip really computes
+        binding = accounted.clipped_map_refusal(steps[0].clip_norm, max(s.clip_margin for s in steps))
+        return (None, [binding]) if binding else (accounted, [])
 
     def reasons(self) -> List[str]:
         """Why the recorded steps do not back a hidden-state claim (empty when they do)."""

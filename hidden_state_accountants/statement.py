@@ -10,7 +10,7 @@ numbers come from the accountant. The TF-Privacy adapter's ``compute_hidden_stat
 >>> from hidden_state_accountants import LossGeometry
 >>> text = privacy_statement(1000, 50, 10, 2.0, 1e-5, l2_norm_clip=1.0, learning_rate=0.5,
 ...     sampling="shuffle_partition",
-...     geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01))
+...     geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2))
 >>> "Epsilon if only the final model is released" in text
 True
 """
@@ -192,7 +192,7 @@ def _render(run: TrainingRunDpEvent, report: PrivacyReport, notes: List[str], in
     paragraphs.append(_fill(schedule + "."))
 
     geom = run.geometry
-    refusal = run.hidden_state_refusal
+    refusal = run.hidden_state_reason()
     if geom is None and refusal in (None, NO_GEOMETRY):
         paragraphs.append(
             _fill(

@@ -34,7 +34,15 @@ from hidden_state_accountants.pytorch.samplers import HiddenStateBatchSampler, s
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, schedule_reason
 from hidden_state_accountants.statement import render_statement
 
-from .facts import LOSS_UNSEEN, feature_facts, loader_facts, model_facts, optimizer_facts, step_facts
+from .facts import (
+    LOSS_UNSEEN,
+    OPACUS_CLIP_MARGIN,
+    feature_facts,
+    loader_facts,
+    model_facts,
+    optimizer_facts,
+    step_facts,
+)
 
 __all__ = [
     "OpacusHiddenStateAccountant",
@@ -358,6 +366,7 @@ class OpacusHiddenStateAccountant(IAccountant):
         step = StepFacts(
             noise_multiplier=0.0,
             clip_norm=v.positive_float("max_grad_norm", max_grad_norm),
+            clip_margin=OPACUS_CLIP_MARGIN,
             divisor=None if schedule is None else schedule.batch_size,
             projection_diameter=None if claim.geometry is None else claim.geometry.diameter,
             **optimizer_facts(base),

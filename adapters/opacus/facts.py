@@ -52,7 +52,13 @@ __all__ = [
     "feature_facts",
     "PROJECTION_ATTR",
     "LOSS_UNSEEN",
+    "OPACUS_CLIP_MARGIN",
 ]
+
+OPACUS_CLIP_MARGIN = 1e-6
+"""Opacus scales a per-sample gradient by ``min(1, max_grad_norm / (norm + 1e-6))``
+(``DPOptimizer.clip_and_accumulate``): it rescales every gradient whose norm exceeds
+``max_grad_norm - 1e-6``, the core's ``StepFacts.clip_margin``."""
 
 PROJECTION_ATTR = "_hsa_projection"
 """The attribute of the DP optimizer that holds its :class:`~hidden_state_accountants.pytorch.projection.ProjectionHook`
@@ -119,6 +125,7 @@ def step_facts(
     return StepFacts(
         noise_multiplier=optimizer.noise_multiplier,
         clip_norm=optimizer.max_grad_norm,
+        clip_margin=OPACUS_CLIP_MARGIN,
         divisor=optimizer.expected_batch_size,
         **replicas,
         projection_diameter=None if projection is None else projection.diameter,
@@ -303,10 +310,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
     ``requires_grad`` (a frozen layer is a fixed feature map). ``complete=False`` when the
     forward pass could not be read (custom code ``torch.fx`` cannot trace).
     ``feature_clip_norm`` is the radius of a :class:`FeatureClip` whose output is the whole
-    input of the one trainable ``nn.Linear`` (:func:`_feeding_clip`).
+    input of the one trainable ``nn.Linear`` (:func:`_feeding_clip`), ``outputs`` its ``out_features``.
 
-    >>> model_facts(nn.Sequential(FeatureClip(1.0), nn.Linear(4, 2))).feature_clip_norm
-    1.0
+    >>> facts = model_facts(nn.Sequential(FeatureClip(1.0), nn.Linear(4, 2)))
+    >>> facts.feature_clip_norm, facts.outputs
+    (1.0, 2)
     """
     if not isinstance(model, nn.Module):
         raise v.ParameterError("model", f"must be a torch.nn.Module, got {type(model).__name__}")
@@ -318,7 +326,11 @@ def model_facts(model: nn.Module) -> ModelFacts:
     target = trainable_linear(model)
     clip = None if target is None else _feeding_clip(model, target)
     return ModelFacts(
-        layers=layers, complete=True, description=what, feature_clip_norm=None if clip is None else clip.max_norm
+        layers=layers,
+        complete=True,
+        description=what,
+        feature_clip_norm=None if clip is None else clip.max_norm,
+        outputs=None if target is None else target.out_features,
     )
 
 

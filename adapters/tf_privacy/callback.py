@@ -33,7 +33,7 @@ from hidden_state_accountants.checkpoint import RunState, check_continues, open_
 from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
 from hidden_state_accountants.keras.data import check_dataset_last_batch, check_dataset_sampling
-from hidden_state_accountants.keras.features import largest_input_norm
+from hidden_state_accountants.keras.features import largest_input_norm, trainable_dense
 from hidden_state_accountants.recording import (
     Claim,
     RunRecorder,
@@ -786,7 +786,8 @@ def _loss_facts(model, data: FitData) -> Tuple[str, str]:
     """``(kind, description)`` of the loss ``fit`` minimises, the core ``Claim``'s ``loss``:
     :data:`~hidden_state_accountants.events.CROSS_ENTROPY_ON_LOGITS` for one Keras cross-entropy
     on logits, unweighted (for ``CategoricalCrossentropy`` only on labels whose rows sum to at most 1:
-    its Hessian is the softmax Hessian times that sum), else ``"other"``."""
+    its Hessian is the softmax Hessian times that sum; ``BinaryCrossentropy`` only on one logit), else
+    ``"other"``."""
     losses = [x for x in tf.nest.flatten(getattr(model, "loss", None)) if x is not None]
     if len(losses) != 1:
         return "other", f"{len(losses)} losses in model.loss"
@@ -802,6 +803,12 @@ def _loss_facts(model, data: FitData) -> Tuple[str, str]:
         )
     if config.get("axis", -1) != -1:
         return "other", f"{shown} over axis {config['axis']}"
+    target = trainable_dense(model)
+    if type(loss) is tf.keras.losses.BinaryCrossentropy and target is not None and int(target.units) > 1:
+        return "other", (
+            f"{shown} on {target.units} logits (multi-label: one binary loss per logit; the geometry covers "
+            "a softmax over the classes, or one sigmoid logit)"
+        )
     loss_weights = getattr(getattr(model, "compiled_loss", None), "_user_loss_weights", None)
     if loss_weights is not None and any(float(w) != 1.0 for w in tf.nest.flatten(loss_weights)):
         return "other", f"{shown} weighted by compile(loss_weights={loss_weights!r})"

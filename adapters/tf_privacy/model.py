@@ -16,7 +16,7 @@ from typing import List
 
 import tensorflow as tf
 
-from hidden_state_accountants.keras.features import feeding_clip_norm, is_linear_dense
+from hidden_state_accountants.keras.features import feeding_clip_norm, is_linear_dense, trainable_dense
 from hidden_state_accountants.recording import LayerFacts, LayerKind, ModelFacts
 
 _RANDOM_LAYERS = (tf.keras.__internal__.layers.BaseRandomLayer, tf.keras.layers.Dropout, tf.keras.layers.GaussianNoise)
@@ -55,15 +55,18 @@ def _read(model, out: List[LayerFacts]) -> bool:
 def model_facts(model: tf.keras.Model) -> ModelFacts:
     """The layers of ``model`` in forward order: ``affine`` for a ``Dense`` without activation,
     ``random`` for layers that draw randomness in training (dropout, noise, augmentation),
-    ``other`` for the rest; ``trainable`` for layers that own trainable weights.
+    ``other`` for the rest; ``trainable`` for layers that own trainable weights; ``outputs``: the
+    ``units`` of the one trainable ``Dense`` (the number of logits).
 
     >>> import tensorflow as tf
     >>> m = tf.keras.Sequential([tf.keras.layers.Dense(3, input_shape=(4,))], name="lr")
-    >>> [(str(x.kind), x.trainable) for x in model_facts(m).layers]
-    [('affine', True)]
+    >>> [(str(x.kind), x.trainable) for x in model_facts(m).layers], model_facts(m).outputs
+    ([('affine', True)], 3)
     """
     layers: List[LayerFacts] = []
     complete = _read(model, layers)
     what = f"the Keras model {model.name!r}" + ("" if complete else f" ({type(model).__name__}, subclassed)")
     clip = feeding_clip_norm(model) if complete else None
-    return ModelFacts(layers=layers, complete=complete, description=what, feature_clip_norm=clip)
+    target = trainable_dense(model) if complete else None
+    outputs = None if target is None else int(target.units)
+    return ModelFacts(layers=layers, complete=complete, description=what, feature_clip_norm=clip, outputs=outputs)

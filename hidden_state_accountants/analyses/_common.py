@@ -26,10 +26,11 @@ class Context:
 
 def hidden_state_preconditions(run: TrainingRunDpEvent) -> Optional[str]:
     """Reason no hidden-state theorem applies to ``run`` at all, or ``None``."""
-    if run.hidden_state_refusal:
-        return run.hidden_state_refusal
-    if run.geometry is None:
+    if run.geometry is None and not run.hidden_state_refusal:
         return NO_GEOMETRY
+    reason = run.hidden_state_reason()  # the recording layer's refusal, or the clip against the geometry
+    if reason:
+        return reason
     if not run.is_constant:
         return (
             "the learning rate or noise multiplier changes during training; the hidden-state "

@@ -21,7 +21,7 @@ from hidden_state_accountants.checkpoint import (
 from hidden_state_accountants.recording import Claim, LayerFacts, ModelFacts, RunRecorder, StepFacts
 from hidden_state_accountants.schedules import CYCLIC, SHUFFLE_PARTITION, BatchSchedule
 
-GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 LINEAR = ModelFacts(layers=[LayerFacts(name="Linear(64, 10)", kind="affine", trainable=True)], complete=True)
 
 
@@ -102,7 +102,9 @@ def test_a_geometry_with_new_optional_fields_round_trips():
     run, _ = open_run(seal_run(RunState.of(rec), fmt="f", version=1), fmt="f", version=1)
     assert run.claim.geometry == geometry
     # the feature bound and the loss of a derived geometry, and the model's feature clip
-    geometry = LossGeometry.logistic_regression(feature_norm_bound=0.5, l2_regularization=0.01, diameter=3.0)
+    geometry = LossGeometry.logistic_regression(
+        feature_norm_bound=0.5, l2_regularization=0.01, diameter=3.0, num_classes=2
+    )
     clipped = ModelFacts(layers=LINEAR.layers, complete=True, feature_clip_norm=0.25)
     rec = RunRecorder(Claim(schedule=BatchSchedule(200, 10, CYCLIC), geometry=geometry, model=clipped))
     rec.record(step(learning_rate=0.5, projection_diameter=3.0), 3)  # enforced by the clip: nothing to check

@@ -142,7 +142,7 @@ def test_equals_closed_forms_computed_elsewhere():
 
 def test_issue19_sizes():
     """The numbers of issue 19's table at MNIST scale, the exact instances (curvature = the L2 strength)."""
-    geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+    geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
     poisson = TrainingRunDpEvent(
         dataset_size=60000,
         batch_size=255,

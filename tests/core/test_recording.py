@@ -21,7 +21,7 @@ from hidden_state_accountants.recording import (
 )
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION, BatchSchedule
 
-GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 LINEAR = ModelFacts(
     layers=[
         LayerFacts(name="FeatureClip", kind="other", trainable=False),
@@ -118,7 +118,7 @@ def test_without_geometry_the_same_facts_are_accounted_by_composition():
 
 
 def test_declared_diameter_needs_a_projection_no_larger():
-    geom = LossGeometry.logistic_regression(1.0, 0.01, diameter=4.0)
+    geom = LossGeometry.logistic_regression(1.0, 0.01, diameter=4.0, num_classes=2)
     with pytest.raises(ParameterError, match="not projected"):
         recorder(geometry=geom).check(step())
     with pytest.raises(ParameterError, match="smaller than"):
@@ -179,9 +179,9 @@ def test_a_clean_run_is_the_core_event():
     assert rec.run(steps=800).steps == 800  # planning: the last step repeated
     assert rec.notes() == [  # a secret seed, a checked model: only what the geometry rests on
         "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer",
-        "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels, "
-        "or sigmoid cross-entropy, on the trainable layer's outputs (logits), one unweighted loss per example; the "
-        "adapter did not observe it",
+        "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels "
+        "on the trainable layer's outputs (logits), or sigmoid cross-entropy on its one output (binary), one "
+        "unweighted loss per example; the adapter did not observe it",
     ]
 
 

@@ -13,7 +13,7 @@ from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS, cross_entro
 from hidden_state_accountants.recording import Claim, LayerFacts, ModelFacts, RunRecorder, StepFacts, parse_ledger
 from hidden_state_accountants.schedules import SHUFFLE_PARTITION, BatchSchedule
 
-GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 LAYERS = [LayerFacts(name="Linear", kind="affine", trainable=True)]
 CHECKED = ModelFacts(layers=LAYERS, complete=True)  # no feature clip: the inputs are checked per step
 CLIPPED = ModelFacts(
@@ -35,7 +35,7 @@ def recorder(geometry=GEOM, model=CHECKED, **kw):
 
 # ------------------------------------------------------------------ the geometry remembers
 def test_logistic_regression_remembers_the_feature_bound_and_the_loss():
-    g = LossGeometry.logistic_regression(feature_norm_bound=2.0, l2_regularization=0.05)
+    g = LossGeometry.logistic_regression(feature_norm_bound=2.0, l2_regularization=0.05, num_classes=2)
     assert (g.feature_norm_bound, g.loss) == (2.0, CROSS_ENTROPY_ON_LOGITS)
     assert g.loss_smoothness == cross_entropy_smoothness(2.0) == 2.5  # Ye & Shokri Prop. 5.1: (R^2 + 1)/2
     assert g.smoothness == 2.55

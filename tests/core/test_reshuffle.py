@@ -43,7 +43,7 @@ from hidden_state_accountants.schedules import (
     BatchSchedule,
 )
 
-GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+GEOM = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 LINEAR = ModelFacts(
     layers=[
         LayerFacts(name="FeatureClip", kind="other", trainable=False),

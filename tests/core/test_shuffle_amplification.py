@@ -53,7 +53,7 @@ def issue19(sampling, epochs=20, **kw):
         clip_norm=1.0,
         learning_rate=0.5,
         sampling=sampling,
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2),
         **kw,
     )
 

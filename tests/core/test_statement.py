@@ -15,7 +15,7 @@ from hidden_state_accountants.calibration import run_differences
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE
 from hidden_state_accountants.statement import privacy_statement
 
-GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 ARGS = dict(number_of_examples=1437, batch_size=64, num_epochs=30, noise_multiplier=2.0, delta=1e-5)
 
 

@@ -73,7 +73,7 @@ def test_the_readme_pattern_on_raw_digits_is_refused_before_the_first_step():
     largest = float(first_batch.double().norm(dim=1).max())
     assert message.startswith(
         f"feature_norm_bound: in the batch of step 0, the trainable layer has an input of norm "
-        f"{largest:.6g}, above the declared bound 1"
+        f"{largest!r}, above the declared bound 1 by {largest - 1:.3g}"
     )
     assert "hso.FeatureClip(R) right before the trainable nn.Linear" in message  # how to fix it, in Opacus terms
     assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))  # the step was not taken
@@ -427,5 +427,5 @@ def test_every_rank_ends_the_claim_when_any_rank_sees_an_input_above_the_bound(t
         assert r["steps"] == 1 and r["unchanged"]
         assert r["error"].startswith(
             f"feature_norm_bound: in the batch of step 1, the trainable layer has an input "
-            f"of norm {r['norm']:.6g}, above the declared bound 1"
+            f"of norm {r['norm']!r}, above the declared bound 1 by {r['norm'] - 1:.3g}"
         )

@@ -77,9 +77,10 @@ def test_the_readme_pattern_on_raw_digits_is_refused_before_any_step(digits):
     err = refused(model_of(), callback(len(x)), batched_dataset(x, y, B, "shuffle_partition"))
     assert str(err) == (
         f"feature_norm_bound: in the {len(x)} records fit trains on, the trainable layer has an input "
-        f"of norm {largest(x):.6g}, above the declared bound 1: the declared smoothness does not hold "
-        "for it, so the claim ends before a step is taken on it (clip the features, or declare the "
-        "bound the data has)"
+        f"of norm {largest(x)!r}, above the declared bound 1 by {largest(x) - 1:.3g}: the declared smoothness "
+        "does not hold for it, so the claim ends before a step is taken on it (clip the features with the "
+        "package's FeatureClip or clip_features, which round inside the ball: dividing by the norm in float32 "
+        "can leave a norm a few roundings above it; or declare the bound the data has)"
     )
 
 

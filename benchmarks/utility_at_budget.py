@@ -77,13 +77,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DELTA = 1e-5
 BUDGETS = (0.5, 1.0, 2.0, 4.0)
 FEATURE_NORM = 1.0  # R: FeatureClip(R) in front of the linear layer; the geometry's feature bound
-CLIP_NORM = 1.0  # C, every method
+CLIP_NORM = 1.0  # C, every method on two classes, and the composition methods on more
+# C of a method that declares a geometry on three or more classes: a clip that cannot bind (sqrt(2 (R^2 + 1))
+# plus Opacus' 1e-6 margin, rounded up): with a binding clip the clipped multi-class gradient is not monotone
+# and no hidden-state claim holds (docs/derivations.md section 18)
+NONBINDING_CLIP_NORM = 2.01
 NON_PRIVATE_CLIP = 1e6  # "no clipping": far above any per-example gradient norm of this model (at most 2)
 Z_AGREEMENT = 0.05  # the adapter's z and the core's z agree when they differ by at most 5%
 EPSILON_SLACK = 1e-6  # reported epsilon vs the budget (relative), beyond float rounding
 # Bump when anything that changes a calibration or a training run changes here (data, model, training
 # loop, the methods' setup): ``--cache`` reuses results only under the same version and package source.
-TASKS_VERSION = 1
+TASKS_VERSION = 2  # 2: a clip that cannot bind where a geometry is declared on three or more classes
 # Bump a dataset's entry when its data change (only its cached results are then recomputed).
 DATA_VERSIONS = {"synthetic": 2}  # 2: identity covariance
 
@@ -378,22 +382,29 @@ def poisson_plan(n: int, batch_size: int) -> Tuple[float, int, int]:
     return q, int(n * q), int(1 / q)
 
 
-def geometry_for(cfg: Config):
+def geometry_for(cfg: Config, classes: int = 2):
     """The geometry the ProjectionHook makes true (``hook.logistic_regression_geometry(R)``), before
     the hook exists (the calibration call needs it first)."""
     from hidden_state_accountants import LossGeometry
 
-    return LossGeometry.logistic_regression(FEATURE_NORM, cfg.l2, None if cfg.radius is None else 2.0 * cfg.radius)
+    radius = None if cfg.radius is None else 2.0 * cfg.radius
+    return LossGeometry.logistic_regression(FEATURE_NORM, cfg.l2, radius, num_classes=classes)
 
 
-def core_event(method: Method, cfg: Config, n: int):
+def clip_norm_for(method: Method, classes: int) -> float:
+    """The clip a user of ``method`` sets: one that cannot bind where a geometry is declared for three or
+    more classes, else 1."""
+    return NONBINDING_CLIP_NORM if method.hidden_state and classes > 2 else CLIP_NORM
+
+
+def core_event(method: Method, cfg: Config, n: int, classes: int):
     """The ``TrainingRunDpEvent`` the engine's accountant records for this configuration (noise 1)."""
     from hidden_state_accountants import TrainingRunDpEvent
 
-    common = dict(noise_multiplier=1.0, clip_norm=CLIP_NORM, learning_rate=cfg.lr)
+    common = dict(noise_multiplier=1.0, clip_norm=clip_norm_for(method, classes), learning_rate=cfg.lr)
     if method.poisson:
         q, divisor, steps_per_epoch = poisson_plan(n, cfg.batch_size)
-        geometry = geometry_for(cfg) if method.hidden_state else None
+        geometry = geometry_for(cfg, classes) if method.hidden_state else None
         return TrainingRunDpEvent(
             dataset_size=n,
             batch_size=divisor,
@@ -409,18 +420,18 @@ def core_event(method: Method, cfg: Config, n: int):
         batch_size=cfg.batch_size,
         epochs=cfg.epochs,
         sampling=cfg.sampler,
-        geometry=geometry_for(cfg),
+        geometry=geometry_for(cfg, classes),
         l2_regularization=cfg.l2,
         **common,
     )
 
 
-def core_noise(method: Method, cfg: Config, n: int, epsilon: float) -> Tuple[float, str]:
+def core_noise(method: Method, cfg: Config, n: int, classes: int, epsilon: float) -> Tuple[float, str]:
     """The core's ``calibrate_noise_multiplier`` for the method's event and relation: (z, analysis)."""
     from hidden_state_accountants import calibrate_noise_multiplier
 
     result = calibrate_noise_multiplier(
-        core_event(method, cfg, n), epsilon, DELTA, neighboring_relation=method.relation
+        core_event(method, cfg, n, classes), epsilon, DELTA, neighboring_relation=method.relation
     )
     return result.noise_multiplier, result.analysis
 
@@ -491,15 +502,17 @@ def private_training(
         optimizer=optimizer,
         data_loader=loader,
         poisson_sampling=method.poisson,
-        max_grad_norm=CLIP_NORM if method is not NON_PRIVATE else NON_PRIVATE_CLIP,
+        max_grad_norm=clip_norm_for(method, data.classes) if method is not NON_PRIVATE else NON_PRIVATE_CLIP,
     )
     if target_epsilon is not None:
         kwargs = {}
         if method.hidden_state:  # the configuration Opacus' calibration cannot see
             engine.accountant.configure(
-                geometry=geometry_for(cfg), model=model, neighboring_relation=method.relation, **where
+                geometry=geometry_for(cfg, data.classes), model=model, neighboring_relation=method.relation, **where
             )
-            kwargs = engine.accountant.calibration_kwargs(optimizer=optimizer, max_grad_norm=CLIP_NORM)
+            kwargs = engine.accountant.calibration_kwargs(
+                optimizer=optimizer, max_grad_norm=clip_norm_for(method, data.classes)
+            )
         model, optimizer, loader = engine.make_private_with_epsilon(
             target_epsilon=target_epsilon, target_delta=DELTA, epochs=cfg.epochs, **common, **kwargs
         )
@@ -508,7 +521,7 @@ def private_training(
     hook = hso.ProjectionHook(optimizer, radius=cfg.radius, l2_regularization=cfg.l2)
     if method.hidden_state:
         engine.accountant.configure(
-            geometry=hook.logistic_regression_geometry(FEATURE_NORM),
+            geometry=hook.logistic_regression_geometry(FEATURE_NORM, num_classes=data.classes),
             model=model,
             optimizer=optimizer,
             neighboring_relation=method.relation,
@@ -551,7 +564,7 @@ def train_run(data: Data, method: Method, cfg: Config, z: float, seed: int, *, a
             report = engine.accountant.explain(DELTA)
             out.update(epsilon=float(report.epsilon), analysis=report.analysis, relation=report.neighboring_relation)
             if method.hidden_state:  # the run the core's z was calibrated for is the run the engine recorded
-                expected = core_event(method, cfg, data.n).replace(noise_multiplier=z)
+                expected = core_event(method, cfg, data.n, data.classes).replace(noise_multiplier=z)
                 out["same_event"] = engine.accountant.training_run() == expected
     return out
 
@@ -572,7 +585,7 @@ def _task(task: Dict[str, object]) -> Dict[str, object]:
     cfg = Config(**task["config"])
     start = time.perf_counter()
     if task["kind"] == "core":
-        z, analysis = core_noise(method, cfg, data.n, task["epsilon"])
+        z, analysis = core_noise(method, cfg, data.n, data.classes, task["epsilon"])
         out = {"z": z, "analysis": analysis}
     elif task["kind"] == "opacus":
         out = {"z": opacus_noise(data, method, cfg, task["epsilon"])}
@@ -1090,7 +1103,7 @@ def report(
         f"{tasks / 3600:.1f} process-hours, summed over every calibration and run whether this invocation "
         f"computed it or read it from --cache (this invocation: {wall / 60:.0f} minutes of wall time, {args.jobs} "
         f"worker process(es); a shared machine, so times are upper ends). Seeds: search "
-        f"{list(args.select_seed_list)}, test {list(args.test_seed_list)}; delta = {DELTA:g}, C = {CLIP_NORM:g}, "
+        f"{list(args.select_seed_list)}, test {list(args.test_seed_list)}; delta = {DELTA:g}, C = {CLIP_NORM:g} ({NONBINDING_CLIP_NORM:g} for a declared geometry on more than two classes), "
         f"features clipped to norm R = {FEATURE_NORM:g} (FeatureClip).",
         "",
         f"![test accuracy against epsilon]({picture})",

@@ -387,7 +387,7 @@ def check_continues(
             "of another structure than the configured one",
         )
     # a checkpoint written before the outputs were read has outputs None (unknown): not compared
-    if None not in (model, stored.model, stored.model.outputs) and model.outputs != stored.model.outputs:
+    if model is not None and stored.model is not None and stored.model.outputs not in (None, model.outputs):
         differs("outputs", model.outputs, stored.model.outputs)
     relation = None if neighboring_relation is None else parse_relation(neighboring_relation)
     if None not in (relation, stored.neighboring_relation) and relation != stored.neighboring_relation:

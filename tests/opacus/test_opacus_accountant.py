@@ -27,7 +27,7 @@ from hidden_state_accountants.recording import CompositionFallbackWarning  # noq
 from hidden_state_accountants.schedules import CYCLIC, FULL, POISSON, SHUFFLE_PARTITION, WITHOUT_REPLACEMENT  # noqa: E402
 
 DELTA = 1e-5
-N, D, K = 60, 5, 3
+N, D, K = 60, 5, 2  # two classes: the geometry holds under any clip (docs/derivations.md 18)
 
 
 def data(n=N, seed=0):
@@ -138,7 +138,7 @@ def test_epsilon_equals_the_core_for_the_same_run(sampling):
         clip_norm=1.5,
         learning_rate=0.5,
         sampling=sampling,
-        geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0),
+        geometry=LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0, num_classes=K),
         l2_regularization=0.05,
     )
     assert engine.accountant.training_run() == expected

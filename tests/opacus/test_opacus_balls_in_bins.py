@@ -80,7 +80,7 @@ def test_opacus_run_is_accounted_as_the_core_event_under_add_or_remove():
         clip_norm=1.0,
         learning_rate=0.5,
         sampling=BALLS_IN_BINS,
-        geometry=LossGeometry.logistic_regression(1.0, 0.05),
+        geometry=LossGeometry.logistic_regression(1.0, 0.05, num_classes=K),
         l2_regularization=0.05,
     )
     core = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(event).get_epsilon(DELTA)

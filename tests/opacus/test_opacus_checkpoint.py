@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import hidden_state_accountants.opacus as hso  # noqa: E402
 from hidden_state_accountants import ParameterError  # noqa: E402
 
-N, B, D, K, DELTA = 100, 10, 5, 3, 1e-5
+N, B, D, K, DELTA = 100, 10, 5, 2, 1e-5
 
 
 def build(seed=0):

@@ -44,10 +44,10 @@ def test_example_trains_on_cpu(example):
         batch_size=100,
         epochs=4,
         noise_multiplier=4.0,
-        clip_norm=1.0,
+        clip_norm=2.01,
         learning_rate=0.5,
         sampling="shuffle_partition",
-        geometry=LossGeometry.logistic_regression(1.0, 0.01, diameter=10.0),
+        geometry=LossGeometry.logistic_regression(1.0, 0.01, diameter=10.0, num_classes=10),
     )
     assert res["epsilon"] == HiddenStateAccountant().compose(expected).get_epsilon(1e-5)
 

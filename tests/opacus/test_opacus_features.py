@@ -21,6 +21,7 @@ from hidden_state_accountants.opacus.facts import model_facts  # noqa: E402
 from hidden_state_accountants.checkpoint import seal_state, unseal_state  # noqa: E402
 
 DELTA = 1e-5
+CLIP = 2.01  # digits has ten classes: a clip that cannot bind, sqrt(2 (R^2 + 1)) + 1e-6 at R = 1 (derivations 18)
 
 
 def digits(n=1500):
@@ -38,7 +39,12 @@ def setup(model, x, y, *, b=100, sampler=None, radius=5.0, l2=0.01, bound=1.0, g
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     engine = PrivacyEngine(accountant="hidden_state")
     model, opt, loader = engine.make_private(
-        module=model, optimizer=opt, data_loader=loader, noise_multiplier=4.0, max_grad_norm=1.0, poisson_sampling=False
+        module=model,
+        optimizer=opt,
+        data_loader=loader,
+        noise_multiplier=4.0,
+        max_grad_norm=CLIP,
+        poisson_sampling=False,
     )
     hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=l2)
     geometry = hook.logistic_regression_geometry(feature_norm_bound=bound) if geometry is None else geometry
@@ -90,8 +96,9 @@ def test_the_raw_digits_with_a_feature_clip_are_enforced_and_noted():
         "feature norm <= 1: enforced by the model's feature clip (max_norm=1) in front of the trainable layer" in notes
     )
     assert (
-        "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels, "
-        "or sigmoid cross-entropy, on the trainable layer's outputs (logits), one unweighted loss per example; "
+        "the loss is the user's claim: the geometry assumes softmax cross-entropy with one-hot or integer labels "
+        "on the trainable layer's outputs (logits), or sigmoid cross-entropy on its one output (binary), one "
+        "unweighted loss per example; "
         "Opacus does not see it (the training loop computes the loss)" in notes
     )
     assert engine.accountant.explain(DELTA).analysis != "composition"
@@ -135,7 +142,7 @@ def test_a_batch_above_the_bound_mid_run_ends_the_claim_before_its_step():
     with pytest.raises(
         ParameterError,
         match=r"^feature_norm_bound: in the batch of step 2, the trainable layer has an "
-        rf"input of norm {float(x[250].double().norm()):.6g}, above the declared",
+        rf"input of norm {float(x[250].double().norm())!r}, above the declared",
     ):
         opt.step()
     assert all(torch.equal(a, b) for a, b in zip(before, weights(model)))  # weights as before the step
@@ -340,9 +347,9 @@ def test_calibration_is_not_asked_to_check_data():
                 target_epsilon=2.0,
                 target_delta=DELTA,
                 epochs=10,
-                max_grad_norm=1.0,
+                max_grad_norm=CLIP,
                 poisson_sampling=False,
-                **engine.accountant.calibration_kwargs(optimizer=opt, max_grad_norm=1.0),
+                **engine.accountant.calibration_kwargs(optimizer=opt, max_grad_norm=CLIP),
             )
         return opt.noise_multiplier
 

@@ -78,10 +78,10 @@ def test_poisson_loader_with_a_configured_geometry_gets_a_hidden_state_bound():
         optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=DataLoader(ds, batch_size=40),
         noise_multiplier=2.0,
-        max_grad_norm=1.0,
+        max_grad_norm=2.01,  # three classes: a clip that cannot bind (>= sqrt(2 (R^2 + 1)) + 1e-6)
     )
     hook = hso.ProjectionHook(opt, l2_regularization=0.2)
-    geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0)
+    geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0, num_classes=k)
     with pytest.raises(ParameterError, match="dataset_size"):
         engine.accountant.configure(geometry=geometry, model=model, optimizer=opt)
     engine.accountant.configure(geometry=geometry, model=model, optimizer=opt, dataset_size=n)

@@ -21,7 +21,7 @@ from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, RESHUFF
 from opacus_common import D, K, random_classification, train_epochs  # noqa: E402
 
 DELTA = 1e-5
-GEOMETRY = LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0)
+GEOMETRY = LossGeometry.logistic_regression(1.0, 0.05, diameter=6.0, num_classes=2)
 
 
 def run(loader, *, n, epochs=3, lr=0.5, z=2.0, clip=1.5, by="data_loader", sampler=None, radius=3.0):
@@ -39,7 +39,9 @@ def run(loader, *, n, epochs=3, lr=0.5, z=2.0, clip=1.5, by="data_loader", sampl
     )
     hook = hso.ProjectionHook(opt, radius=radius, l2_regularization=0.05)
     where = {"data_loader": loader} if by == "data_loader" else {"sampler": sampler}
-    engine.accountant.configure(geometry=hook.logistic_regression_geometry(1.0), model=model, optimizer=opt, **where)
+    engine.accountant.configure(
+        geometry=hook.logistic_regression_geometry(1.0, num_classes=K), model=model, optimizer=opt, **where
+    )
     sizes = train_epochs(model, opt, loader, epochs)
     return engine, model, opt, sizes
 
@@ -143,7 +145,9 @@ def test_kept_short_batch_is_divided_by_b_and_accounted_as_kept_batch_size(radiu
     engine, _, opt, sizes = run(loader, n=n, epochs=2, radius=radius)
     assert sizes == ([b] * 6 + [4]) * 2
     assert opt.expected_batch_size == b  # configure set Opacus' divisor to b (its own is int(64 / 7) = 9)
-    geometry = LossGeometry.logistic_regression(1.0, 0.05, diameter=None if radius is None else 2 * radius)
+    geometry = LossGeometry.logistic_regression(
+        1.0, 0.05, diameter=None if radius is None else 2 * radius, num_classes=2
+    )
     expected = expected_event(n, b, 14, last_batch=KEPT_BATCH_SIZE, geometry=geometry)
     assert engine.accountant.training_run() == expected
     report = engine.accountant.explain(DELTA)

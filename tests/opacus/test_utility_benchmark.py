@@ -81,7 +81,7 @@ def test_the_core_calibrates_for_the_run_the_adapter_records(bench, key, sampler
     data = bench.dataset("breast_cancer")
     method = bench.METHODS[key]
     cfg = bench.Config(72, 2, 1.0, 0.05, None, sampler)
-    z, _ = bench.core_noise(method, cfg, data.n, 2.0)
+    z, _ = bench.core_noise(method, cfg, data.n, data.classes, 2.0)
     out = bench.train_run(data, method, cfg, z, 0, account=True)
     assert out["same_event"] and out["relation"] == method.relation
     assert out["epsilon"] <= 2.0 * (1 + 1e-9)

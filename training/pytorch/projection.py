@@ -159,16 +159,21 @@ class ProjectionHook:
         """``m_reg``: the base optimizer's ``weight_decay`` (read live)."""
         return float(self.optimizer.original_optimizer.param_groups[0].get("weight_decay", 0.0))
 
-    def logistic_regression_geometry(self, feature_norm_bound: float) -> LossGeometry:
+    def logistic_regression_geometry(
+        self, feature_norm_bound: float, num_classes: Optional[int] = None
+    ) -> LossGeometry:
         """:meth:`LossGeometry.logistic_regression` with this hook's ``m_reg`` and ``D``.
 
         ``feature_norm_bound`` must hold for every input of the trainable layer: a
         :class:`FeatureClip` in front of it enforces it; without one the accountant checks the
-        inputs of every batch before its step and refuses a batch above the bound."""
+        inputs of every batch before its step and refuses a batch above the bound. ``num_classes``
+        (default: the model's ``out_features``, read by the accountant) decides whether the clip may
+        bind: for three or more classes the claim needs ``max_grad_norm >= sqrt(2 (R^2 + 1)) + 1e-6``."""
         return LossGeometry.logistic_regression(
             feature_norm_bound=feature_norm_bound,
             l2_regularization=self.strong_convexity,
             diameter=self.diameter,
+            num_classes=num_classes,
         )
 
     # ------------------------------------------------------------------- mechanics

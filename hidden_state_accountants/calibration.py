@@ -381,6 +381,10 @@ def run_differences(run: TrainingRunDpEvent, calibrated: TrainingRunDpEvent) -> 
 
     def differs(name: str) -> bool:
         mine, theirs = getattr(run, name), getattr(calibrated, name)
+        if name == "geometry" and None not in (mine, theirs) and theirs.num_classes is None:
+            # classes the calibration could not see (no model): unknown counts as three or more, so the run's
+            # own number of classes can only lower its epsilon
+            mine = attr.evolve(mine, num_classes=None)
         return mine < theirs if name == "noise_multiplier" and isinstance(mine, float) else mine != theirs
 
     return [

@@ -1040,7 +1040,8 @@ class RunRecorder:
             self._check_accountable(raw, one, position, count)
             position += count
         self._check_claim(ones[0])
-        reasons = self._hidden_state(ones)[1]
+        # a clip that can bind on several classes is a fallback to composition, not an error (issue 27)
+        reasons = self._hidden_state(ones, with_clip=False)[1]
         if self.claim.geometry is not None and reasons:
             raise v.ParameterError(
                 "learning_rate" if any("learning rate" in r for r in reasons) else "optimizer",
@@ -1173,9 +1174,12 @@ class RunRecorder:
         self._feature_cover -= count
 
     # ------------------------------------------------------------------- the run
-    def _hidden_state(self, steps: Sequence[StepFacts]) -> Tuple[Optional[LossGeometry], List[str]]:
+    def _hidden_state(
+        self, steps: Sequence[StepFacts], with_clip: bool = True
+    ) -> Tuple[Optional[LossGeometry], List[str]]:
         """The geometry the analyses account for ``steps`` (one-device), or ``None`` with the reasons
-        they do not back a hidden-state claim."""
+        they do not back a hidden-state claim (``with_clip=False``: not counting a clip that can bind on
+        several classes)."""
         geometry = self.claim.geometry
         if geometry is None:
             return None, [NO_GEOMETRY]
@@ -1207,7 +1211,7 @@ class RunRecorder:
         except v.ParameterError as err:
             return None, [err.reason]
         # the constants must hold for the map the framework's clip really computes
-        binding = accounted.clipped_map_refusal(steps[0].clip_norm, max(s.clip_margin for s in steps))
+        binding = with_clip and accounted.clipped_map_refusal(steps[0].clip_norm, max(s.clip_margin for s in steps))
         return (None, [binding]) if binding else (accounted, [])
 
     def reasons(self) -> List[str]:

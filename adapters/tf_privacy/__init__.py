@@ -6,7 +6,8 @@ Add one callback to ``model.fit`` and Keras reports the hidden-state epsilon eac
     from hidden_state_accountants.tf_privacy import (
         DecoupledL2DPKerasSGDOptimizer, HiddenStatePrivacyCallback, batched_dataset)
 
-    opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=1.0,
+    # a clip that cannot bind (>= sqrt(2 (R^2 + 1)) = 2 at R = 1): a multi-class model needs it
+    opt = DecoupledL2DPKerasSGDOptimizer(l2_norm_clip=2.0, noise_multiplier=1.0,
                                          l2_regularization=0.01, learning_rate=0.5)
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction=tf.keras.losses.Reduction.NONE))

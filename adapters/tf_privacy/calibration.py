@@ -13,7 +13,7 @@ smallest noise the best valid analysis allows (to ``rel_tol``).
 
 >>> from hidden_state_accountants import LossGeometry
 >>> settings = dict(sampling="shuffle_partition", learning_rate=0.5, l2_norm_clip=1.0)
->>> geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+>>> geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 >>> round(compute_hidden_state_noise(1000, 50, 2.0, 10, 1e-5, geometry=geometry, **settings), 2)
 3.28
 >>> round(compute_hidden_state_noise(1000, 50, 2.0, 10, 1e-5, geometry=None, **settings), 2)  # composition

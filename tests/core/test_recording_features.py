@@ -141,8 +141,10 @@ def test_data_checked_in_full_covers_every_step_until_the_next_check():
     assert rec.steps == 1000 and rec.run().geometry is not None
 
 
-@pytest.mark.parametrize("observed", [1.0000001, 76.9, math.inf, math.nan])
+@pytest.mark.parametrize("observed", [1.0000001192092896, 76.9, math.inf, math.nan])
 def test_an_input_above_the_bound_ends_the_claim_with_the_observed_norm(observed):
+    """Every digit of the observed norm is printed (issue 27: a float32 unit-normalised row of norm
+    1.0000001 was refused as "an input of norm 1, above the declared bound 1")."""
     rec = recorder()
     rec.check_feature_norm(0.5, "the batch of step 0")
     rec.record(step())
@@ -150,9 +152,12 @@ def test_an_input_above_the_bound_ends_the_claim_with_the_observed_norm(observed
         rec.check_feature_norm(observed, "the batch of step 1")
     assert err.value.parameter == "feature_norm_bound"
     assert (
-        f"in the batch of step 1, the trainable layer has an input of norm {observed:.6g}, above the declared "
+        f"in the batch of step 1, the trainable layer has an input of norm {observed!r}, above the declared "
         "bound 1" in str(err.value)
     )
+    if math.isfinite(observed):
+        assert f"above the declared bound 1 by {observed - 1:.3g}:" in str(err.value)
+        assert "FeatureClip or clip_features, which round inside the ball" in str(err.value)
     with pytest.raises(ParameterError, match="not checked"):  # and no later step is covered by it
         rec.record(step())
     assert rec.steps == 1

@@ -436,3 +436,25 @@ def test_every_rank_ends_the_claim_when_any_rank_sees_an_input_above_the_bound(t
             f"feature_norm_bound: in the batch of step 1, the trainable layer has an input "
             f"of norm {r['norm']!r}, above the declared bound 1 by {r['norm'] - 1:.3g}"
         )
+
+
+def test_unit_normalised_float32_rows_pass_through_the_documented_patterns():
+    """Issue 27: rows divided by their norm in float32 can have norm 1.0000001 > 1. The check refuses them
+    with every digit shown; the documented patterns (FeatureClip in the model, clip_features on the data)
+    round inside the ball and pass."""
+    x, y = digits(600)
+    unit = x / x.norm(dim=1, keepdim=True)
+    above = unit.double().norm(dim=1).max().item()
+    assert above > 1.0  # float32 rounding
+    sampler = hso.CyclicBatchSampler(600, 100)
+    engine, model, opt, loader = setup(nn.Sequential(nn.Linear(64, 10)), unit, y, sampler=sampler)
+    with pytest.raises(ParameterError, match=r"of norm 1\.0000\d+, above the declared bound 1 by \d\.\d+e-0[78]"):
+        train(model, opt, loader)
+    for model, data in (
+        (nn.Sequential(hso.FeatureClip(1.0), nn.Linear(64, 10)), unit),  # enforced by the model
+        (nn.Sequential(nn.Linear(64, 10)), hso.clip_features(unit, 1.0)),  # checked, and inside the ball
+    ):
+        sampler = hso.CyclicBatchSampler(600, 100)
+        engine, model, opt, loader = setup(model, data, y, sampler=sampler)
+        train(model, opt, loader)
+        assert any(a.hidden_state and a.epsilon is not None for a in engine.accountant.explain(DELTA).analyses)

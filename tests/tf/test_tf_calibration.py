@@ -33,7 +33,7 @@ from hidden_state_accountants.tf_privacy.calibration import FLOAT32_MARGIN  # no
 
 DIM, CLASSES, DELTA = 3, 2, 1e-5
 LR, L2, C = 0.5, 0.05, 1.0
-GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2)
+GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2, num_classes=CLASSES)
 
 
 def data(n):

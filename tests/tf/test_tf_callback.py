@@ -451,7 +451,7 @@ def test_projection_bounds_the_weights_and_reports_the_diameter(data):
     kernel, bias = model.get_weights()
     assert np.linalg.norm(kernel.astype(np.float64)) <= rk and np.linalg.norm(bias.astype(np.float64)) <= rb
     assert np.linalg.norm(kernel) > 0.9 * rk  # the projection was active, not vacuous
-    geometry = LossGeometry.logistic_regression(1.0, L2, diameter=diameter)
+    geometry = LossGeometry.logistic_regression(1.0, L2, diameter=diameter, num_classes=CLASSES)
     assert cb.geometry == geometry == cb.run_event().geometry
     assert hist["epsilon"][-1] == pytest.approx(core_report(2 * SPE, geometry=geometry).epsilon, rel=1e-12)
     # a declared diameter must cover the projection set

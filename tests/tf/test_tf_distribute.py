@@ -152,10 +152,10 @@ def test_two_workers_on_localhost_train_the_accounted_run_and_agree_on_the_ledge
         batch_size=RUN_B,
         steps=4,
         noise_multiplier=RUN_Z,
-        clip_norm=1.0,
+        clip_norm=2.0,
         learning_rate=RUN_LR,
         sampling="shuffle_partition",
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=RUN_L2),
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=RUN_L2, num_classes=N),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -40,10 +40,10 @@ def test_example_prints_epsilon_per_epoch_and_accuracy(capsys):
         batch_size=64,
         epochs=4,
         noise_multiplier=2.0,
-        clip_norm=1.0,
+        clip_norm=2.0,
         learning_rate=0.5,
         sampling="shuffle_partition",
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=10),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -80,10 +80,10 @@ def test_example_distributed_mode_reports_the_one_device_run():
         batch_size=64,
         epochs=2,
         noise_multiplier=2.0,
-        clip_norm=1.0,
+        clip_norm=2.0,
         learning_rate=0.5,
         sampling="shuffle_partition",
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=10),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -97,12 +97,12 @@ def _reshuffle_epsilon(epochs, secret):
         batch_size=64,
         steps=epochs * 23,
         noise_multiplier=2.0,
-        clip_norm=1.0,
+        clip_norm=2.0,
         learning_rate=0.5,
         sampling="reshuffle",
         last_batch="kept_own_size",
         secret_batches=secret,
-        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01),
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=10),
     )
     return HiddenStateAccountant().compose(run).explain(1e-5)
 

@@ -13,7 +13,7 @@ from hidden_state_accountants.tf_privacy import compute_hidden_state_privacy_sta
 
 
 def test_statement_is_replace_one_and_names_it():
-    geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+    geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
     text = compute_hidden_state_privacy_statement(
         number_of_examples=1437,
         batch_size=64,

@@ -27,10 +27,10 @@ from hidden_state_accountants.tf_privacy import (  # noqa: E402
     dataset_schedule,
 )
 
-N, B, DIM, CLASSES = 61, 6, 4, 3  # 10 full batches and a short one of 1 record
+N, B, DIM, CLASSES = 61, 6, 4, 2  # 10 full batches and a short one of 1 record
 R = N % B
 Z, C, LR, L2, DELTA = 1.5, 1.0, 0.5, 0.05, 1e-5
-GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2)
+GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=L2, num_classes=CLASSES)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from hidden_state_accountants import LossGeometry, ParameterError  # noqa: E402
 from hidden_state_accountants.statement import privacy_statement  # noqa: E402
 from hidden_state_accountants.tf_privacy import compute_hidden_state_privacy_statement  # noqa: E402
 
-GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01)
+GEOMETRY = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=0.01, num_classes=2)
 ARGS = dict(number_of_examples=1437, batch_size=64, num_epochs=30, noise_multiplier=2.0, delta=1e-5)
 SETTINGS = dict(l2_norm_clip=1.0, learning_rate=0.5, geometry=GEOMETRY)
 TF_PARAGRAPH = "TF-Privacy's 'assuming Poisson sampling' epsilon does not apply: batches were not Poisson sampled."

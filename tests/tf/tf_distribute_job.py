@@ -89,6 +89,7 @@ def step_figures(strategy, kind):
 # --- a run: the callback on a batched_dataset
 N, RUN_B, FEATURES, CLASSES = 400, 100, 8, 400  # label = record index: the labels trained are the batch
 RUN_Z, RUN_LR, RUN_L2 = 2.0, 0.5, 0.01
+RUN_C = 2.0  # 400 classes: a clip that cannot bind, sqrt(2 (R^2 + 1)) at R = 1 (docs/derivations.md 18)
 TRAINED = []
 
 
@@ -110,10 +111,12 @@ def run(strategy, kind, sampling="cyclic", epochs=2, seed=None):
         model = tf.keras.Sequential([tf.keras.layers.Dense(CLASSES, input_shape=(FEATURES,))])
         opt = (
             DecoupledL2DPKerasSGDOptimizer(
-                l2_norm_clip=1.0, noise_multiplier=RUN_Z, l2_regularization=RUN_L2, learning_rate=RUN_LR
+                l2_norm_clip=RUN_C, noise_multiplier=RUN_Z, l2_regularization=RUN_L2, learning_rate=RUN_LR
             )
             if kind == "package"
-            else tensorflow_privacy.DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=RUN_Z, learning_rate=RUN_LR)
+            else tensorflow_privacy.DPKerasSGDOptimizer(
+                l2_norm_clip=RUN_C, noise_multiplier=RUN_Z, learning_rate=RUN_LR
+            )
         )
         model.compile(
             optimizer=opt,
@@ -122,7 +125,7 @@ def run(strategy, kind, sampling="cyclic", epochs=2, seed=None):
                 from_logits=True, reduction=tf.keras.losses.Reduction.NONE
             ),
         )
-    geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=RUN_L2)
+    geometry = LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=RUN_L2, num_classes=CLASSES)
     callback = HiddenStatePrivacyCallback(
         geometry=geometry if kind == "package" else None,
         sampling=sampling,

@@ -175,6 +175,21 @@ def test_conv2d_points_to_pytorch():
         DPSBCD(model, np.zeros((12, 6, 6, 1), np.float32), np.zeros(12, int), batch_size=4, step_size=0.1, noise=1e-3)
 
 
+def test_a_float64_model_trains_in_float64():
+    """The trainer computes in the model's float type (float32 before: a float64 model failed with
+    a dtype error); one type for all layers."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([L.Dense(5, activation="relu", dtype="float64"), L.Dense(3, dtype="float64")])
+    rng = np.random.default_rng(0)
+    opt = DPSBCD(model, rng.normal(size=(12, 6)), rng.integers(0, 3, 12), batch_size=4, step_size=0.2, noise=1e-3)
+    opt.fit(1, progress=False)
+    assert opt.xs[0].dtype == tf.float64 and all(layer.kernel.dtype == tf.float64 for layer in opt.layers)
+    assert opt.predict(np.zeros((2, 6))).dtype == np.float64
+    mixed = tf.keras.Sequential([L.Dense(4, activation="relu", dtype="float64"), L.Dense(3)])
+    with pytest.raises(UnsupportedLayerError, match="float32 or float64 weights, all the same"):
+        DPSBCD(mixed, np.zeros((12, 6)), np.zeros(12, int), batch_size=4, step_size=0.1, noise=1e-3)
+
+
 def test_separate_relu_layers_are_accepted():
     model = tf.keras.Sequential([L.Dense(5), L.ReLU(), L.Dense(4), L.Activation("relu"), L.Dense(3)])
     opt = DPSBCD(

@@ -80,9 +80,12 @@ Re-derived or corrected formulas (the PDF text is garbled or wrong in places)
    3.1: the per-example gradient ``gamma (theta x_i - U_i) x_i^T`` is bounded only if the
    residual is. The optimizers clip each example's residual so that its gradient has norm
    ``<= gamma rho / 2``; replacing one record then moves the batch-mean gradient by at most
-   ``gamma rho / b``, which is what case 2 of Cor. 4.4 uses. The clipped gradient is the
-   gradient of a Huber loss, so the sub-problem stays convex and ``gamma rho^2``-smooth and
-   Lemma 4.1 still applies.
+   ``gamma rho / b``, which is what case 2 of Cor. 4.4 uses. The residual ``R_i`` is projected
+   onto a Frobenius ball of radius ``rho / (2 ||P_i||_F)``, which does not depend on ``theta``
+   (``P_i``: the example's input or im2col matrix), so the clipped gradient is the gradient of a
+   Huber loss of the residual: the sub-problem stays convex and ``gamma rho^2``-smooth and
+   Lemma 4.1 still applies (docs/dp_sbcd.md, "Audit"; clipping a convolution's gradient by its
+   own norm would not be a gradient field).
 5. **Mixture over the position.** The layers share one partition, so the position ``j0`` is
    the same for every layer: we sum the layers *before* the mixture of eq. (30). Summing
    each layer's already-mixed bound is not justified and can be smaller.
@@ -108,9 +111,13 @@ Assumptions the code cannot enforce (read before trusting the hidden-state numbe
   parameters", "leveraging post-processing and composition"): each layer is analysed with
   the other blocks and the auxiliary variables held fixed, but they evolve with, and depend
   on, the data. Summing the per-layer bounds is the paper's claim, not a theorem we can
-  check. The composition bound reported next to it (``dp_sbcd_composition``) needs neither
-  assumption: every step of every layer is a Gaussian mechanism with the clipped
-  sensitivity, composed adaptively over the whole trajectory.
+  check. Moreover Algorithm 2 recomputes ``x_d`` and ``u_d`` from ``theta_d`` just before the
+  ``theta_d`` step, and that map of ``theta_d`` is expansive (output block) or discontinuous
+  (hidden blocks, through eq. 6): Lemma 4.1's ``L_F``, and the LSI constants built on it, are
+  for the step with them frozen. A one-block model has no auxiliary variables. The
+  composition bound reported next to it (``dp_sbcd_composition``) needs neither assumption:
+  every step of every layer is a Gaussian mechanism with the clipped sensitivity, composed
+  adaptively over the whole trajectory.
 * **Batch schedule**: the records must be split into ``n // b`` batches once (randomly for
   ``shuffle_partition``, fixed for ``cyclic``) and visited in the same order every epoch, and
   the noise schedule must not depend on the data. The optimizers do this; a hand-built event
@@ -152,7 +159,9 @@ COMPOSITION_NAME = "dp_sbcd_composition"
 ASSUMPTION_TEXT = (
     "DP-SBCD Thm 4.5 assumes the parameter distributions of every sub-problem satisfy a "
     "log-Sobolev inequality and analyses each layer with the other layers and auxiliary "
-    "variables held fixed (composition over layers by summation); neither can be checked. "
+    "variables held fixed (composition over layers by summation); neither can be checked, and the "
+    "step run on a block recomputes its auxiliary variables from it, which the per-layer Lipschitz "
+    "constants do not cover. "
     "The composition bound needs neither (set paper_assumptions=False to report only it)."
 )
 

@@ -464,7 +464,10 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
         else:
             r = u
         bound = self.rho_eff[d] / 2.0
-        norm = r.flatten(1).norm(dim=1) * p.flatten(1).norm(dim=1)  # ||R||_F ||P||_F >= ||R^T P||_F
+        # ||R||_F ||P||_F >= ||R^T P||_F. Not the gradient's own norm ||R^T P||_F: R is then projected onto a
+        # ball whose radius does not depend on theta, so the clipped field is a (Huber) gradient and the
+        # sub-problem stays convex; for a convolution the own-norm clip is not (docs/dp_sbcd.md, "Audit").
+        norm = r.flatten(1).norm(dim=1) * p.flatten(1).norm(dim=1)
         scale = torch.clamp(bound / torch.clamp(norm, min=1e-30), max=1.0)
         # float rounding must not push a contribution over the bound
         scale = scale * (1.0 - 4 * torch.finfo(p.dtype).eps)

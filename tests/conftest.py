@@ -52,3 +52,15 @@ def sbcd_example_row():
         return [c.strip() for c in row.strip("|").split("|")]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """One torch thread for a module of tests on tiny matrices (thread hand-offs dominate on small
+    shared machines); use with ``pytest.mark.usefixtures("torch_one_thread")``."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

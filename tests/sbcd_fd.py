@@ -18,6 +18,15 @@ import numpy as np
 
 Map = Callable[[np.ndarray], np.ndarray]
 
+STEP_OPTIONS = {
+    "plain": dict(),
+    "l2": dict(regularizer="l2", regularization=0.5),
+    "l1+ball": dict(regularizer="l1", regularization=0.05, radius=50.0),
+    "appendix_c": dict(variant="appendix_c", radius=50.0, step_size=3.0),
+    "expansive": dict(step_size=2.0),  # eta beta > 2 on a dense block: L_F = eta beta - 1 > 1
+}
+"""Trainer options under which the tests check one step against ``L_F L_T``."""
+
 
 def jacobian(f: Map, theta: np.ndarray, h: float = 1e-6) -> np.ndarray:
     """Central-difference Jacobian of ``f: R^m -> R^m`` at ``theta`` (float64)."""

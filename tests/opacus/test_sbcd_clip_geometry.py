@@ -21,23 +21,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.torch,
+    pytest.mark.usefixtures("torch_one_thread"),
     pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning"),
     pytest.mark.filterwarnings("ignore::hidden_state_accountants.errors.HiddenStateWarning"),
 ]
 
-from sbcd_fd import check_gradient_field, check_lipschitz, jacobian  # noqa: E402
+from sbcd_fd import STEP_OPTIONS, check_gradient_field, check_lipschitz, jacobian  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hidden_state_accountants.analyses.sbcd import layer_constants  # noqa: E402
 from hidden_state_accountants.pytorch.sbcd import DPSBCD, _clip_rows, u_update  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _model(kind: str, bias: bool) -> nn.Sequential:
@@ -143,20 +136,11 @@ def test_each_clipped_gradient_is_a_convex_beta_smooth_gradient(kind, bias):
 
 
 @pytest.mark.parametrize("kind,bias", CASES)
-@pytest.mark.parametrize(
-    "options",
-    [
-        dict(),
-        dict(regularizer="l2", regularization=0.5),
-        dict(regularizer="l1", regularization=0.05, radius=50.0),
-        dict(variant="appendix_c", radius=50.0, step_size=3.0),
-    ],
-    ids=["plain", "l2", "l1+ball", "appendix_c"],
-)
+@pytest.mark.parametrize("options", [o for o in STEP_OPTIONS if o != "expansive"])
 def test_one_step_is_as_lipschitz_as_the_accountant_assumes(kind, bias, options):
     """(c) the noiseless step of every block is L_F L_T-Lipschitz (Lemmas 4.1, 4.2 as the
     accountant evaluates them), at a point where clipping binds."""
-    opt = _opt(kind, bias, **options)
+    opt = _opt(kind, bias, **STEP_OPTIONS[options])
     for d, c in enumerate(layer_constants(opt.privacy_event(steps=1))):
         x, target = _batch(opt, d)
         assert _clipped(opt, d, x, target).any()
@@ -168,7 +152,7 @@ def test_one_step_is_as_lipschitz_as_the_accountant_assumes(kind, bias, options)
 def test_an_expansive_step_stays_within_eta_beta_minus_one():
     """eta > 2 / beta: the accountant's L_F = eta beta - 1 > 1 (Lemma 4.1 with omega = 0) still
     bounds the step (beta-cocoercivity of a convex beta-smooth gradient)."""
-    opt = _opt("mlp", False, step_size=2.0)
+    opt = _opt("mlp", False, **STEP_OPTIONS["expansive"])
     consts = layer_constants(opt.privacy_event(steps=1))
     for d, c in enumerate(consts):
         assert c.lipschitz_f == pytest.approx(c.eta * c.smoothness - 1) and c.lipschitz_f > 1

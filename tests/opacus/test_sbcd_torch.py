@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [
     pytest.mark.torch,
+    pytest.mark.usefixtures("torch_one_thread"),
     pytest.mark.filterwarnings("ignore::hidden_state_accountants.analyses.sbcd.SbcdAssumptionWarning"),
 ]
 
@@ -23,15 +24,6 @@ from hidden_state_accountants.analyses import sbcd as core  # noqa: E402
 from hidden_state_accountants.pytorch.sbcd import DPSBCD, UnsupportedLayerError, u_update  # noqa: E402
 from hidden_state_accountants.sbcd_training import CALLER_SEED_NOTE  # noqa: E402
 from hidden_state_accountants.schedules import CYCLIC, POISSON, SHUFFLE_PARTITION  # noqa: E402
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices: thread hand-offs dominate on small shared machines
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def _mlp(sizes=(6, 5, 4, 3), dtype=torch.float64, seed=0):

@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::hidden_state_accountants.errors.HiddenStateWarning"),
 ]
 
-from sbcd_fd import check_gradient_field, check_lipschitz  # noqa: E402
+from sbcd_fd import STEP_OPTIONS, check_gradient_field, check_lipschitz  # noqa: E402
 
 from hidden_state_accountants.analyses.sbcd import layer_constants  # noqa: E402
 from hidden_state_accountants.keras.sbcd import DPSBCD  # noqa: E402
@@ -97,20 +97,10 @@ def test_each_clipped_gradient_is_a_convex_beta_smooth_gradient(bias):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize(
-    "options",
-    [
-        dict(),
-        dict(regularizer="l2", regularization=0.5),
-        dict(regularizer="l1", regularization=0.05, radius=50.0),
-        dict(variant="appendix_c", radius=50.0, step_size=3.0),
-        dict(step_size=2.0),  # eta beta > 2: L_F = eta beta - 1 > 1
-    ],
-    ids=["plain", "l2", "l1+ball", "appendix_c", "expansive"],
-)
+@pytest.mark.parametrize("options", list(STEP_OPTIONS))
 def test_one_step_is_as_lipschitz_as_the_accountant_assumes(bias, options):
     """(c) the noiseless step of every block is L_F L_T-Lipschitz, where clipping binds."""
-    opt = _opt(bias, **options)
+    opt = _opt(bias, **STEP_OPTIONS[options])
     for d, c in enumerate(layer_constants(opt.privacy_event(steps=1))):
         x, target = _batch(opt, d)
         assert _clipped(opt, d, x, target).any()

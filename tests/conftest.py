@@ -37,8 +37,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def sbcd_example_row():
     """Runs ``examples/<script> --quick`` (a DP-SBCD digits example, torch or Keras) and returns the
-    cells of its table row for the 479-parameter MLP: test accuracy, hidden-state and composition
-    epsilon."""
+    cells of its table row for batch size 479: the setting, test accuracy, epsilon (analysis), ..."""
 
     def run(script: str, timeout: int):
         out = subprocess.run(

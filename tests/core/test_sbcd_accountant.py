@@ -527,3 +527,17 @@ def test_event_noise_representations_agree():
     b = _event(noise=(0.01, 0.02, 0.03))
     np.testing.assert_array_equal(a.noise_per_step(), b.noise_per_step())
     np.testing.assert_allclose(sbcd.thm_4_5_rdp(a, ORDERS), sbcd.thm_4_5_rdp(b, ORDERS))
+
+
+def test_the_network_refusal_does_not_promise_dp_sbcd_a_hidden_state_number():
+    """The refusal of a network for DP-SGD sent users to "use DP-SBCD for ReLU networks", which for
+    two or more blocks now gets a composition bound, not a hidden-state one (issue 27)."""
+    from hidden_state_accountants.recording import LayerFacts, ModelFacts, model_refusal
+
+    layers = [("fc1", "affine", True), ("relu", "other", False), ("fc2", "affine", True)]
+    mlp = ModelFacts(
+        layers=[LayerFacts(name=n, kind=k, trainable=t) for n, k, t in layers], complete=True, description="the MLP"
+    )
+    reason = model_refusal(mlp)
+    assert "use DP-SBCD" not in reason
+    assert "DP-SBCD trains ReLU networks with a composition bound too, not a hidden-state one" in reason

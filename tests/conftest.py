@@ -53,6 +53,34 @@ def sbcd_example_row():
     return run
 
 
+@pytest.fixture
+def check_sbcd_report():
+    """Checks a DP-SBCD trainer's (torch or Keras) report against the core's accountant (issue 27): a
+    one-block model gets Thm 4.5 (below composition), a network of several blocks the composition
+    bound, with Thm 4.5's reason."""
+    import numpy as np
+
+    from hidden_state_accountants import HiddenStateAccountant
+    from hidden_state_accountants.analyses import sbcd as core
+
+    def check(opt) -> None:
+        ev, orders = opt.privacy_event(), [2.0, 8.0, 32.0]
+        report = opt.explain(1e-5)
+        assert report.epsilon == pytest.approx(opt.get_epsilon(1e-5), rel=1e-12)
+        assert report.epsilon == pytest.approx(HiddenStateAccountant().compose(ev).get_epsilon(1e-5), rel=1e-12)
+        thm = {a.name: a for a in report.analyses}[core.THM_4_5_NAME]
+        rdp = core.composition_rdp(ev, orders)
+        if ev.num_layers == 1:
+            assert report.epsilon <= thm.epsilon < report.composition_epsilon
+            rdp = np.minimum(core.thm_4_5_rdp(ev, orders), rdp)
+        else:
+            assert report.analysis == core.COMPOSITION_NAME
+            assert thm.epsilon is None and thm.reason == core.multi_block_reason(ev.num_layers)
+        np.testing.assert_allclose(opt.get_rdp(orders), rdp, rtol=1e-9)
+
+    return check
+
+
 @pytest.fixture(scope="module")
 def torch_one_thread():
     """One torch thread for a module of tests on tiny matrices (thread hand-offs dominate on small

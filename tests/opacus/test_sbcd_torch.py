@@ -389,7 +389,7 @@ def test_trains_a_cnn_through_im2col():
     assert opt.rho_eff[0] == pytest.approx(math.sqrt(9 + 64))
 
 
-def test_epsilon_is_the_core_accountants():
+def test_epsilon_is_the_core_accountants(check_sbcd_report):
     opt = _opt(noise=core.linear_decay(5e-3, 1e-3), regularizer="l2", regularization=0.5)
     planned = opt.get_epsilon(1e-5, steps=12)
     opt.fit(3, progress=False)
@@ -398,13 +398,7 @@ def test_epsilon_is_the_core_accountants():
     assert ev.noise == (5e-3, 4e-3, 3e-3)
     direct = HiddenStateAccountant().compose(ev).get_epsilon(1e-5)
     assert opt.get_epsilon(1e-5) == pytest.approx(direct) == pytest.approx(planned)
-    orders = [2.0, 8.0, 32.0]
-    rdp = opt.get_rdp(orders)
-    # three blocks: Thm 4.5 does not apply (issue 27), the epsilon is the composition bound
-    np.testing.assert_allclose(rdp, core.composition_rdp(ev, orders))
-    report = opt.explain(1e-5)
-    assert report.analysis == core.COMPOSITION_NAME and report.epsilon == pytest.approx(opt.get_epsilon(1e-5))
-    assert {a.name: a.reason for a in report.analyses}[core.THM_4_5_NAME] == core.multi_block_reason(3)
+    check_sbcd_report(opt)  # three blocks: the composition bound, Thm 4.5 does not apply (issue 27)
 
 
 def test_a_multi_block_trainer_warns_that_thm_4_5_is_not_applied():
@@ -413,19 +407,12 @@ def test_a_multi_block_trainer_warns_that_thm_4_5_is_not_applied():
         opt.get_epsilon(1e-5, steps=12)
 
 
-def test_a_one_block_model_gets_thm_4_5():
+def test_a_one_block_model_gets_thm_4_5(check_sbcd_report):
     """A linear model (one block) is the case Thm 4.5 is proved for: the trainer reports it."""
     opt = _opt(_mlp(sizes=(6, 3)), noise=1e-3, regularizer="l2", regularization=0.5)
     opt.fit(3, progress=False)
-    ev = opt.privacy_event()
-    assert ev.num_layers == 1
-    report = opt.explain(1e-5)
-    assert report.analysis in (core.THM_4_5_NAME, "rdp_pointwise_min")
-    thm = {a.name: a.epsilon for a in report.analyses}[core.THM_4_5_NAME]
-    assert thm is not None and report.epsilon <= thm < report.composition_epsilon
-    np.testing.assert_allclose(
-        opt.get_rdp([2.0, 8.0]), np.minimum(core.thm_4_5_rdp(ev, [2.0, 8.0]), core.composition_rdp(ev, [2.0, 8.0]))
-    )
+    assert opt.privacy_event().num_layers == 1
+    check_sbcd_report(opt)
 
 
 def test_partition_is_fixed_and_left_out_records_untouched():

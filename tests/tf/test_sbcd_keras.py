@@ -220,7 +220,7 @@ def test_trains_an_mlp_on_digits():
     assert acc > 0.6
 
 
-def test_epsilon_is_the_core_accountants():
+def test_epsilon_is_the_core_accountants(check_sbcd_report):
     opt = _opt(noise=core.increase(1e-3, 1e-3), regularizer="l2", regularization=0.5)
     planned = opt.get_epsilon(1e-5, steps=12)
     opt.fit(3, progress=False)
@@ -239,23 +239,15 @@ def test_epsilon_is_the_core_accountants():
     assert ev.rho == pytest.approx(expected.rho) and ev.noise == pytest.approx(expected.noise)
     direct = HiddenStateAccountant().compose(expected).get_epsilon(1e-5)
     assert opt.get_epsilon(1e-5) == pytest.approx(direct, rel=1e-9) == pytest.approx(planned, rel=1e-9)
-    # three blocks: Thm 4.5 does not apply (issue 27), the epsilon is the composition bound
-    np.testing.assert_allclose(opt.get_rdp([2.0, 8.0]), core.composition_rdp(expected, [2.0, 8.0]), rtol=1e-9)
-    report = opt.explain(1e-5)
-    assert report.analysis == core.COMPOSITION_NAME
-    assert {a.name: a.reason for a in report.analyses}[core.THM_4_5_NAME] == core.multi_block_reason(3)
+    check_sbcd_report(opt)  # three blocks: the composition bound, Thm 4.5 does not apply (issue 27)
 
 
-def test_a_one_block_model_gets_thm_4_5():
+def test_a_one_block_model_gets_thm_4_5(check_sbcd_report):
     """A linear model (one block) is the case Thm 4.5 is proved for: the trainer reports it."""
     opt = _opt(_model(sizes=(6, 3)), noise=1e-3, regularizer="l2", regularization=0.5)
     opt.fit(3, progress=False)
-    ev = opt.privacy_event()
-    assert ev.num_layers == 1
-    report = opt.explain(1e-5)
-    thm = {a.name: a.epsilon for a in report.analyses}[core.THM_4_5_NAME]
-    assert thm is not None and report.epsilon <= thm < report.composition_epsilon
-    assert opt.get_epsilon(1e-5) == pytest.approx(HiddenStateAccountant().compose(ev).get_epsilon(1e-5), rel=1e-12)
+    assert opt.privacy_event().num_layers == 1
+    check_sbcd_report(opt)
 
 
 # --------------------------------------------------------- schedule and seeds (issue 9)

@@ -46,7 +46,8 @@ class CalibrationWarning(HiddenStateWarning):
 
 
 class SbcdAssumptionWarning(HiddenStateWarning):
-    """The DP-SBCD hidden-state bound rests on assumptions the code cannot check."""
+    """DP-SBCD's hidden-state bound (Thm 4.5) was asked for (``paper_assumptions=True``) on a run it is
+    not proved for (two or more blocks); the message says why, and the composition bound is reported."""
 
 
 NO_GEOMETRY = (

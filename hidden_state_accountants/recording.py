@@ -449,9 +449,9 @@ def model_refusal(model: Optional[ModelFacts], assume_convex_model: bool = False
         )
     what = model.description or "the model"
     hint = (
-        "; no hidden-state analysis applies to it (use DP-SBCD for ReLU networks, geometry=None for "
-        "composition, or assume_convex_model=True if you have verified that the loss is convex "
-        "in the trainable parameters)"
+        "; no hidden-state analysis applies to it (geometry=None for composition; DP-SBCD trains ReLU "
+        "networks with a composition bound too, not a hidden-state one; or assume_convex_model=True if you "
+        "have verified that the loss is convex in the trainable parameters)"
     )
     if not model.complete:
         return f"the forward pass of {what} could not be read (custom code), so its convexity is unknown" + hint

@@ -133,7 +133,7 @@ class SbcdTrainerBase:
             if self.variant == "proximal_gradient" and eta * beta > 2.0 * (1.0 + 1e-9):
                 warnings.warn(
                     f"layer {d}: step_size {eta:g} > 2/(gamma rho^2) = {2.0 / beta:.4g}: the gradient step "
-                    "is expansive (L_F > 1) and the hidden-state bound grows exponentially",
+                    "is expansive (L_F > 1): a one-block model's hidden-state bound grows exponentially",
                     HiddenStateWarning,
                     stacklevel=3,
                 )
@@ -191,11 +191,12 @@ class SbcdTrainerBase:
         return HiddenStateAccountant().compose(self.privacy_event(steps))
 
     def get_epsilon(self, delta: float, steps: Optional[int] = None) -> float:
-        """Best valid epsilon (min of Thm 4.5 and composition) for the run so far / planned."""
+        """Best valid epsilon for the run so far / planned: the composition bound, or for a
+        one-block model the smaller of it and Thm 4.5."""
         return self.accountant(steps).get_epsilon(delta)
 
     def get_rdp(self, orders: Sequence[float], steps: Optional[int] = None):
-        """RDP curve at ``orders`` (pointwise minimum of the two analyses)."""
+        """RDP curve at ``orders`` (pointwise minimum of the applicable analyses)."""
         return HiddenStateAccountant(orders=orders).compose(self.privacy_event(steps)).get_rdp(orders)
 
     def explain(self, delta: float, steps: Optional[int] = None) -> PrivacyReport:

@@ -13,8 +13,8 @@ proximal step (eq. 8)::
     theta_d <- Prox_{eta, r_d}( theta_d - eta grad F(theta_d) + N(0, 2 eta o(eta, k, j) I) )
 
 This module is the framework-free analysis: the event :class:`DpSbcdRunDpEvent`, the bounds
-(Thm 4.5 under its assumptions, and a composition baseline that needs none) and the noise
-schedules ``o(eta, k, j)``. It imports nothing above it: the registry
+(Thm 4.5, proved here for a one-block run only, and a composition bound that holds for every run)
+and the noise schedules ``o(eta, k, j)``. It imports nothing above it: the registry
 (:mod:`hidden_state_accountants.analyses.registry`) lists :func:`composition` and :func:`thm_4_5` for
 the event, as it lists a training run's analyses, and the trainers' shared part is
 :class:`hidden_state_accountants.sbcd_training.SbcdTrainerBase`.
@@ -48,7 +48,9 @@ step, Lemma 4.1) and ``L_T`` (proximal map, Lemma 4.2), and per step ``t`` the n
 * Thm 4.5 / eq. (29): with the record in batch ``j0`` of every epoch,
   ``A(j0) = sum_k unit_k * prod_{t > t_k, t not a j0-step} f_t``; the product telescopes
   (eq. 28), which is how it is evaluated here (cumulative sums of ``log f_t``).
-* Layers: ``A_total(j0) = sum_d A_d(j0)`` (the paper composes the sub-problems by summing).
+* Layers: ``A_total(j0) = sum_d A_d(j0)`` (the paper composes the sub-problems by summing). The
+  formula functions below keep the sum; the registered analysis :func:`thm_4_5` evaluates them
+  only for one block (see "Where Thm 4.5 applies").
 * Eq. (30): with a partition drawn at random once, ``j0`` is uniform and
   ``eps(alpha) = log( sum_{j0} (b/n) e^{(alpha-1) alpha A_total(j0)} + (n - l b)/n ) / (alpha-1)``
   (the ``n mod b`` records left out of the partition never influence training); with a fixed
@@ -80,9 +82,12 @@ Re-derived or corrected formulas (the PDF text is garbled or wrong in places)
    3.1: the per-example gradient ``gamma (theta x_i - U_i) x_i^T`` is bounded only if the
    residual is. The optimizers clip each example's residual so that its gradient has norm
    ``<= gamma rho / 2``; replacing one record then moves the batch-mean gradient by at most
-   ``gamma rho / b``, which is what case 2 of Cor. 4.4 uses. The clipped gradient is the
-   gradient of a Huber loss, so the sub-problem stays convex and ``gamma rho^2``-smooth and
-   Lemma 4.1 still applies.
+   ``gamma rho / b``, which is what case 2 of Cor. 4.4 uses. The residual ``R_i`` is projected
+   onto a Frobenius ball of radius ``rho / (2 ||P_i||_F)``, which does not depend on ``theta``
+   (``P_i``: the example's input or im2col matrix), so the clipped gradient is the gradient of a
+   Huber loss of the residual: the sub-problem stays convex and ``gamma rho^2``-smooth and
+   Lemma 4.1 still applies (docs/dp_sbcd.md, "Audit"; clipping a convolution's gradient by its
+   own norm would not be a gradient field).
 5. **Mixture over the position.** The layers share one partition, so the position ``j0`` is
    the same for every layer: we sum the layers *before* the mixture of eq. (30). Summing
    each layer's already-mixed bound is not justified and can be smaller.
@@ -97,26 +102,43 @@ Re-derived or corrected formulas (the PDF text is garbled or wrong in places)
    :func:`appendix_c_sensitivity`), ``L_F <= 1`` (the preconditioner has norm ``<= 1``), and the
    same recursion applies. The paper's ``S_g = gamma rho`` is *not* valid for the variant.
 
-Assumptions the code cannot enforce (read before trusting the hidden-state number)
----------------------------------------------------------------------------------
-* **LSI** (Section 4.2, "we assume that theta for each sub-problem satisfies the log-Sobolev
-  inequality"): Lemma A.3 propagates LSI constants through Lipschitz maps and Gaussian
-  convolutions, but each step's map depends on the auxiliary variables of the batch, which
-  are random and depend on the whole history; the parameter distribution is then a mixture,
-  for which LSI is not implied (the flaw Ye & Shokri, footnote 2, point out in Ryffel et al.).
-* **Per-sub-problem conditioning** (Lemma 4.1's "valid for arbitrary values of other
-  parameters", "leveraging post-processing and composition"): each layer is analysed with
-  the other blocks and the auxiliary variables held fixed, but they evolve with, and depend
-  on, the data. Summing the per-layer bounds is the paper's claim, not a theorem we can
-  check. The composition bound reported next to it (``dp_sbcd_composition``) needs neither
-  assumption: every step of every layer is a Gaussian mechanism with the clipped
-  sensitivity, composed adaptively over the whole trajectory.
+Where Thm 4.5 applies (docs/dp_sbcd.md, "Audit")
+-------------------------------------------------
+* **One block** (``num_layers == 1``: a linear model of the clipped inputs): there are no
+  auxiliary variables. Given the partition, each step is ``T(F_t(theta) + N(0, 2 eta o_t I))``
+  with ``F_t`` the gradient step of the batch's clipped (Huber) loss, ``L_F``-Lipschitz
+  (Lemma 4.1 with ``omega = 0``, the clip audited in docs/dp_sbcd.md), and ``T`` the
+  ``L_T``-Lipschitz prox; the two neighbouring runs apply the same maps except at the steps that
+  use the differing record, where they differ by at most ``eta S / b``. From the common point
+  mass, Lemma A.3's recursion gives both runs' LSI constants (Gaussian convolutions and
+  Lipschitz push-forwards: Ye & Shokri Lemma 3.1, Vempala & Wibisono Lemmas 16/17), and Cor. 4.4
+  / Thm 4.5 follow as Ye & Shokri's Lemma 3.2 / Thm 3.3 do for noisy mini-batch gradient
+  descent. This is the only case :func:`thm_4_5` reports.
+* **Two or more blocks**: :func:`thm_4_5` is not applicable, whatever ``paper_assumptions``
+  says. Algorithm 2 recomputes the block's inputs ``x_d`` (eq. 4) and auxiliary variables
+  ``u_d`` (eq. 6) from ``theta_d`` just before the ``theta_d`` step, so the map run on
+  ``theta_d``, everything else fixed, is expansive (output block) or discontinuous (hidden
+  blocks: eq. 6 jumps where its branches tie), not the ``L_F L_T``-Lipschitz map Lemma A.3 and
+  Cor. 4.4 are proved for. The other blocks and the auxiliary variables depend on the whole
+  dataset, the differing record included, so the two runs apply different maps at every step,
+  not only at the record's steps; and the parameter distribution is a mixture over them, for
+  which LSI is not implied (the flaw Ye & Shokri, footnote 2, point out in Ryffel et al.). The
+  paper's per-layer analysis ("valid for arbitrary values of other parameters", layers summed)
+  assumes all three away.
+* **Composition** (``dp_sbcd_composition``) holds for every run: given every block's earlier
+  iterates, a record's auxiliary variables are a function of the record and those iterates, so
+  each step of each block is a Gaussian mechanism with the clipped sensitivity ``eta S / b``
+  (the same in both runs at the steps that do not use the differing record), composed
+  adaptively over the whole trajectory. It is the best valid bound of a multi-block network.
 * **Batch schedule**: the records must be split into ``n // b`` batches once (randomly for
   ``shuffle_partition``, fixed for ``cyclic``) and visited in the same order every epoch, and
   the noise schedule must not depend on the data. The optimizers do this; a hand-built event
   is the caller's claim.
 
-Set ``paper_assumptions=False`` on the event to report only the composition bound.
+``paper_assumptions`` (the name is historical: it used to switch on the paper's per-layer and LSI
+assumptions for networks, which are no longer accepted) now only matters for one block: ``True``
+(the default) reports Thm 4.5 there, ``False`` only the composition bound. A multi-block run with
+``paper_assumptions=True`` gets a :class:`SbcdAssumptionWarning` saying why Thm 4.5 is not applied.
 """
 
 from __future__ import annotations
@@ -149,11 +171,23 @@ THM_4_5_NAME = "dp_sbcd_thm4.5"
 COMPOSITION_NAME = "dp_sbcd_composition"
 
 
-ASSUMPTION_TEXT = (
-    "DP-SBCD Thm 4.5 assumes the parameter distributions of every sub-problem satisfy a "
-    "log-Sobolev inequality and analyses each layer with the other layers and auxiliary "
-    "variables held fixed (composition over layers by summation); neither can be checked. "
-    "The composition bound needs neither (set paper_assumptions=False to report only it)."
+def multi_block_reason(num_layers: int) -> str:
+    """Why Thm 4.5 does not apply to a run of ``num_layers >= 2`` blocks (the report's reason)."""
+    return (
+        f"not proved for {num_layers} blocks: Algorithm 2 recomputes each block's inputs x_d (eq. 4) and "
+        "auxiliary variables u_d (eq. 6) from theta_d just before the theta_d step, so the map run on a block is "
+        "expansive (output block) or discontinuous (hidden blocks), not the L_F L_T-Lipschitz map Lemma A.3 and "
+        "Cor. 4.4 are proved for, and the other blocks and the auxiliary variables depend on the whole dataset, "
+        "differing record included, so neighbouring runs apply different maps at every step; Thm 4.5 is proved "
+        "for one block (a linear model) only "
+        "(docs/dp_sbcd.md, 'Audit')"
+    )
+
+
+MULTI_BLOCK_WARNING = (
+    "paper_assumptions=True is not applied to this {num_layers}-block network: dp_sbcd_thm4.5 is {reason}. "
+    "The epsilon is the composition bound dp_sbcd_composition, a valid DP guarantee for the network (every "
+    "iterate may be released); pass paper_assumptions=False to report it without this warning."
 )
 
 
@@ -353,9 +387,10 @@ class DpSbcdRunDpEvent(dp_event.DpEvent):
         made analysable as described in the module docstring).
       radius: Frobenius radius ``R_d`` onto which each block is projected; required for
         ``appendix_c``, optional (and unused by the bound) otherwise.
-      paper_assumptions: report the Thm 4.5 hidden-state bound (it rests on the paper's
-        unverifiable assumptions, see the module docstring); ``False`` reports only the
-        composition bound.
+      paper_assumptions: report the Thm 4.5 hidden-state bound where it is proved, a one-block
+        run (``num_layers == 1``); ``False`` reports only the composition bound. With two or more
+        blocks Thm 4.5 does not apply whatever this says (the report gives the reason; ``True``
+        also warns). The name is historical (module docstring, "Where Thm 4.5 applies").
     """
 
     dataset_size: int = attr.ib()
@@ -589,7 +624,11 @@ def rdp_from_positions(event: DpSbcdRunDpEvent, log_a: np.ndarray, orders: Seque
 
 
 def thm_4_5_rdp(event: DpSbcdRunDpEvent, orders: Sequence[float]) -> np.ndarray:
-    """Thm 4.5 (corrected as in the module docstring), layers composed, at ``orders``."""
+    """The formula of Thm 4.5 (corrected as in the module docstring), layers summed, at ``orders``.
+
+    A bound only for one block: for two or more the formula is the paper's, not a proved bound
+    (module docstring, "Where Thm 4.5 applies"); :func:`thm_4_5`, the registered analysis,
+    refuses those runs."""
     return rdp_from_positions(event, log_position_bounds(event, hidden_state=True), orders)
 
 
@@ -644,20 +683,30 @@ def composition(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
     THM_4_5_NAME,
     f"{CITE}, Thm 4.5 / eq. (29)-(30), Lemma A.3, Cor. 4.4 (exponent corrected)",
     SBCD_SAMPLINGS,
-    needs="paper_assumptions=True: LSI and per-layer conditioning (unverifiable)",
+    needs="one block (num_layers=1, a linear model) and paper_assumptions=True",
 )
 def thm_4_5(event: DpSbcdRunDpEvent, ctx: cm.Context) -> Bound:
-    """The paper's hidden-state bound (Thm 4.5 with Lemma A.3 and Cor. 4.4, layers summed)."""
+    """The hidden-state bound of Thm 4.5 (with Lemma A.3 and Cor. 4.4), for a one-block run.
+
+    With two or more blocks the step run on a block is not the map the theorem is proved for
+    (module docstring, "Where Thm 4.5 applies"): :class:`NotApplicable` whatever
+    ``paper_assumptions`` says, and a :class:`SbcdAssumptionWarning` when it says ``True``.
+    """
+    if event.num_layers >= 2:
+        reason = multi_block_reason(event.num_layers)
+        if event.paper_assumptions:
+            warnings.warn(
+                MULTI_BLOCK_WARNING.format(num_layers=event.num_layers, reason=reason),
+                SbcdAssumptionWarning,
+                stacklevel=2,
+            )
+        return NotApplicable(reason=reason)
     if not event.paper_assumptions:
-        return NotApplicable(reason="disabled: paper_assumptions=False (LSI and per-layer conditioning not assumed)")
-    warnings.warn(ASSUMPTION_TEXT, SbcdAssumptionWarning, stacklevel=2)
-    consts = layer_constants(event)
+        return NotApplicable(reason="disabled: paper_assumptions=False (only the composition bound is reported)")
+    (c,) = layer_constants(event)
     vals = thm_4_5_rdp(event, ctx.orders)
-    lf_lt = max(c.lipschitz_f * c.lipschitz_t for c in consts)
-    note = (
-        f"{event.num_layers} layers, L_F*L_T <= {lf_lt:.6g}; assumes LSI and per-layer "
-        "conditioning (unverifiable, see docs/dp_sbcd.md)"
-    )
+    lf_lt = c.lipschitz_f * c.lipschitz_t
+    note = f"one block, L_F*L_T = {lf_lt:.6g}"
     if lf_lt >= 1.0:
         note += "; L_F*L_T >= 1: the bound does not converge (use L2 regularisation)"
     return RdpBound(orders=tuple(ctx.orders), values=vals, note=note)
@@ -697,4 +746,5 @@ __all__ = [
     "check_noise_value",
     "THM_4_5_NAME",
     "COMPOSITION_NAME",
+    "multi_block_reason",
 ]

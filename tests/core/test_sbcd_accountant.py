@@ -304,8 +304,8 @@ def test_decay_then_constant_converges():
 
 
 # ------------------------------------------------------------------ accountant wiring
-def test_accountant_reports_best_of_both():
-    ev = _event(steps=60)
+def test_one_block_accountant_reports_best_of_both():
+    ev = _event(steps=60, num_layers=1)
     acc = HiddenStateAccountant(orders=ORDERS).compose(ev)
     report = acc.explain(1e-5)
     names = {a.name: a for a in report.analyses}
@@ -318,22 +318,74 @@ def test_accountant_reports_best_of_both():
     np.testing.assert_allclose(rdp, np.minimum(sbcd.thm_4_5_rdp(ev, ORDERS), sbcd.composition_rdp(ev, ORDERS)))
 
 
+# The digits setting of docs/dp_sbcd.md (n = 1437, b = 479, 30 epochs, eta = 2, rho = 1, L2 0.03, o = 3e-5).
+DIGITS = dict(dataset_size=1437, batch_size=479, epochs=30, step_size=2.0, rho=1.0, noise=(3e-5,))
+
+
+def _digits(num_layers, **kw):
+    return sbcd.DpSbcdRunDpEvent.from_epochs(
+        num_layers=num_layers, regularizer="l2", regularization=0.03, **DIGITS, **kw
+    )
+
+
+def _no_sbcd_warning(fn):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        out = fn()
+    assert not [w for w in rec if issubclass(w.category, sbcd.SbcdAssumptionWarning)]
+    return out
+
+
+def test_one_block_keeps_its_thm_4_5_number():
+    """A one-block run (a linear model) is the map Thm 4.5 is proved for: the number is unchanged
+    (3.7004, computed before issue 27's decision) and no assumption warning is given (before, every
+    Thm 4.5 evaluation warned that LSI and per-layer conditioning were assumed)."""
+    report = _no_sbcd_warning(lambda: HiddenStateAccountant().compose(_digits(1)).explain(1e-5))
+    assert report.analysis == sbcd.THM_4_5_NAME
+    assert report.epsilon == pytest.approx(3.700429755664542, rel=1e-9)
+    rows = {a.name: a for a in report.analyses}
+    assert rows[sbcd.COMPOSITION_NAME].epsilon == pytest.approx(11.303219879545932, rel=1e-9)
+    assert "one block" in rows[sbcd.THM_4_5_NAME].detail
+
+
+@pytest.mark.parametrize("num_layers", [2, 3])
+def test_multi_block_run_reports_the_composition_bound_and_why(num_layers):
+    """Issue 27: with two or more blocks the step run on a block recomputes x_d, u_d from it and is
+    not the map Thm 4.5 is proved for. It reported 5.51 (2 blocks) and 7.00 (3 blocks), Thm 4.5 under
+    the paper's per-layer assumption; now the composition bound, with the reason and a warning."""
+    ev = _digits(num_layers)
+    acc = HiddenStateAccountant(orders=ORDERS).compose(ev)
+    with pytest.warns(sbcd.SbcdAssumptionWarning, match=f"paper_assumptions=True is not applied .*{num_layers} blocks"):
+        report = acc.explain(1e-5)
+    assert report.analysis == sbcd.COMPOSITION_NAME
+    thm = {a.name: a for a in report.analyses}[sbcd.THM_4_5_NAME]
+    assert thm.epsilon is None
+    for words in ("recomputes", "x_d", "u_d", "expansive", "discontinuous", "one block", "docs/dp_sbcd.md"):
+        assert words in thm.reason
+    assert thm.reason == sbcd.multi_block_reason(num_layers)
+    np.testing.assert_allclose(acc.get_rdp(ORDERS), sbcd.composition_rdp(ev, ORDERS))
+    assert report.epsilon == pytest.approx(report.composition_epsilon, rel=1e-12)
+    expected = {2: 17.444765190540437, 3: 22.68139767052469}[num_layers]
+    assert HiddenStateAccountant().compose(ev).get_epsilon(1e-5) == pytest.approx(expected, rel=1e-9)
+
+
+def test_multi_block_paper_assumptions_off_gives_the_same_number_silently():
+    on = HiddenStateAccountant().compose(_digits(2)).explain(1e-5)
+    off = _no_sbcd_warning(lambda: HiddenStateAccountant().compose(_digits(2, paper_assumptions=False)).explain(1e-5))
+    assert off.epsilon == on.epsilon and off.analysis == sbcd.COMPOSITION_NAME
+    thm = {a.name: a for a in off.analyses}[sbcd.THM_4_5_NAME]
+    assert thm.reason == sbcd.multi_block_reason(2)
+
+
 def test_paper_assumptions_off_reports_composition_only():
-    ev = _event(steps=60, paper_assumptions=False)
+    ev = _event(steps=60, num_layers=1, paper_assumptions=False)
     acc = HiddenStateAccountant().compose(ev)
     report = acc.explain(1e-5)
     thm = [a for a in report.analyses if a.name == sbcd.THM_4_5_NAME][0]
     assert thm.epsilon is None and "paper_assumptions" in thm.reason
     assert report.analysis == sbcd.COMPOSITION_NAME
-    on = HiddenStateAccountant().compose(_event(steps=60)).get_epsilon(1e-5)
+    on = HiddenStateAccountant().compose(_event(steps=60, num_layers=1)).get_epsilon(1e-5)
     assert acc.get_epsilon(1e-5) > on
-
-
-def test_assumption_warning_is_emitted():
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        HiddenStateAccountant().compose(_event()).get_epsilon(1e-5)
-    assert any(issubclass(w.category, sbcd.SbcdAssumptionWarning) for w in rec)
 
 
 def test_composes_with_other_events():
@@ -475,3 +527,17 @@ def test_event_noise_representations_agree():
     b = _event(noise=(0.01, 0.02, 0.03))
     np.testing.assert_array_equal(a.noise_per_step(), b.noise_per_step())
     np.testing.assert_allclose(sbcd.thm_4_5_rdp(a, ORDERS), sbcd.thm_4_5_rdp(b, ORDERS))
+
+
+def test_the_network_refusal_does_not_promise_dp_sbcd_a_hidden_state_number():
+    """The refusal of a network for DP-SGD sent users to "use DP-SBCD for ReLU networks", which for
+    two or more blocks now gets a composition bound, not a hidden-state one (issue 27)."""
+    from hidden_state_accountants.recording import LayerFacts, ModelFacts, model_refusal
+
+    layers = [("fc1", "affine", True), ("relu", "other", False), ("fc2", "affine", True)]
+    mlp = ModelFacts(
+        layers=[LayerFacts(name=n, kind=k, trainable=t) for n, k, t in layers], complete=True, description="the MLP"
+    )
+    reason = model_refusal(mlp)
+    assert "use DP-SBCD" not in reason
+    assert "DP-SBCD trains ReLU networks with a composition bound too, not a hidden-state one" in reason

@@ -24,10 +24,11 @@ per-example auxiliary variables and the fixed batch partition.
 
 Supported models: ``tf.keras.Sequential`` of ``Dense`` layers (``activation`` ``"relu"`` or
 ``None``/``"linear"``, or followed by a ``ReLU`` / ``Activation("relu")`` layer), optionally
-``Flatten`` first; the last ``Dense`` is linear. Convolutions are supported by the PyTorch
-optimizer only. Runs on CPU or GPU (wherever TensorFlow places the variables), on one device:
-a model built under a ``tf.distribute`` strategy with several replicas is refused (the trainer
-is its own loop and does not split its steps over replicas).
+``Flatten`` first; the last ``Dense`` is linear; float32 or float64 weights (the trainer computes
+in the model's type). Convolutions are supported by the PyTorch optimizer only. Runs on CPU or
+GPU (wherever TensorFlow places the variables), on one device: a model built under a
+``tf.distribute`` strategy with several replicas is refused (the trainer is its own loop and does
+not split its steps over replicas).
 
 The checks, the batch partition (the core's
 :class:`~hidden_state_accountants.schedules.BatchSchedule`) and the seed rule are those of every
@@ -134,9 +135,20 @@ def _check_one_device(model) -> None:
         )
 
 
+def _model_dtype(layers) -> tf.DType:
+    """The float type every ``Dense`` kernel shares (float32, or float64 for a model built with
+    ``dtype="float64"``); the trainer computes in it."""
+    dtypes = {layer.kernel.dtype for layer in layers}
+    if len(dtypes) != 1 or not dtypes <= {tf.float32, tf.float64}:
+        raise UnsupportedLayerError(
+            f"every Dense layer must hold float32 or float64 weights, all the same; got {sorted(d.name for d in dtypes)}"
+        )
+    return dtypes.pop()
+
+
 def _clip_rows(x: tf.Tensor, bound: float) -> tf.Tensor:
     norms = tf.norm(x, axis=1, keepdims=True)
-    return x * tf.minimum(1.0, bound / tf.maximum(norms, 1e-30))
+    return x * tf.minimum(bound / tf.maximum(norms, 1e-30), 1.0)
 
 
 def u_update(a: tf.Tensor, x_next: tf.Tensor) -> tf.Tensor:
@@ -182,11 +194,13 @@ class DPSBCD(SbcdTrainerBase):
         if data.ndim < 2:
             raise v.ParameterError("data", "must be an array of shape (n, ...)")
         n = int(data.shape[0])
-        data = data.reshape(n, -1).astype(np.float32)
+        data = data.reshape(n, -1)
         self._check_options(n, batch_size, sampling, regularizer, variant, gamma, seed)
         self.model = model
         self.layers = parse_model(model, data.shape[1])
         _check_one_device(model)
+        self.dtype = _model_dtype(self.layers)
+        data = data.astype(self.dtype.as_numpy_dtype)
         if self.layers[0].kernel.shape[0] != data.shape[1]:
             raise v.ParameterError(
                 "data", f"the model expects {self.layers[0].kernel.shape[0]} features, got {data.shape[1]}"
@@ -208,9 +222,9 @@ class DPSBCD(SbcdTrainerBase):
         if targets.ndim == 1 and np.issubdtype(targets.dtype, np.integer):
             if targets.min() < 0 or targets.max() >= out_features:
                 raise v.ParameterError("targets", f"class labels must lie in [0, {out_features - 1}]")
-            y = np.eye(out_features, dtype=np.float32)[targets]
+            y = np.eye(out_features, dtype=self.dtype.as_numpy_dtype)[targets]
         else:
-            y = targets.astype(np.float32).reshape(len(targets), -1)
+            y = targets.astype(self.dtype.as_numpy_dtype).reshape(len(targets), -1)
             if y.shape[1] != out_features:
                 raise v.ParameterError("targets", f"needs {out_features} values per record, got {y.shape[1]}")
         self.targets = tf.constant(y)
@@ -254,7 +268,7 @@ class DPSBCD(SbcdTrainerBase):
 
     @staticmethod
     def _project(theta, radius: float):
-        return theta * tf.minimum(1.0, radius / tf.maximum(tf.norm(theta), 1e-30))
+        return theta * tf.minimum(radius / tf.maximum(tf.norm(theta), 1e-30), 1.0)
 
     def _patches(self, d: int, x):
         if self.has_bias[d]:
@@ -266,9 +280,9 @@ class DPSBCD(SbcdTrainerBase):
             r = tf.matmul(p, self._theta(d), transpose_b=True) - target
         else:
             r = target
-        norm = tf.norm(r, axis=1) * tf.norm(p, axis=1)
-        scale = tf.minimum(1.0, (self.rho_eff[d] / 2.0) / tf.maximum(norm, 1e-30)) * (
-            1.0 - 4 * np.finfo(np.float32).eps
+        norm = tf.norm(r, axis=1) * tf.norm(p, axis=1)  # = the gradient's norm (rank one); see the PyTorch trainer
+        scale = tf.minimum((self.rho_eff[d] / 2.0) / tf.maximum(norm, 1e-30), 1.0) * (
+            1.0 - 4 * np.finfo(self.dtype.as_numpy_dtype).eps
         )
         return r * scale[:, None]
 
@@ -284,7 +298,7 @@ class DPSBCD(SbcdTrainerBase):
         k = layer.kernel  # (in, out)
         resid = target - layer.bias if layer.use_bias else target
         rhs = prev_act + tf.matmul(resid, k, transpose_b=True)  # (B, in)
-        a = tf.eye(int(k.shape[0])) + tf.matmul(k, k, transpose_b=True)
+        a = tf.eye(int(k.shape[0]), dtype=self.dtype) + tf.matmul(k, k, transpose_b=True)
         chol = tf.linalg.cholesky(a)
         return tf.transpose(tf.linalg.cholesky_solve(chol, tf.transpose(rhs)))
 
@@ -308,10 +322,10 @@ class DPSBCD(SbcdTrainerBase):
             new = theta - eta * term
         else:
             sigma = (gamma / b) * tf.matmul(p, p, transpose_a=True)
-            a = tf.eye(int(sigma.shape[0])) + eta * sigma
+            a = tf.eye(int(sigma.shape[0]), dtype=self.dtype) + eta * sigma
             chol = tf.linalg.cholesky(a)
             new = tf.transpose(tf.linalg.cholesky_solve(chol, tf.transpose(theta + eta * term)))
-        new = new + self._gen.normal(tf.shape(new)) * tf.sqrt(2.0 * eta * o)
+        new = new + self._gen.normal(tf.shape(new), dtype=self.dtype) * tf.sqrt(tf.cast(2.0 * eta * o, self.dtype))
         self._set_theta(d, self._prox(d, new))
 
     def _step_impl(self, idx, o):
@@ -349,13 +363,15 @@ class DPSBCD(SbcdTrainerBase):
             raise RuntimeError("the auxiliary variables were discarded; DP-SBCD cannot continue")
         t = self._t
         o = self._noise_at(t)
-        self._compiled(self.partition[t % self.steps_per_epoch], tf.constant(o, dtype=tf.float32))
+        self._compiled(self.partition[t % self.steps_per_epoch], tf.constant(o, dtype=self.dtype))
         self._noise_history.append(o)
         self._t += 1
 
     def predict(self, data) -> np.ndarray:
         """The model's output with the training's input clipping (``rho[0]``)."""
-        x = _clip_rows(tf.constant(np.asarray(data, dtype=np.float32).reshape(len(data), -1)), self.rho_x[0])
+        x = _clip_rows(
+            tf.constant(np.asarray(data, dtype=self.dtype.as_numpy_dtype).reshape(len(data), -1)), self.rho_x[0]
+        )
         return self.model(x, training=False).numpy()
 
     def objective(self) -> float:

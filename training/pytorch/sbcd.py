@@ -27,7 +27,7 @@ training record and updates, for each mini-batch and each layer ``d = 0..D`` in 
 It therefore owns the training data and the batch schedule: the records are split into
 ``n // b`` batches once (at random for ``sampling=SHUFFLE_PARTITION``, in order for ``CYCLIC``)
 by the core's :class:`~hidden_state_accountants.schedules.BatchSchedule` and visited in the same
-order every epoch, as Thm 4.5 requires. ``step()`` runs one mini-batch; :meth:`DPSBCD.fit` runs
+order every epoch, as the accountant requires. ``step()`` runs one mini-batch; :meth:`DPSBCD.fit` runs
 epochs with a progress bar.
 
 The loss is the squared loss ``R(z; y) = gamma/2 ||z - y||^2`` on one-hot labels (the paper's
@@ -55,8 +55,12 @@ DP-SBCD trainer shares) and ``docs/dp_sbcd.md``. What this class makes true by c
   term is clipped and the block is projected onto a Frobenius ball (the sensitivity is then
   :func:`~hidden_state_accountants.analyses.sbcd.appendix_c_sensitivity`).
 
-What it cannot enforce: the log-Sobolev and per-layer conditioning assumptions of Thm 4.5
-(the composition bound, always reported alongside, needs neither).
+The epsilon: for a network of two or more blocks, the composition bound
+(``dp_sbcd_composition``), a valid DP guarantee even if every iterate is released. The
+hidden-state bound of Thm 4.5 is proved for one block only (a linear model): with more, each
+block's step recomputes ``x_d``, ``u_d`` from its weights and is not the map the theorem is
+proved for, so it is not applied (:mod:`hidden_state_accountants.analyses.sbcd`, docs/dp_sbcd.md,
+"Audit").
 """
 
 from __future__ import annotations
@@ -260,7 +264,9 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
         and the noise, so keep it as secret as the data (anyone who knows it can subtract the
         noise); :meth:`explain` notes it.
       device: where the auxiliary variables and the computation live (default: the model's).
-      paper_assumptions: report the Thm 4.5 bound (``False``: composition only).
+      paper_assumptions: report the Thm 4.5 hidden-state bound where it is proved, a one-block
+        model (``False``: composition only). With two or more blocks Thm 4.5 is not applied
+        whatever this says, and ``True`` (the default) warns (``SbcdAssumptionWarning``) saying why.
     """
 
     def __init__(
@@ -464,7 +470,10 @@ class DPSBCD(torch.optim.Optimizer, SbcdTrainerBase):
         else:
             r = u
         bound = self.rho_eff[d] / 2.0
-        norm = r.flatten(1).norm(dim=1) * p.flatten(1).norm(dim=1)  # ||R||_F ||P||_F >= ||R^T P||_F
+        # ||R||_F ||P||_F >= ||R^T P||_F. Not the gradient's own norm ||R^T P||_F: R is then projected onto a
+        # ball whose radius does not depend on theta, so the clipped field is a (Huber) gradient and the
+        # sub-problem stays convex; for a convolution the own-norm clip is not (docs/dp_sbcd.md, "Audit").
+        norm = r.flatten(1).norm(dim=1) * p.flatten(1).norm(dim=1)
         scale = torch.clamp(bound / torch.clamp(norm, min=1e-30), max=1.0)
         # float rounding must not push a contribution over the bound
         scale = scale * (1.0 - 4 * torch.finfo(p.dtype).eps)

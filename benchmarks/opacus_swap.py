@@ -78,7 +78,9 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--sigma", type=float, default=1.0)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    # ten classes: a clip that cannot bind (>= sqrt(2 (R^2 + 1)) + 1e-6 = 2.000001 at R = 1), or no hidden-state
+    # claim holds (docs/derivations.md section 18); the epsilons do not depend on it
+    p.add_argument("--max-grad-norm", type=float, default=2.01)
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--delta", type=float, default=1e-5)
@@ -99,7 +101,7 @@ def main(argv=None):
         max_grad_norm=args.max_grad_norm,
     )  # Opacus' default: Poisson sampling
     hook = hso.ProjectionHook(optimizer, l2_regularization=args.weight_decay)
-    geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0)
+    geometry = hook.logistic_regression_geometry(feature_norm_bound=1.0, num_classes=10)
     engine.accountant.configure(geometry=geometry, model=model, optimizer=optimizer, dataset_size=n)
 
     q = 1 / len(loader)

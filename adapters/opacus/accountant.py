@@ -67,7 +67,7 @@ _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
     "poisson_sampling=False to make_private",
     "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
-    "configure(), which sets it to the sampler's batch size",
+    "configure(), which sets it to the batch size of the sampler or loader",
     "feature_norm_bound": "hso.FeatureClip(R) right before the trainable nn.Linear enforces the bound (read from "
     "the model's structure at configure); without it, configure(model=...) checks the inputs "
     "of every batch",

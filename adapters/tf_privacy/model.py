@@ -111,16 +111,14 @@ def _load_model(original):
 
 
 def install() -> None:
-    """Makes ``tf.keras.Model.load_weights`` and ``load_model`` (``tf.keras.models``, ``tf.keras.saving`` and
-    ``keras``' own names) remember the models whose weights they load (:func:`loaded_weights`); idempotent.
-    A name imported before this module was (``from tensorflow.keras.models import load_model``) keeps Keras'
-    function."""
+    """Makes ``tf.keras.Model.load_weights`` and ``tf.keras.models.load_model`` / ``tf.keras.saving.load_model``
+    remember the models whose weights they load (:func:`loaded_weights`); idempotent. A name bound before
+    this module was imported (``from tensorflow.keras.models import load_model``), and ``keras``' own
+    namespace (``keras.models.load_model``), keep Keras' function."""
     current = tf.keras.Model.load_weights
     if not hasattr(current, "__hsa_original__"):
         tf.keras.Model.load_weights = _load_weights(current)
-    import keras
-
-    for module in (tf.keras.models, tf.keras.saving, keras.models, keras.saving):
+    for module in (tf.keras.models, tf.keras.saving):
         current = getattr(module, "load_model", None)
         if current is not None and not hasattr(current, "__hsa_original__"):
             module.load_model = _load_model(current)

@@ -86,6 +86,25 @@ def test_a_plain_loader_without_configure_is_accounted_as_what_it_is(shuffle):
     assert any(note.startswith("reported under REPLACE_ONE, not the host's ADD_OR_REMOVE_ONE") for note in report.notes)
 
 
+def test_a_kept_short_batch_needs_configure_to_set_opacus_divisor():
+    """``DataLoader(shuffle=True)`` keeps a short batch when b does not divide n; Opacus divides every batch by
+    int(n / len(loader)) = 96, not b = 100: refused at the first step with how to fix it, accounted once
+    ``configure(optimizer=...)`` sets the divisor to b (as for every fixed-size loader)."""
+    shuffled = DataLoader(random_classification(1550), batch_size=B, shuffle=True)
+    engine, model, opt, loader = private(shuffled)
+    with pytest.raises(
+        ParameterError,
+        match=r"^batch_size: the update divides the clipped sum by 96 but the schedule's batch at step 0 holds 100 "
+        r"records; .*pass optimizer=\.\.\. to configure\(\)",
+    ):
+        train_epochs(model, opt, loader, 1)
+    engine, model, opt, loader = private(shuffled)
+    engine.accountant.configure(optimizer=opt)
+    assert opt.expected_batch_size == B
+    train_epochs(model, opt, loader, 1)
+    assert engine.accountant.training_run().last_batch == "kept_batch_size" and len(engine.accountant) == 16
+
+
 def test_a_loader_over_a_sampler_of_this_package_without_configure_is_its_schedule():
     sampler = hso.ShufflePartitionBatchSampler(N, B, seed=3)
     engine, model, opt, loader = private(DataLoader(random_classification(N), batch_sampler=sampler))

@@ -80,7 +80,7 @@ def refusal(subject: str, what: str) -> v.ParameterError:
 def _canonical(payload: Dict[str, Any], what: str) -> bytes:
     try:
         return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, RecursionError) as err:  # RecursionError: nested deeper than any state
         raise v.ParameterError(what, f"must hold plain finite JSON values only: {err}") from None
 
 

@@ -30,7 +30,12 @@ The policy, one for every framework:
    batches that do not come from the declared schedule raise
    :class:`~hidden_state_accountants.ParameterError` naming the parameter, at configuration or
    before the first step is accounted. So does a loss other than the one the geometry was derived
-   from, and a model whose feature clip is wider than the declared feature bound.
+   from, and a model whose feature clip is wider than the declared feature bound. **The accounted
+   schedule is the one trained on** (:func:`claim_for_source`): without a declared schedule, batches
+   that are not the framework's Poisson sampling are accounted as the schedule they follow (a
+   shuffled loader is ``reshuffle``, data order ``cyclic``), never as Poisson sampling, and refused
+   when they follow none; an adapter that can see which loader hands out the batches checks it
+   before each step (:func:`check_position`).
 1b. **What the data decides is enforced or checked before each step.** A geometry with a
    ``feature_norm_bound`` holds only if every input of the trainable layer has that norm at most:
    *enforced* when the model's structure shows the package's feature clip (radius ``<=`` the bound)
@@ -40,6 +45,9 @@ The policy, one for every framework:
    the bound, is an error naming ``feature_norm_bound`` (with the observed norm). What no adapter can
    observe (a geometry given by its constants, a loss the framework does not show, inputs it cannot
    see under ``assume_convex_model``) is the user's claim, and every report's notes say so.
+1c. **A run starts from weights its ledger accounts for** (:func:`check_initial_weights`): weights
+   the adapter saw loaded from storage without the run's privacy state are refused unless declared
+   public (independent of the private data); a resumed run restores its ledger with its weights.
 2. **Departures during training end the hidden-state claim.** If the learning rate, noise,
    clip norm, L2 strength or projection changes mid-run, or the update stops being plain
    DP-SGD, the run is accounted by composition (valid for any post-processing of the noisy
@@ -49,6 +57,15 @@ The policy, one for every framework:
 4. **Not even composition holds** (adaptive clipping, whose clip norm follows the data; a
    divisor that does not match the schedule's batches; gradient accumulation over a
    schedule's batches): an error at the step where it is seen.
+
+**What no adapter observes.** The adapters read the framework's objects, not the tensors a step
+trains on: a loop that draws from the declared sampler but trains every step on other data (one
+fixed batch, a second loader, data augmented with other records) departs from the accounted schedule
+unseen (the records of a batch trained on at every step are in every step, which no sampling
+analysis covers). So do weights set outside what the adapter reads (Opacus: ``load_state_dict`` of
+a trained model; Keras: ``set_weights``, variables assigned directly), and iterates released
+besides the last one (``epsilon_composition`` covers those). The claim rests on the training loop
+doing what it declares; docs/opacus.md and docs/tf_privacy.md list what each adapter checks.
 
 Projections and feature clips round in the safe direction by one rule
 (:mod:`hidden_state_accountants.projection`); a kept short batch is the last step of every epoch
@@ -334,6 +351,9 @@ class BatchSourceFacts:
     """How many processes each draw the framework's permutation on their own and feed their
     part of it (several ranks each running ``DataLoader(shuffle=True)``, Keras
     ``fit(shuffle=True)`` on several workers); 1 for one process or a shared draw."""
+    poisson: bool = attr.ib(default=False)
+    """The framework's own Poisson sampling (``schedule=None``): each record joins each batch
+    independently at the rate the steps report (Opacus' ``DPDataLoader``). See :func:`claim_for_source`."""
 
 
 def effective_step(step: StepFacts) -> StepFacts:
@@ -1408,6 +1428,92 @@ class RunRecorder:
         return [[s.to_dict(), c] for s, c in self._ledger]
 
 
+# --------------------------------------------- what a run trains on and starts from (issue 29)
+def claim_for_source(claim: Claim, source: BatchSourceFacts, steps: int = 0) -> Claim:
+    """The claim a run is accounted under once ``source`` says where its batches come from (the
+    loader the framework trains on): the accounted schedule is the one trained on.
+
+    * ``claim`` has a schedule: the batches must come from it (:func:`check_batch_source`); ``claim``.
+    * ``claim`` has none (each step Poisson-sampled at the rate it reports): ``claim`` when ``source``
+      is the framework's Poisson sampling (``source.poisson``). When ``source`` follows a schedule (a
+      sampler of this package, ``DataLoader(shuffle=True)``'s framework-drawn ``reshuffle``, data
+      order's ``cyclic``), the claim *is* that schedule, with the relation the rule of
+      :func:`~hidden_state_accountants.relations.resolve_relation` gives it. Accounting fixed-size
+      batches as Poisson sampling at ``1/steps_per_epoch`` would under-report: amplification by
+      sampling needs each record to join each batch independently (n = 1500, b = 100, z = 1, 5 epochs
+      of a shuffled loader: 28.37 by composition under REPLACE_ONE, where Poisson accounting says
+      4.124 under ADD_OR_REMOVE_ONE, a relation no analysis of these batches covers). Any other
+      source is refused (``data``): no analysis here covers it.
+
+    ``steps``: the steps already recorded under ``claim``; its schedule cannot change after them.
+
+    >>> from hidden_state_accountants.schedules import BatchSchedule
+    >>> loader = BatchSourceFacts(schedule=BatchSchedule.framework(1500, 100, secret=False),
+    ...                           description="DataLoader(batch_size=100, shuffle=True)")
+    >>> c = claim_for_source(Claim(default_relation="ADD_OR_REMOVE_ONE"), loader)
+    >>> c.schedule.sampling, c.relation()[0].name
+    ('reshuffle', 'REPLACE_ONE')
+    """
+    if claim.schedule is not None:
+        check_batch_source(claim.schedule, source, steps)
+        return claim
+    if source.poisson:
+        return claim
+    if source.schedule is None:
+        raise v.ParameterError(
+            "data",
+            f"the batches come from {source.description}: neither the framework's Poisson sampling nor a "
+            "schedule of this package, so no analysis here covers them (accounting them as Poisson sampling "
+            "at the rate the framework reports would under-report); use a sampler of this package",
+        )
+    if steps:
+        raise v.ParameterError(
+            "data",
+            f"{steps} steps were accounted as the framework's Poisson sampling, but the batches come from "
+            f"{source.description} ({source.schedule!r})",
+        )
+    check_batch_source(source.schedule, source)
+    return attr.evolve(claim, schedule=source.schedule)
+
+
+def check_initial_weights(loaded: Optional[str], *, restored: bool, public: bool) -> Optional[str]:
+    """Rule 1c: a run is accounted from its first step, so the weights it starts from must not carry
+    steps its ledger lacks.
+
+    ``loaded``: how the adapter saw the model's weights loaded from storage before the run (e.g.
+    ``"model.load_weights('w.h5')"``), ``None`` when it saw none; ``restored``: the run's privacy
+    state (its ledger) came back with them; ``public``: the user declares that the loaded weights do not
+    depend on the private data (e.g. public pre-training). Returns the note a report states when the
+    claim rests on that declaration (else ``None``).
+
+    Raises :class:`~hidden_state_accountants.ParameterError` naming ``model`` for loaded weights with
+    neither: if they were trained on the data (a run resumed from a weights-only file), the steps that
+    trained them are missing from the ledger and the report would count the new steps only (40 steps
+    and 10 more from an HDF5 file reported the 10 steps' epsilon).
+
+    >>> check_initial_weights(None, restored=False, public=False) is None
+    True
+    >>> check_initial_weights("model.load_weights('w.h5')", restored=False, public=False)
+    Traceback (most recent call last):
+    ...
+    hidden_state_accountants.errors.ParameterError: model: its weights were loaded by model.load_weights('w.h5') without the run's privacy state: if they were trained on the private data, the steps that trained them are not in the ledger and the epsilon would count the new steps only; restore the privacy state with the weights, or declare the weights public (independent of the private data)
+    """
+    if loaded is None or restored:
+        return None
+    if not public:
+        raise v.ParameterError(
+            "model",
+            f"its weights were loaded by {loaded} without the run's privacy state: if they were trained on the "
+            "private data, the steps that trained them are not in the ledger and the epsilon would count the new "
+            "steps only; restore the privacy state with the weights, or declare the weights public (independent "
+            "of the private data)",
+        )
+    return (
+        f"the run starts from weights loaded by {loaded}, declared public (independent of the private data); "
+        "the bound covers the steps from there"
+    )
+
+
 __all__ = [
     "NO_GEOMETRY",
     "HiddenStateWarning",
@@ -1430,6 +1536,8 @@ __all__ = [
     "batch_records",
     "model_refusal",
     "check_batch_source",
+    "claim_for_source",
+    "check_initial_weights",
     "check_geometry",
     "check_position",
 ]

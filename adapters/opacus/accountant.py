@@ -28,6 +28,7 @@ from hidden_state_accountants.recording import (
     StepFacts,
     check_batch_source,
     check_position,
+    claim_for_source,
 )
 from hidden_state_accountants.pytorch.features import FeatureNormMonitor
 from hidden_state_accountants.pytorch.samplers import HiddenStateBatchSampler, sampler_from_state_dict
@@ -37,6 +38,8 @@ from hidden_state_accountants.statement import render_statement
 from .facts import (
     LOSS_UNSEEN,
     OPACUS_CLIP_MARGIN,
+    batches_handed_out,
+    count_poisson_batches,
     feature_facts,
     loader_facts,
     model_facts,
@@ -65,11 +68,17 @@ _HINTS = {
     "data_loader": "build the loader as DataLoader(dataset, batch_sampler=sampler) and pass "
     "poisson_sampling=False to make_private",
     "batch_size": "Opacus divides by expected_batch_size = int(n / len(data_loader)); pass optimizer=... to "
-    "configure(), which sets it to the sampler's batch size",
+    "configure(), which sets it to the batch size of the sampler or loader",
     "feature_norm_bound": "hso.FeatureClip(R) right before the trainable nn.Linear enforces the bound (read from "
     "the model's structure at configure); without it, configure(model=...) checks the inputs "
     "of every batch",
 }
+_POISSON_LOADER = BatchSourceFacts(
+    schedule=None,
+    poisson=True,
+    description="Opacus' DPDataLoader (Poisson sampling), which make_private puts in place of the data loader "
+    "unless poisson_sampling=False",
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,11 @@ class OpacusHiddenStateAccountant(IAccountant):
         # _calibrated by get_optimizer_hook_fn once make_private builds the optimizer)
         self._pending: Optional[Claim] = None
         self._calibrated: Optional[Claim] = None
+        # the DataLoader make_private returned (the one to iterate), and for Opacus' Poisson one its batch
+        # sampler, which counts the batches it hands out, with the steps it has to hand out on top
+        self._loader: Any = None
+        self._poisson_batches: Optional[Tuple[Any, int]] = None
+        self._adopted = False  # the claim is the loader's schedule and nothing declared (check_data_loader)
 
     # ------------------------------------------------------------------- IAccountant
     @classmethod
@@ -266,6 +280,11 @@ class OpacusHiddenStateAccountant(IAccountant):
             else:
                 check_batch_source(source.schedule, source)  # e.g. one permutation per rank is refused
                 schedule = source.schedule
+        if self._loader is not None:  # the loader make_private returned: what it is decides the schedule (core)
+            schedule = claim_for_source(Claim(schedule=schedule), _unpositioned(self._loader)).schedule
+            bs = self._loader.batch_sampler
+            if sampler is None and schedule is not None and isinstance(bs, HiddenStateBatchSampler):
+                sampler = bs
         if schedule is None:
             _check_dataset_size(dataset_size, self.loader_dataset_size)
         facts = None if model is None else model_facts(model)
@@ -313,7 +332,7 @@ class OpacusHiddenStateAccountant(IAccountant):
             )
         if self._features is not None:
             self._features.detach()
-        self.sampler, self._recorder = sampler, recorder
+        self.sampler, self._recorder, self._adopted = sampler, recorder, False
         self._features = FeatureNormMonitor(layer) if claim.needs_feature_checks else None
         return self
 
@@ -379,14 +398,20 @@ class OpacusHiddenStateAccountant(IAccountant):
         return {CALIBRATION_KWARG: HiddenStateCalibration(claim=planned, step=step)}
 
     def calibration_for(
-        self, *, data_loader, optimizer, max_grad_norm, spec: Optional[HiddenStateCalibration] = None
+        self,
+        *,
+        data_loader,
+        optimizer,
+        max_grad_norm,
+        spec: Optional[HiddenStateCalibration] = None,
+        poisson_sampling: bool = True,
     ) -> Optional[HiddenStateCalibration]:
         """What ``make_private_with_epsilon`` on this accountant's engine passes Opacus' calibration
         (:mod:`.engine` calls it first): ``spec`` after checking it was made for this claim, or
         :meth:`calibration_kwargs`' when none was given and the claim is not the one a fresh
         accountant has (``None``: Opacus' own calibration is this claim's). Remembers the claim, which
         a later :meth:`configure` must keep."""
-        self.check_data_loader(data_loader)
+        self.check_data_loader(data_loader, poisson_sampling=poisson_sampling)
         claim = self.claim
         if spec is None and claim.accounted() != _FRESH.accounted():
             spec = self.calibration_kwargs(optimizer=optimizer, max_grad_norm=max_grad_norm)[CALIBRATION_KWARG]
@@ -401,10 +426,15 @@ class OpacusHiddenStateAccountant(IAccountant):
         self._pending = claim
         return spec
 
-    def check_data_loader(self, data_loader) -> None:
-        """Remembers the size of the data loader's dataset (``make_private`` was given it) and checks the
-        configured Poisson ``dataset_size`` against it: Opacus divides by ``int(len(dataset) / len(data_loader))``,
-        and the Poisson hidden-state analyses read ``n``."""
+    def check_data_loader(self, data_loader, *, poisson_sampling: bool = True) -> None:
+        """What ``make_private`` (and ``make_private_with_epsilon``) is given, before it runs: remembers the
+        size of the data loader's dataset and checks the configured Poisson ``dataset_size`` against it (Opacus
+        divides by ``int(len(dataset) / len(data_loader))``, and the Poisson hidden-state analyses read ``n``);
+        and makes the claim the batches' (the core's ``claim_for_source``): Opacus' ``DPDataLoader`` with
+        ``poisson_sampling=True``, else ``data_loader`` itself. Without a declared schedule, a loader that is
+        not Poisson sampling is accounted as what it is (``DataLoader(shuffle=True)``: ``reshuffle``; in data
+        order: ``cyclic``; over a sampler of this package: its schedule), or refused when it is none; a
+        declared schedule must be the loader's."""
         dataset = getattr(data_loader, "dataset", None)
         try:
             n = None if dataset is None else len(dataset)
@@ -412,9 +442,46 @@ class OpacusHiddenStateAccountant(IAccountant):
             n = None
         _check_dataset_size(self.claim.dataset_size, n)
         self.loader_dataset_size = n
+        claim = claim_for_source(
+            self.claim, _POISSON_LOADER if poisson_sampling else _unpositioned(data_loader), len(self)
+        )
+        if claim is not self.claim:  # no schedule was declared: the loader's
+            bs = data_loader.batch_sampler
+            self.sampler = bs if isinstance(bs, HiddenStateBatchSampler) else None
+            self._recorder, self._adopted = claim.recorder(), True
+
+    def watch_data_loader(self, data_loader) -> None:
+        """Remembers the ``DataLoader`` that ``make_private`` returned, the one to iterate: :meth:`configure`
+        reads its batches from it, and when it is Opacus' Poisson ``DPDataLoader`` every step is checked to
+        have drawn a batch from it (its batch sampler counts them): a loop over the loader passed to
+        ``make_private`` trains on batches of a fixed size, which Poisson accounting would under-report."""
+        self._loader = data_loader
+        sampler = count_poisson_batches(data_loader)
+        self._poisson_batches = None if sampler is None else (sampler, len(self) - batches_handed_out(sampler))
+
+    def _check_poisson_batches(self) -> None:
+        """The step about to be recorded drew its batch from the ``DPDataLoader`` (see :meth:`watch_data_loader`)."""
+        if self._poisson_batches is None or self.claim.schedule is not None:
+            return
+        sampler, ahead = self._poisson_batches
+        try:
+            check_position(batches_handed_out(sampler) + ahead, len(self) + 1, "the DPDataLoader make_private returned")
+        except v.ParameterError as err:
+            raise v.ParameterError(
+                err.parameter,
+                f"{err.reason}; iterate that loader: the accountant assumes its Poisson batches, and the loader "
+                "passed to make_private has batches of a fixed size",
+            ) from None
+
+    def _continue_batches(self, steps: int) -> None:
+        """After a restored ledger of ``steps`` steps, the DPDataLoader's next batch is the next step's."""
+        if self._poisson_batches is not None:
+            sampler = self._poisson_batches[0]
+            self._poisson_batches = (sampler, steps - batches_handed_out(sampler))
 
     # ---------------------------------------------------------------------- recording
     def _record(self, optim: DPOptimizer, sample_rate: float) -> None:
+        self._check_poisson_batches()
         try:
             if self.sampler is not None:
                 check_position(self.sampler.position, len(self) + 1, f"the configured {type(self.sampler).__name__}")
@@ -521,21 +588,25 @@ class OpacusHiddenStateAccountant(IAccountant):
         if run is None:
             raise refusal(_SUBJECT, "holds no run")
         stored, sampler_class, claim = run.claim, extra["sampler"], self.claim
-        from_loader = stored.schedule is not None and stored.schedule.external
-        if (sampler_class is not None) != (stored.schedule is not None and not from_loader) or not isinstance(
-            sampler_class, (str, type(None))
+        if self._adopted:  # only the schedule is known, the loader's: the checkpoint's claim on that schedule
+            claim = attr.evolve(stored, schedule=claim.schedule, neighboring_relation=claim.neighboring_relation)
+        from_loader = stored.schedule is not None and sampler_class is None  # a plain DataLoader's batches
+        if not isinstance(sampler_class, (str, type(None))) or (
+            not (stored.schedule.external or not stored.schedule.is_random)  # torch's reshuffle, or data order
+            if from_loader
+            else sampler_class is not None and (stored.schedule is None or stored.schedule.external)
         ):
             raise refusal(
                 _SUBJECT,
                 f"has sampler={sampler_class!r} for the schedule {stored.schedule!r} (a sampler "
                 "class goes with a schedule of this package, and only with one)",
             )
-        if claim.schedule is not None and claim.schedule.external:  # configured with DataLoader(shuffle=True)
+        if claim.schedule is not None and self.sampler is None:  # configured with a plain DataLoader
             if not from_loader:
                 raise v.ParameterError(
                     "data_loader",
-                    "the checkpoint was not taken with DataLoader(shuffle=True) "
-                    "batches; it cannot continue this loader",
+                    "the checkpoint was not taken with a plain DataLoader's batches (DataLoader(shuffle=True) or "
+                    "in data order); it cannot continue this loader",
                 )
             # the loader starts a fresh epoch: the run must have stopped at an epoch's end
             check_batch_source(
@@ -567,6 +638,8 @@ class OpacusHiddenStateAccountant(IAccountant):
             claim = attr.evolve(stored, neighboring_relation=claim.neighboring_relation)
             if sampler_class is not None:
                 sampler = _sampler_of(stored, sampler_class, run.steps)
+            if self._loader is not None:  # Opacus' Poisson loader (any other made the claim its own)
+                claim = claim_for_source(claim, loader_facts(self._loader), run.steps)
         run = run.continued(claim)
         if _history(run.recorder) != _as_history(state_dict["history"]):
             raise refusal(_SUBJECT, "has an Opacus history that is not its ledger's")
@@ -574,7 +647,8 @@ class OpacusHiddenStateAccountant(IAccountant):
         def apply() -> None:
             if sampler is not None:
                 sampler.set_position(run.steps)  # the batch after the last one trained on
-            self.sampler, self._recorder = sampler, run.recorder
+            self.sampler, self._recorder, self._adopted = sampler, run.recorder, False
+            self._continue_batches(run.steps)
 
         return apply, run
 
@@ -601,8 +675,15 @@ class OpacusHiddenStateAccountant(IAccountant):
 
         def apply() -> None:
             self._recorder = recorder
+            self._continue_batches(recorder.steps)
 
         return apply
+
+
+def _unpositioned(data_loader) -> BatchSourceFacts:
+    """:func:`~.facts.loader_facts` without the sampler's position: before training, a checkpoint may
+    still move the run (``load_checkpoint`` checks the position then, and every step checks it after)."""
+    return attr.evolve(loader_facts(data_loader), next_step=None)
 
 
 def _check_dataset_size(claimed: Optional[int], n: Optional[int]) -> None:

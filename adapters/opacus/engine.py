@@ -5,8 +5,10 @@ For an engine whose accountant is the hidden-state one, :func:`install` (run whe
 :mod:`hidden_state_accountants.opacus` is imported) makes four of its methods call the functions
 here, with Opacus' signatures; other engines keep Opacus' methods:
 
-* ``make_private`` tells the accountant the data loader's dataset size
-  (:meth:`~.accountant.OpacusHiddenStateAccountant.check_data_loader`);
+* ``make_private`` tells the accountant the data loader it is given (its dataset size; with
+  ``poisson_sampling=False`` and no declared sampler the claim becomes the loader's schedule:
+  :meth:`~.accountant.OpacusHiddenStateAccountant.check_data_loader`) and the one it returns
+  (:meth:`~.accountant.OpacusHiddenStateAccountant.watch_data_loader`);
 * ``make_private_with_epsilon`` hands Opacus' calibration, which builds a fresh accountant by name,
   the *configured* claim (:meth:`~.accountant.OpacusHiddenStateAccountant.calibration_for`);
 * ``save_checkpoint`` seals the digest of the module weights it writes into the accountant state and
@@ -123,7 +125,7 @@ def load_checkpoint(
         nothing was applied then.
     """
     accountant = _hidden_state_accountant(engine)
-    checkpoint = torch.load(path, **(torch_load_kwargs or {}), weights_only=False)
+    checkpoint = _read(path, torch_load_kwargs or {})
     if not isinstance(checkpoint, dict):
         raise refusal(
             _FILE, f"holds a {type(checkpoint).__name__}, not the dict save_checkpoint writes{_NOTHING_LOADED}"
@@ -181,6 +183,23 @@ def load_checkpoint(
     return checkpoint
 
 
+def _read(path, torch_load_kwargs: Dict[str, Any]) -> Any:
+    """``torch.load`` of the file; one that cannot be read back (truncated, not a checkpoint) is refused
+    as ``checkpoint: the file ...`` (a path that cannot be opened keeps its ``OSError``)."""
+    kwargs = {"weights_only": False, **torch_load_kwargs}  # as Opacus; True works too (plain Python state)
+    try:
+        return torch.load(path, **kwargs)
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch.load's RuntimeError, pickle's UnpicklingError, EOFError, ...
+        reason = str(err).splitlines()[0] if str(err) else "no message"
+        raise refusal(
+            _FILE,
+            f"cannot be read by torch.load ({type(err).__name__}: {reason}): truncated, or not a checkpoint"
+            f"{_NOTHING_LOADED}",
+        ) from None
+
+
 def _hidden_state_accountant(engine) -> OpacusHiddenStateAccountant:
     accountant = getattr(engine, "accountant", None)
     if not isinstance(accountant, OpacusHiddenStateAccountant):
@@ -228,9 +247,14 @@ def _check_optimizer_state(optimizer, state) -> None:
 
 
 def make_private(engine: PrivacyEngine, *args, _original, data_loader, **kwargs):
-    """Opacus' ``make_private``, after the accountant has seen the data loader (its dataset size)."""
-    _hidden_state_accountant(engine).check_data_loader(data_loader)
-    return _original(engine, *args, data_loader=data_loader, **kwargs)
+    """Opacus' ``make_private``, after the accountant has seen the data loader (its dataset size, and
+    what its batches make the claim: ``check_data_loader``); the accountant then watches the loader it
+    returns (``watch_data_loader``)."""
+    accountant = _hidden_state_accountant(engine)
+    accountant.check_data_loader(data_loader, poisson_sampling=kwargs.get("poisson_sampling", True))
+    out = _original(engine, *args, data_loader=data_loader, **kwargs)
+    accountant.watch_data_loader(out[-1])  # (module, optimizer, [criterion,] data_loader)
+    return out
 
 
 def make_private_with_epsilon(engine: PrivacyEngine, *args, _original, data_loader, optimizer, max_grad_norm, **kwargs):
@@ -242,6 +266,7 @@ def make_private_with_epsilon(engine: PrivacyEngine, *args, _original, data_load
         optimizer=optimizer,
         max_grad_norm=max_grad_norm,
         spec=kwargs.pop(CALIBRATION_KWARG, None),
+        poisson_sampling=kwargs.get("poisson_sampling", True),
     )
     if spec is not None:
         kwargs[CALIBRATION_KWARG] = spec

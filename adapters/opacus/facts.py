@@ -4,8 +4,10 @@ Nothing here judges: :mod:`hidden_state_accountants.recording` decides what the 
 
 * :func:`step_facts`: one DP optimizer step as :class:`~hidden_state_accountants.recording.StepFacts`.
 * :func:`loader_facts`: where a ``DataLoader``'s batches come from, as
-  :class:`~hidden_state_accountants.recording.BatchSourceFacts` (a sampler of this package, or
-  ``DataLoader(shuffle=True)``: the ``reshuffle`` law drawn by torch).
+  :class:`~hidden_state_accountants.recording.BatchSourceFacts` (a sampler of this package,
+  ``DataLoader(shuffle=True)``: the ``reshuffle`` law drawn by torch, a ``DataLoader`` in data order:
+  ``cyclic``, Opacus' ``DPDataLoader``: Poisson sampling); :func:`count_poisson_batches` makes a
+  ``DPDataLoader`` count the batches it hands out.
 * :func:`model_facts`: a model's structure as :class:`~hidden_state_accountants.recording.ModelFacts`,
   read from ``nn.Sequential`` containers or, for custom ``forward`` code, from a ``torch.fx`` trace.
 
@@ -17,12 +19,13 @@ Nothing here judges: :mod:`hidden_state_accountants.recording` decides what the 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
 from opacus.grad_sample.gsm_base import AbstractGradSampleModule
 from opacus.optimizers import AdaClipDPOptimizer, DPOptimizer
+from opacus.utils.uniform_sampler import DistributedUniformWithReplacementSampler, UniformWithReplacementSampler
 from torch import nn
 
 from hidden_state_accountants import validation as v
@@ -37,7 +40,7 @@ from hidden_state_accountants.recording import (
     ReplicaReduction,
     StepFacts,
 )
-from hidden_state_accountants.schedules import DROPPED, KEPT_BATCH_SIZE, BatchSchedule
+from hidden_state_accountants.schedules import CYCLIC, DROPPED, FULL, KEPT_BATCH_SIZE, BatchSchedule
 
 from hidden_state_accountants.pytorch.features import FeatureClip
 from hidden_state_accountants.pytorch.samplers import HiddenStateBatchSampler, has_secret_generator
@@ -48,6 +51,8 @@ __all__ = [
     "model_facts",
     "unwrap_model",
     "loader_facts",
+    "count_poisson_batches",
+    "batches_handed_out",
     "trainable_linear",
     "feature_facts",
     "PROJECTION_ATTR",
@@ -149,19 +154,33 @@ def loader_facts(data_loader) -> BatchSourceFacts:
       ``expected_batch_size`` (``last_batch="kept_batch_size"``). Its randomness is secret only
       if the sampler draws from a generator :func:`~.samplers.secret_shuffle` seeded; otherwise it
       comes from torch's global generator (or one the user seeded), which scripts seed publicly.
-    * anything else (Opacus' Poisson ``DPDataLoader``, a ``DistributedSampler``, a fixed order,
-      sampling with replacement): ``schedule=None`` with a description.
+    * ``DataLoader(dataset, batch_size=b)`` (``shuffle=False``: torch's ``SequentialSampler``) in
+      one process: the records in data order, cut into batches of ``b``: ``cyclic`` when the short
+      last batch is dropped (``drop_last=True``) or there is none, ``full`` for ``b = n``.
+    * Opacus' ``DPDataLoader`` (its ``UniformWithReplacementSampler``): Poisson sampling at the rate
+      the steps report (``poisson=True``).
+    * anything else (a ``DistributedSampler``, a data-order loader keeping a short batch, sampling
+      with replacement): ``schedule=None`` with a description.
 
     >>> from torch.utils.data import DataLoader
     >>> facts = loader_facts(DataLoader(list(range(10)), batch_size=3, shuffle=True))
     >>> facts.schedule
     BatchSchedule(dataset_size=10, batch_size=3, sampling='reshuffle', drawn by the framework, last_batch='kept_batch_size', public)
+    >>> loader_facts(DataLoader(list(range(10)), batch_size=5)).schedule
+    BatchSchedule(dataset_size=10, batch_size=5, sampling='cyclic')
     """
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
     if not isinstance(data_loader, DataLoader):
         raise v.ParameterError("data_loader", f"must be a torch DataLoader, got {type(data_loader).__name__}")
     bs = data_loader.batch_sampler
+    if isinstance(bs, _POISSON_SAMPLERS):
+        return BatchSourceFacts(
+            schedule=None,
+            poisson=True,
+            description=f"Opacus' DPDataLoader (Poisson sampling at sample_rate={bs.sample_rate:.6g}; make_private "
+            "returns it in place of the data loader unless poisson_sampling=False)",
+        )
     if isinstance(bs, HiddenStateBatchSampler):
         return BatchSourceFacts(
             schedule=bs.schedule,
@@ -197,8 +216,89 @@ def loader_facts(data_loader) -> BatchSourceFacts:
             description=f"DataLoader(batch_size={bs.batch_size}, shuffle=True, "
             f"drop_last={bs.drop_last}) drawing from {where}",
         )
+    if type(bs) is BatchSampler and type(rs) is SequentialSampler:
+        return _data_order_facts(len(rs.data_source), bs.batch_size, bs.drop_last, len(data_loader))
     what = type(bs).__name__ if rs is None else f"{type(bs).__name__} over a {type(rs).__name__}"
     return BatchSourceFacts(schedule=None, description=f"a DataLoader with a {what}")
+
+
+def _data_order_facts(n: int, b: int, drop_last: bool, steps_per_epoch: int) -> BatchSourceFacts:
+    """``DataLoader(dataset, batch_size=b, shuffle=False, drop_last=...)``: batch ``j`` of every epoch
+    is records ``j*b .. (j+1)*b - 1``, the package's ``cyclic`` schedule (``full`` for ``b = n``) when
+    no short last batch is kept."""
+    what = f"DataLoader(batch_size={b}, shuffle=False, drop_last={drop_last}) in data order"
+    dist = torch.distributed
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if ranks > 1:
+        return BatchSourceFacts(
+            schedule=None, description=f"{what} in each of {ranks} processes (every process feeds the same batches)"
+        )
+    if n % b and not drop_last:
+        return BatchSourceFacts(
+            schedule=None,
+            description=f"{what}, which keeps a short last batch of {n % b} records (the cyclic schedule drops them: "
+            "pass drop_last=True)",
+        )
+    try:
+        schedule = BatchSchedule(n, b, FULL if b == n else CYCLIC)
+    except v.ParameterError as err:  # e.g. one batch of b < n records per epoch
+        return BatchSourceFacts(schedule=None, description=f"{what} ({err.reason})")
+    return BatchSourceFacts(schedule=schedule, description=what, steps_per_epoch=steps_per_epoch)
+
+
+_POISSON_SAMPLERS = (UniformWithReplacementSampler, DistributedUniformWithReplacementSampler)
+
+
+def _counted(sampler, batches: Iterator[List[int]]) -> Iterator[List[int]]:
+    """``batches``, counted on ``sampler`` as they are handed out (Opacus' ``BatchMemoryManager`` splits
+    each into physical batches after)."""
+    for batch in batches:
+        sampler.hsa_batches_handed_out += 1
+        yield batch
+
+
+class _CountedUniformSampler(UniformWithReplacementSampler):
+    """What :func:`count_poisson_batches` makes of Opacus' Poisson batch sampler."""
+
+    hsa_batches_handed_out = 0
+
+    def __iter__(self) -> Iterator[List[int]]:
+        return _counted(self, super().__iter__())
+
+
+class _CountedDistributedUniformSampler(DistributedUniformWithReplacementSampler):
+    """What :func:`count_poisson_batches` makes of Opacus' distributed Poisson batch sampler."""
+
+    hsa_batches_handed_out = 0
+
+    def __iter__(self) -> Iterator[List[int]]:
+        return _counted(self, super().__iter__())
+
+
+_COUNTED = {
+    UniformWithReplacementSampler: _CountedUniformSampler,
+    DistributedUniformWithReplacementSampler: _CountedDistributedUniformSampler,
+}
+
+
+def count_poisson_batches(data_loader) -> Optional[Any]:
+    """Opacus' Poisson batch sampler of ``data_loader`` (a ``DPDataLoader``), made to count the batches
+    it hands out (:func:`batches_handed_out`; its class becomes a subclass that counts, nothing else
+    changes), or ``None`` when ``data_loader`` does not sample that way. The count says whether the
+    training loop draws its batches from this loader."""
+    bs = getattr(data_loader, "batch_sampler", None)
+    if type(bs) in _COUNTED.values():
+        return bs
+    counted = _COUNTED.get(type(bs))
+    if counted is None:
+        return None
+    bs.__class__ = counted
+    return bs
+
+
+def batches_handed_out(batch_sampler) -> int:
+    """The batches a sampler of :func:`count_poisson_batches` has handed out."""
+    return batch_sampler.hsa_batches_handed_out
 
 
 # ---------------------------------------------------------------------------- models

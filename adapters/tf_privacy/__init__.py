@@ -37,10 +37,13 @@ from hidden_state_accountants.keras.projection import L2BallProjection
 
 from .calibration import compute_hidden_state_noise, planned_run, recorded_noise_multiplier
 from .callback import STATE_ATTRIBUTE, CalibratedRun, EpochPrivacy, HiddenStatePrivacyCallback, PrivacyBudgetExceeded
+from .model import install as _install_load_tracking
 from .model import model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings
 from .regularization import inside_clipping_regularizers, projection_diameter, projection_facts
 from .statement import compute_hidden_state_privacy_statement
+
+_install_load_tracking()  # Model.load_weights and load_model tell the callback that weights came from storage
 
 __all__ = [
     "HiddenStatePrivacyCallback",

@@ -40,6 +40,7 @@ from hidden_state_accountants.recording import (
     StepFacts,
     batch_records,
     check_batch_source,
+    check_initial_weights,
     check_position,
 )
 from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule, steps_per_epoch
@@ -53,7 +54,7 @@ from .data import (
     fit_data,
     share_batch_source_across_workers,
 )
-from .model import model_facts
+from .model import loaded_weights, model_facts
 from .optimizers import DPOptimizerSettings, read_dp_optimizer_settings, read_replicas, step_facts
 from .regularization import projection_facts
 from .statement import RELATION, host_paragraphs
@@ -138,6 +139,11 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         geometry needs a model that is one ``Dense`` layer without activation on fixed
         features, applied last.
       verbose: 1 prints a line when training starts and when the budget stops it.
+      public_initial_weights: declares that weights loaded from storage before ``fit``
+        (``model.load_weights``, ``load_model``) without the callback's state do not depend on the
+        private data (public pre-training); the report's notes then say so. By default such a
+        ``fit`` is refused: the weights may carry steps this run's ledger lacks (a run resumed from
+        a weights-only file would report its new steps only).
 
     Raises (from ``on_train_begin``, before any step): :class:`ParameterError` naming the
     parameter for every contradiction known before training, and for data that does not
@@ -164,13 +170,20 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         assume_convex_model: bool = False,
         verbose: int = 1,
         last_batch: Optional[str] = None,
+        public_initial_weights: bool = False,
     ):
         super().__init__()
         self.sampling = check_dataset_sampling(sampling)
         if geometry is not None and not isinstance(geometry, LossGeometry):
             raise ParameterError("geometry", f"must be a LossGeometry or None, got {geometry!r}")
-        if not isinstance(assume_convex_model, bool):
-            raise ParameterError("assume_convex_model", f"must be True or False, got {assume_convex_model!r}")
+        for name, flag in (
+            ("assume_convex_model", assume_convex_model),
+            ("public_initial_weights", public_initial_weights),
+        ):
+            if not isinstance(flag, bool):
+                raise ParameterError(name, f"must be True or False, got {flag!r}")
+        self.public_initial_weights = public_initial_weights
+        self._weights_note: Optional[str] = None  # the core's note for weights declared public
         self.delta = v.probability("delta", delta)
         self.target_epsilon = None if target_epsilon is None else v.positive_float("target_epsilon", target_epsilon)
         self.dataset_size, self.batch_size = check_schedule(dataset_size, batch_size, sampling)
@@ -253,6 +266,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
                 "optimizer was not restored with the callback's state (compile the model with its optimizer "
                 "before restoring, and restore model, optimizer and callback state from the same checkpoint)",
             )
+        self._check_initial_weights(model, restored=restored is not None)
 
         accounted = run or (RunState.of(self.recorder) if self.recorder is not None else None)
         if accounted is not None and steps:
@@ -306,6 +320,20 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
                 )
         if self.verbose:
             print(self._describe(), flush=True)
+
+    def _check_initial_weights(self, model, *, restored: bool) -> None:
+        """Weights loaded from storage since the run's last ``fit`` (:func:`.model.loaded_weights`) need the
+        callback's state restored with them or ``public_initial_weights=True`` (the core's
+        :func:`~hidden_state_accountants.recording.check_initial_weights`)."""
+        try:
+            note = check_initial_weights(loaded_weights(model), restored=restored, public=self.public_initial_weights)
+        except ParameterError as err:
+            raise ParameterError(
+                err.parameter,
+                f"{err.reason} with HiddenStatePrivacyCallback(public_initial_weights=True); {_HOW_TO_RESUME}",
+            ) from None
+        loaded_weights(model, forget=True)  # accounted for: a later fit of this run continues from here
+        self._weights_note = note or self._weights_note
 
     def _claim(self, model, schedule: BatchSchedule, data: FitData) -> Tuple[Claim, Optional[Tuple[float, str]]]:
         """The claim of this fit: the declaration, the model's structure, the loss ``fit`` minimises and
@@ -433,9 +461,13 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         """What the claim rests on beyond the numbers (a seed you chose, a convexity you
         asserted, batches drawn by Keras and whether their randomness is secret)."""
         out = self.recorder.notes() if self.recorder else []
-        if self._source_description:
-            out.append(f"batches: {self._source_description}")
-        return out
+        return out + self._extra_notes()
+
+    def _extra_notes(self) -> List[str]:
+        """What the callback adds to the core's notes: what ``fit`` trains on when the framework draws it,
+        and weights declared public."""
+        out = [f"batches: {self._source_description}"] if self._source_description else []
+        return out + ([self._weights_note] if self._weights_note else [])
 
     def compute_noise(
         self,
@@ -525,11 +557,10 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         """The model-card text (see :func:`compute_hidden_state_privacy_statement`) for this run."""
         if not self.steps:
             raise ValueError("no training step has been accounted yet")
-        extra = [f"batches: {self._source_description}"] if self._source_description else []
         return render_statement(
             self.recorder,
             self.delta,
-            extra_notes=extra,
+            extra_notes=self._extra_notes(),
             include_analyses=include_analyses,
             host_paragraphs=host_paragraphs(self.recorder.claim.sampling),
         )
@@ -609,6 +640,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             state = json.loads(text)
         except ValueError as err:
             self._restore_error = refusal(_SUBJECT, f"is not JSON ({err})")
+            return
+        except RecursionError:
+            self._restore_error = refusal(_SUBJECT, "is JSON nested deeper than any state this callback writes")
             return
         try:
             self.load_privacy_state(state)

@@ -8,11 +8,18 @@ backs a declared geometry is the core's decision
 :class:`~hidden_state_accountants.keras.features.FeatureClip` feeding the one trainable ``Dense``
 layer (:func:`~hidden_state_accountants.keras.features.feeding_clip_norm`) enforces the geometry's
 feature bound (``ModelFacts.feature_clip_norm``).
+
+:func:`install` (run when :mod:`hidden_state_accountants.tf_privacy` is imported) makes
+``Model.load_weights`` and ``load_model`` remember that a model's weights came from storage
+(:func:`loaded_weights`), which the callback hands to the core's
+:func:`~hidden_state_accountants.recording.check_initial_weights`.
 """
 
 from __future__ import annotations
 
-from typing import List
+import functools
+import weakref
+from typing import List, Optional
 
 import tensorflow as tf
 
@@ -70,3 +77,51 @@ def model_facts(model: tf.keras.Model) -> ModelFacts:
     target = trainable_dense(model) if complete else None
     outputs = None if target is None else int(target.units)
     return ModelFacts(layers=layers, complete=complete, description=what, feature_clip_norm=clip, outputs=outputs)
+
+
+# ------------------------------------------------------------------ weights from storage
+_LOADED: "weakref.WeakKeyDictionary[tf.keras.Model, str]" = weakref.WeakKeyDictionary()
+
+
+def loaded_weights(model, *, forget: bool = False) -> Optional[str]:
+    """How ``model``'s weights were last loaded from storage (e.g. ``"model.load_weights('w.h5')"``), or
+    ``None`` when :func:`install`'s wrappers saw no load (since it was forgotten: ``forget=True``, once
+    the run accounts for it)."""
+    return _LOADED.pop(model, None) if forget else _LOADED.get(model)
+
+
+def _load_weights(original):
+    @functools.wraps(original)
+    def load_weights(self, filepath, *args, **kwargs):
+        out = original(self, filepath, *args, **kwargs)
+        _LOADED[self] = f"model.load_weights({str(filepath)!r})"
+        return out
+
+    load_weights.__hsa_original__ = original
+    return load_weights
+
+
+def _load_model(original):
+    @functools.wraps(original)
+    def load_model(filepath, *args, **kwargs):
+        model = original(filepath, *args, **kwargs)
+        if isinstance(model, tf.keras.Model):
+            _LOADED[model] = f"load_model({str(filepath)!r})"
+        return model
+
+    load_model.__hsa_original__ = original
+    return load_model
+
+
+def install() -> None:
+    """Makes ``tf.keras.Model.load_weights`` and ``tf.keras.models.load_model`` / ``tf.keras.saving.load_model``
+    remember the models whose weights they load (:func:`loaded_weights`); idempotent. A name bound before
+    this module was imported (``from tensorflow.keras.models import load_model``), and ``keras``' own
+    namespace (``keras.models.load_model``), keep Keras' function."""
+    current = tf.keras.Model.load_weights
+    if not hasattr(current, "__hsa_original__"):
+        tf.keras.Model.load_weights = _load_weights(current)
+    for module in (tf.keras.models, tf.keras.saving):
+        current = getattr(module, "load_model", None)
+        if current is not None and not hasattr(current, "__hsa_original__"):
+            module.load_model = _load_model(current)

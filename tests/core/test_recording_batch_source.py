@@ -32,3 +32,49 @@ def test_fresh_draws_may_skip_ahead_but_never_replay():
 def test_full_batches_are_the_same_at_every_step():
     schedule = BatchSchedule(60, 60, FULL)
     check_batch_source(schedule, BatchSourceFacts(schedule=schedule, description="d", next_step=0), 7)
+
+
+# ------------------------------------------ issue 29: the accounted schedule is the one trained on
+def test_claim_for_source_keeps_poisson_takes_a_schedule_and_refuses_the_rest():
+    from hidden_state_accountants import LossGeometry
+    from hidden_state_accountants.recording import Claim, claim_for_source
+
+    fresh = Claim(default_relation="ADD_OR_REMOVE_ONE")  # an adapter's unconfigured claim: Poisson
+    poisson = BatchSourceFacts(schedule=None, poisson=True, description="the Poisson loader")
+    assert claim_for_source(fresh, poisson) is fresh
+    shuffled = BatchSourceFacts(schedule=BatchSchedule.framework(1500, 100, secret=False), description="shuffled")
+    taken = claim_for_source(fresh, shuffled)
+    assert taken.schedule == shuffled.schedule and taken.relation()[0].name == "REPLACE_ONE"
+    assert taken.relation()[1].startswith("reported under REPLACE_ONE, not the host's ADD_OR_REMOVE_ONE")
+    # a geometry declared for Poisson steps is kept, on the schedule the batches follow
+    geometry = LossGeometry(smoothness=1.0, strong_convexity=0.1)
+    declared = Claim(geometry=geometry, assume_convex_model=True, dataset_size=1500)
+    assert claim_for_source(declared, shuffled).geometry == geometry
+    with pytest.raises(ParameterError, match="^dataset_size: 1400 is not the schedule's 1500"):
+        claim_for_source(Claim(geometry=geometry, assume_convex_model=True, dataset_size=1400), shuffled)
+    with pytest.raises(
+        ParameterError,
+        match="^data: the batches come from a sampler with replacement: neither the framework's Poisson "
+        "sampling nor a schedule of this package",
+    ):
+        claim_for_source(fresh, BatchSourceFacts(schedule=None, description="a sampler with replacement"))
+    with pytest.raises(ParameterError, match="^data: 3 steps were accounted as the framework's Poisson sampling"):
+        claim_for_source(fresh, shuffled, steps=3)
+    # a declared schedule must be the source's
+    cyclic = Claim(schedule=BatchSchedule(1500, 100, CYCLIC))
+    assert claim_for_source(cyclic, BatchSourceFacts(schedule=cyclic.schedule, description="d")) is cyclic
+    with pytest.raises(ParameterError, match="^data: the batches do not come from a schedule of this package"):
+        claim_for_source(cyclic, poisson)
+    with pytest.raises(ParameterError, match="^data: the batches come from .*'reshuffle'.*but the accountant was told"):
+        claim_for_source(cyclic, shuffled)
+
+
+def test_weights_from_storage_need_the_ledger_or_a_public_declaration():
+    from hidden_state_accountants.recording import check_initial_weights
+
+    assert check_initial_weights(None, restored=False, public=False) is None
+    assert check_initial_weights("load('w')", restored=True, public=False) is None
+    with pytest.raises(ParameterError, match=r"^model: its weights were loaded by load\('w'\) without the run's"):
+        check_initial_weights("load('w')", restored=False, public=False)
+    note = check_initial_weights("load('w')", restored=False, public=True)
+    assert note.startswith("the run starts from weights loaded by load('w'), declared public")

@@ -23,3 +23,25 @@ def train_epochs(model, optimizer, loader, epochs: int) -> list:
             optimizer.step()
             optimizer.zero_grad()
     return sizes
+
+
+def private_logistic(loader, *, lr: float, z: float, clip: float = 1.0, poisson_sampling: bool = False):
+    """``(engine, model, optimizer, loader)``: logistic regression on ``FeatureClip(1.0)`` features, made
+    private over ``loader`` by a fresh ``PrivacyEngine(accountant="hidden_state")`` (torch seeded with 0 first,
+    the public seed a typical script sets)."""
+    from opacus import PrivacyEngine
+
+    import hidden_state_accountants.opacus as hso
+
+    torch.manual_seed(0)
+    model = nn.Sequential(hso.FeatureClip(1.0), nn.Linear(D, K))
+    engine = PrivacyEngine(accountant="hidden_state")
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=lr),
+        data_loader=loader,
+        noise_multiplier=z,
+        max_grad_norm=clip,
+        poisson_sampling=poisson_sampling,
+    )
+    return engine, model, opt, loader

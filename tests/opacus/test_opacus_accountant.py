@@ -510,7 +510,13 @@ def test_configure_refuses_bad_arguments():
 def test_configure_refuses_a_loader_of_another_schedule():
     s = hso.CyclicBatchSampler(N, 10)
     engine, model, opt, loader = private(hso.CyclicBatchSampler(N, 20))
-    with pytest.raises(ParameterError, match="^steps_per_epoch: training runs 3 steps per epoch but cyclic"):
+    # the loader make_private returned is another schedule (issue 29: checked against it directly; before,
+    # through Opacus' sample rate: "steps_per_epoch: training runs 3 steps per epoch but cyclic ...")
+    with pytest.raises(
+        ParameterError,
+        match=r"^data: the batches come from BatchSchedule\(dataset_size=60, batch_size=20, sampling='cyclic'\), "
+        r"but the accountant was told BatchSchedule\(dataset_size=60, batch_size=10",
+    ):
         engine.accountant.configure(sampler=s, optimizer=opt)
 
 
@@ -526,9 +532,9 @@ def test_configure_after_training_is_refused():
 def test_poisson_loader_with_a_configured_sampler_is_refused():
     s = hso.CyclicBatchSampler(N, 10)
     engine, model, opt, loader = private(None, batch_size=10)  # Opacus replaces the loader by Poisson
-    engine.accountant.configure(sampler=s, optimizer=opt)
-    with pytest.raises(ParameterError, match="^data_loader: .* poisson_sampling=False"):
-        train(model, opt, loader, 1)
+    # refused when configured (issue 29; before, at the first step, by the sampler's position)
+    with pytest.raises(ParameterError, match="^data: .*Opacus' DPDataLoader .*poisson_sampling=False"):
+        engine.accountant.configure(sampler=s, optimizer=opt)
 
 
 # ------------------------ issue 9, item 7: Opacus' divisor when b does not divide n, and history
@@ -670,7 +676,12 @@ def test_calibration_refuses_a_loader_of_another_schedule():
     base = torch.optim.SGD(model.parameters(), lr=0.5)
     engine = PrivacyEngine(accountant="hidden_state")
     engine.accountant.configure(sampler=s)
-    with pytest.raises(ParameterError, match="^steps_per_epoch: training runs 3 steps per epoch"):
+    # issue 29: the loader is checked against the claim directly (before, through Opacus' sample rate:
+    # "steps_per_epoch: training runs 3 steps per epoch ...")
+    with pytest.raises(
+        ParameterError,
+        match=r"^data: the batches come from BatchSchedule\(dataset_size=60, batch_size=20, sampling='cyclic'\)",
+    ):
         engine.make_private_with_epsilon(
             module=model,
             optimizer=base,

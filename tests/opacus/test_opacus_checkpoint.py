@@ -164,6 +164,35 @@ def test_a_broken_checkpoint_changes_nothing(checkpoints, tmp_path, broken):
     assert len(engine.accountant) == 30 and engine.get_epsilon(DELTA) == eps3 > eps2
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+        pytest.param(lambda data: data[:100], id="truncated-to-the-header"),
+        pytest.param(lambda data: b"", id="empty"),
+        pytest.param(lambda data: b"not a checkpoint at all", id="garbage"),
+        pytest.param(lambda data: b"\x80\x04\x95", id="a-pickle-cut-short"),
+    ],
+)
+def test_a_file_torch_cannot_read_is_refused_as_the_checkpoint_and_changes_nothing(checkpoints, tmp_path, damage):
+    """Issue 29: torch.load's RuntimeError / UnpicklingError / EOFError reached the user raw (nothing was
+    changed, which was right); it is now the package's checkpoint error."""
+    tmp, *_ = checkpoints
+    path = tmp_path / "damaged.pt"
+    path.write_bytes(damage((tmp / "epoch3.pt").read_bytes()))
+    engine, model, opt, _ = build(seed=1)
+    before = snapshot(engine, model, opt)
+    with pytest.raises(
+        ParameterError,
+        match=r"^checkpoint: the file cannot be read by torch.load \(\w+: .*\): truncated, or not a checkpoint; "
+        r"nothing was loaded$",
+    ):
+        engine.load_checkpoint(path=path, module=model, optimizer=opt)
+    assert unchanged(before, engine, model, opt)
+    with pytest.raises(FileNotFoundError):  # a path that cannot be opened is not a checkpoint's fault
+        engine.load_checkpoint(path=tmp_path / "missing.pt", module=model, optimizer=opt)
+
+
 def test_an_unbound_or_history_only_accountant_state_is_refused_by_load_checkpoint(checkpoints, tmp_path):
     tmp, *_ = checkpoints
     engine, model, opt, _ = build(seed=1)

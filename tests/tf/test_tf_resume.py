@@ -287,3 +287,89 @@ def test_the_state_is_plain_json_with_the_seed_and_its_secrecy():
     assert payload["steps"] == SPE and payload["claim"]["seed_is_secret"] is True
     assert payload["claim"]["schedule"] == cb.recorder.claim.schedule.describe()
     assert payload["ledger"] == cb.recorder.ledger_state()
+
+
+# --------------------------------- issue 29, U4: weights from storage without the callback's state
+def callback(**extra):
+    return HiddenStatePrivacyCallback(
+        geometry=LossGeometry.logistic_regression(feature_norm_bound=1.0, l2_regularization=job.L2),
+        sampling="cyclic",
+        dataset_size=job.N,
+        batch_size=job.B,
+        delta=job.DELTA,
+        verbose=0,
+        **extra,
+    )
+
+
+def compiled_like(model):
+    model.compile(
+        optimizer=job.DecoupledL2DPKerasSGDOptimizer(
+            l2_norm_clip=job.C, noise_multiplier=job.Z, l2_regularization=job.L2, learning_rate=job.LR
+        ),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.NONE),
+    )
+    return model
+
+
+def test_weights_loaded_from_hdf5_without_the_state_are_refused_before_any_step(tmp_path):
+    """Issue 29, U4: a model trained 2 epochs, its weights saved to HDF5 (which holds neither the callback's
+    state nor the optimizer's step count) and loaded into a fresh model, fresh optimizer and fresh
+    callback: the resumed fit reported the epsilon of its own steps only (before: accepted)."""
+    model, _ = trained("cyclic", epochs=2)
+    model.save_weights(str(tmp_path / "w.h5"))
+    model2, _, ds2 = job.build("cyclic")
+    model2.load_weights(str(tmp_path / "w.h5"))
+    for _ in range(2):  # a second fit is refused too: the refusal does not use the load up
+        with pytest.raises(
+            ParameterError,
+            match=r"^model: its weights were loaded by model.load_weights\('.*w.h5'\) without the run's privacy "
+            r"state: if they were trained on the private data, the steps that trained them are not in the ledger "
+            r".* with HiddenStatePrivacyCallback\(public_initial_weights=True\); to resume a run, restore the "
+            r"callback's state",
+        ):
+            model2.fit(ds2, epochs=1, callbacks=[callback()], verbose=0)
+    assert int(model2.optimizer.iterations.numpy()) == 0
+
+
+def test_a_full_model_loaded_without_the_state_is_refused(tmp_path):
+    model, _ = trained("cyclic")
+    model.save(str(tmp_path / "m.h5"), include_optimizer=False)
+    model2 = compiled_like(tf.keras.models.load_model(str(tmp_path / "m.h5"), compile=False))
+    with pytest.raises(ParameterError, match=r"^model: its weights were loaded by load_model\('.*m.h5'\)"):
+        model2.fit(job.build("cyclic")[2], epochs=1, callbacks=[callback()], verbose=0)
+
+
+def test_weights_declared_public_are_accepted_and_said_in_the_notes_and_the_statement(tmp_path):
+    model, _ = trained("cyclic")
+    model.save_weights(str(tmp_path / "pretrained.h5"))  # stands for public pre-training
+    model2, _, ds2 = job.build("cyclic")
+    model2.load_weights(str(tmp_path / "pretrained.h5"))
+    cb = callback(public_initial_weights=True)
+    model2.fit(ds2, epochs=1, callbacks=[cb], verbose=0)
+    model2.fit(ds2, epochs=1, callbacks=[cb], verbose=0)  # the run continues: nothing new was loaded
+    fresh_model, _, fresh_ds = job.build("cyclic")
+    fresh = callback()
+    fresh_model.fit(fresh_ds, epochs=2, callbacks=[fresh], verbose=0)
+    assert cb.steps == 2 * SPE and cb.epsilon == fresh.epsilon  # the steps from there
+    note = "the run starts from weights loaded by model.load_weights("
+    assert any(n.startswith(note) and "declared public" in n for n in cb.notes())
+    assert note in " ".join(cb.privacy_statement().split())
+    assert not any(n.startswith(note) for n in fresh.notes())
+    with pytest.raises(ParameterError, match="^public_initial_weights: must be True or False"):
+        callback(public_initial_weights="yes")
+
+
+def test_a_state_nested_deeper_than_json_decodes_is_refused_as_the_checkpoint():
+    """The Keras side of issue 29's unreadable checkpoint: a restored text nested too deep for JSON raised
+    RecursionError out of TensorFlow's restore; a deep state dict, out of the digest check."""
+    cb = callback()
+    cb._restore_from_checkpoint("[" * 100_000)
+    with pytest.raises(ParameterError, match="^checkpoint: the hidden-state privacy state is JSON nested deeper"):
+        cb._raise_restore_error()
+    deep = inner = {}
+    for _ in range(100_000):
+        inner["x"] = {}
+        inner = inner["x"]
+    with pytest.raises(ParameterError, match="^checkpoint: must hold plain finite JSON values only"):
+        cb.load_privacy_state({**deep, "digest": "0" * 64})

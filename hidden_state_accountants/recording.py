@@ -1250,7 +1250,10 @@ class RunRecorder:
         if s is None:
             out.append(
                 "no batch schedule was declared: every step is accounted as Poisson sampling at the rate the "
-                "framework reports, which holds only if its data loader samples that way"
+                "framework reports, which holds only if its data loader samples that way, with draws unknown to the "
+                "adversary (Opacus' DPDataLoader draws from torch's generator: seeded with a public value, e.g. "
+                "torch.manual_seed(0) in a published script, the batches are public and no sampling amplification "
+                "holds; Opacus' secure_mode draws them from a cryptographically secure generator)"
             )
         elif s.is_random and not s.secret:
             out.append(

@@ -48,6 +48,7 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from hidden_state_accountants import exact
+from hidden_state_accountants import validation as v
 from hidden_state_accountants.analyses._common import hidden_state_preconditions
 from hidden_state_accountants.analyses.chourasia import required_initial_std
 from hidden_state_accountants.errors import ParameterError
@@ -336,4 +337,26 @@ _SIZERS = {
     WITHOUT_REPLACEMENT: _mixture,
 }
 
-__all__ = ["LowerBound", "best_known_lower_bound", "plan_lower_bound"]
+def composition_window(learning_rate: float, l2_regularization: float) -> float:
+    """``(1 + c) / (1 - c)`` with ``c = 1 - lr m_reg``, about ``2 / (lr m_reg)``: the number of composed steps
+    whose privacy a converged hidden-state bound for an L2-regularised class can at best match
+    (docs/derivations.md section 19).
+
+    The class contains affine per-example maps (a linear loss plus the L2 term), whose last iterate of full-batch
+    training is one Gaussian mechanism with ``mu_T^2 = (2/z)^2 (sum_{j<T} c^j)^2 / sum_{j<T} c^(2j)``, increasing
+    in ``T`` to ``(2/z)^2 (1 + c) / (1 - c)``: exactly composition of this many full-batch steps. So no valid bound
+    for the class reports less at convergence, and the noise it needs for a budget is at least composition's over
+    this window. A lower bound on what any analysis can give, never a guarantee.
+
+    >>> round(composition_window(0.5, 0.01), 3)  # MNIST-scale: 399 steps, 1.7 epochs of 235 steps
+    399.0
+    """
+    lr = v.positive_float("learning_rate", learning_rate)
+    m = v.positive_float("l2_regularization", l2_regularization)
+    x = lr * m  # 1 - c
+    if not x < 2.0:
+        raise ParameterError("learning_rate", f"needs learning_rate * l2_regularization < 2, got {x:g}")
+    return (2.0 - x) / x
+
+
+__all__ = ["LowerBound", "best_known_lower_bound", "plan_lower_bound", "composition_window"]

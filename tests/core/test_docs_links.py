@@ -76,15 +76,15 @@ def links(text: str) -> Iterator[Tuple[int, str]]:
             yield number, match.group(1)
 
 
-def broken_links(path: pathlib.Path) -> List[str]:
-    """What is wrong with each relative link of one Markdown file ('' for none)."""
+def broken_links(path: pathlib.Path, root: pathlib.Path = ROOT) -> List[str]:
+    """What is wrong with each relative link of one Markdown file (named relative to ``root``)."""
     problems = []
     for number, target in links(path.read_text(encoding="utf-8")):
         if not target or _EXTERNAL.match(target):
             continue
         file_part, _, anchor = target.partition("#")
         destination = (path.parent / file_part).resolve() if file_part else path
-        where = f"{path.relative_to(ROOT)}:{number}: ({target})"
+        where = f"{path.relative_to(root)}:{number}: ({target})"
         if not destination.exists():
             problems.append(f"{where} no such file {destination}")
             continue
@@ -114,9 +114,8 @@ def test_slugs_follow_github() -> None:
     assert anchors("# A\n\n## A\n\n```\n# A\n```\n\n### A\n") == ["a", "a-1", "a-2"]
 
 
-def test_broken_links_are_found(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_broken_links_are_found(tmp_path: pathlib.Path) -> None:
     """The checker itself can fail: a missing file, a missing anchor, an in-page anchor."""
-    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     (tmp_path / "b.md").write_text("# Title\n\n## Part two\n", encoding="utf-8")
     page = tmp_path / "a.md"
     page.write_text(
@@ -124,7 +123,7 @@ def test_broken_links_are_found(tmp_path: pathlib.Path, monkeypatch: pytest.Monk
         "[gone](gone.md) [anchor](b.md#part-three) [in page](#there)\n\n```\n[fenced](gone.md)\n```\n",
         encoding="utf-8",
     )
-    problems = broken_links(page)
+    problems = broken_links(page, root=tmp_path)
     assert len(problems) == 3, problems
     assert "(gone.md) no such file" in problems[0]
     assert "#part-three" in problems[1] and "#there" in problems[2]

@@ -1,4 +1,4 @@
-"""The README's "How we know the numbers are right" table: reported vs audited vs exact epsilon.
+"""The audit table of docs/verification.md: reported vs audited vs exact epsilon.
 
     python benchmarks/audit_table.py                      # 100k runs per dataset and configuration
     python benchmarks/audit_table.py --repetitions 1000000 # the longer audit (minutes)

@@ -1,4 +1,4 @@
-"""The ``hsa`` command line: the contract of docs/design.md, section 5."""
+"""The ``hsa`` command line: the contract of docs/usage.md, "Command line"."""
 
 import json
 import subprocess

@@ -14,10 +14,11 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
@@ -33,7 +34,7 @@ from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarn
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.lower_bounds import LowerBound
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
-from hidden_state_accountants.schedules import SAMPLINGS
+from hidden_state_accountants.schedules import FULL, POISSON, SAMPLINGS
 from hidden_state_accountants.selection import RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, bound_epsilon, select_best
 
 
@@ -45,7 +46,12 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
     ``C``, the noise becomes ``z``, a domain of diameter ``D`` becomes ``D/C`` and an LSI
     constant ``c`` becomes ``c C^2``. Analysing the normalised run keeps every formula free of
     over- and underflow in ``C`` (e.g. ``sigma^2 = lr z^2 C^2 / (2 b^2)``).
+
+    A Poisson run with ``q = 1`` and ``b = n`` (:func:`uses_every_record`) is analysed as the
+    full-batch run it is.
     """
+    if uses_every_record(run):
+        run = run.replace(sampling=FULL, sampling_probability=None)
     C = run.clip_norm
     if C == 1.0:
         return run
@@ -53,6 +59,18 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
     if geom is not None:
         geom = geom.rescaled(C)
     return run.replace(clip_norm=1.0, geometry=geom)
+
+
+def uses_every_record(run: TrainingRunDpEvent) -> bool:
+    """A Poisson run whose rate is 1 and whose divisor is the dataset size: every step averages all
+    ``n`` records, exactly full-batch training (NoisyGD), so the full-batch analyses hold for it."""
+    return run.sampling == POISSON and run.sampling_rate >= 1.0 and run.batch_size == run.dataset_size
+
+
+FULL_BATCH_NOTE = (
+    "sampling_probability 1 with batch_size = dataset_size: every step uses every record, which is full-batch "
+    "training; accounted with the full-batch analyses"
+)
 
 
 def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
@@ -234,6 +252,22 @@ def geometry_note(geometry: LossGeometry) -> str:
     )
 
 
+def accountant_with(accountant_kwargs: Dict[str, Any]) -> "HiddenStateAccountant":
+    """``HiddenStateAccountant(**accountant_kwargs)`` for the helpers that pass keywords on
+    (calibration, budgets, plots, audits): a keyword the accountant does not take is refused by name.
+
+    >>> accountant_with({"neighboring_relation": "ADD_OR_REMOVE_ONE"}).neighboring_relation.name
+    'ADD_OR_REMOVE_ONE'
+    """
+    known = [p for p in inspect.signature(HiddenStateAccountant).parameters]
+    for name in accountant_kwargs:
+        if name not in known:
+            raise v.ParameterError(
+                name, f"is not a parameter of this function or of the accountant (which takes {', '.join(known)})"
+            )
+    return HiddenStateAccountant(**accountant_kwargs)
+
+
 RELATION_NOTES = {
     REPLACE_ONE: "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
     ADD_OR_REMOVE_ONE: "neighbouring datasets differ by adding or removing one record (ADD_OR_REMOVE_ONE)",
@@ -385,6 +419,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         for c in self._components:
             if not isinstance(c.event, TrainingRunDpEvent):
                 continue
+            if uses_every_record(c.event) and FULL_BATCH_NOTE not in report.notes:
+                report.notes.append(FULL_BATCH_NOTE)
             if c.event.hidden_state_refusal:
                 note = f"hidden-state analyses refused: {c.event.hidden_state_refusal}"
             elif c.event.geometry is None:
@@ -510,8 +546,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
 
     # ------------------------------------------------------------------- curves
     def get_rdp(self, orders: Optional[Sequence[float]] = None) -> np.ndarray:
-        """The composed RDP curve: per event the pointwise minimum over its analyses."""
-        orders = self._ctx.orders if orders is None else tuple(float(a) for a in orders)
+        """The composed RDP curve at ``orders`` (the accountant's grid when ``None``; else validated as
+        the constructor's, values in the order given): per event the pointwise minimum over its analyses."""
+        orders = self._ctx.orders if orders is None else rdp_tools.check_orders(orders, as_given=True)
         total = np.zeros(len(orders))
         for c in self._components:
             total = total + c.repeat * self._event_rdp(c, orders)
@@ -564,8 +601,10 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return np.where(np.isnan(out), 1.0, out)
 
     def privacy_profile(self, epsilons: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
-        """``delta(eps)`` on a grid: the smallest over the bounds (each valid at every eps)."""
-        eps = np.asarray(epsilons, dtype=float)
+        """``delta(eps)`` on a grid of finite ``epsilons >= 0``: the smallest over the bounds (each
+        valid at every eps). ``delta_hint``, in ``(0, 1)``, tunes the PLDs' grids only."""
+        eps = v.real_vector("epsilons", epsilons, low=0.0)
+        delta_hint = v.probability("delta_hint", delta_hint)
         single = self._single()
         if single is not None:
             out = np.ones_like(eps)
@@ -587,7 +626,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return np.clip(out, 0.0, 1.0)
 
     def tradeoff_curve(self, alphas: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
-        """Type II error ``beta(alpha)`` of the best valid f-DP guarantee (for plotting)."""
+        """Type II error ``beta(alpha)`` of the best valid f-DP guarantee at type I errors ``alphas``
+        in ``[0, 1]`` (for plotting)."""
+        alphas = v.real_vector("alphas", alphas, low=0.0, high=1.0)
         eps = np.concatenate([[0.0], np.geomspace(1e-3, 50.0, 400)])
         return fdp.profile_tradeoff(self.privacy_profile(eps, delta_hint), eps, alphas)
 
@@ -598,5 +639,6 @@ __all__ = [
     "PrivacyReport",
     "AnalysisReport",
     "analyze_training_run",
+    "accountant_with",
     "SAMPLINGS",
 ]

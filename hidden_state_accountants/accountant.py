@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -219,6 +220,15 @@ class PrivacyReport:
         )
 
 
+def _hashable(event: dp_event.DpEvent) -> Optional[dp_event.DpEvent]:
+    """The event as a dictionary key (equal events merge into one component), ``None`` if unhashable."""
+    try:
+        hash(event)
+    except TypeError:
+        return None
+    return event
+
+
 def _delta_or_one(delta: float) -> float:
     return 1.0 if math.isnan(delta) else delta
 
@@ -279,12 +289,28 @@ class _Component:
     """One event composed ``count`` times. A standard dp_accounting event's bounds are of the
     whole ``count``-fold composition (``folded``: a Gaussian self-composed ``k`` times is
     ``G(sqrt(k) mu)``, composed before any PLD is built); other events' bounds are of one
-    occurrence and composed ``repeat = count`` times."""
+    occurrence and composed ``repeat = count`` times.
+
+    A *ledger* (``law`` set) holds every sampled Gaussian event of one sampling law, whatever its
+    noise (``noises``: noise multiplier -> steps; ``event`` is the first one composed): its bounds
+    compose them all at once, in a bounded number of noise groups
+    (:func:`~hidden_state_accountants.analyses.composition.ledger_bounds`), so a thousand events
+    with distinct noise cost what a few cost."""
 
     event: dp_event.DpEvent
     count: int
     bounds: Optional[List[Bound]] = None
     folded: bool = False
+    law: Optional[Tuple] = None
+    noises: Optional[Counter] = None
+
+    def add(self, event: dp_event.DpEvent, count: int) -> None:
+        """Composes ``count`` more of an equal event (or, for a ledger, one of the same law)."""
+        self.count += count
+        if self.law is not None:
+            self.noises[composition.sampled_gaussian(event)[1]] += count
+        if self.folded:
+            self.bounds = None  # the bounds are of the whole composition: recomputed when asked for
 
     @property
     def repeat(self) -> int:
@@ -335,6 +361,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             raise v.ParameterError("pld_discretization", f"must be <= 0.1 for meaningful PLDs, got {d:g}")
         self._ctx = Context(orders=rdp_tools.check_orders(orders), discretization=d, neighboring_relation=relation)
         self._components: List[_Component] = []
+        self._index: Dict[Any, int] = {}  # an event (or a ledger's law) -> its component
         self._warned = False
 
     # ------------------------------------------------------------ PrivacyAccountant API
@@ -354,7 +381,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 self._add(event, count)
             return None
         try:
-            composition.standard_event_bounds(event, self._ctx)
+            composition.check_standard_event(event, self._ctx)
         except composition.UnsupportedEvent as err:
             return self.CompositionErrorDetails(invalid_event=event, error_message=str(err))
         if do_compose:
@@ -378,7 +405,17 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             )
         # a standard event's count is folded into its bounds (composition.standard_event_bounds)
         standard = registry.event_analyses(type(event)) is None
-        self._components.append(_Component(event, count, folded=standard))
+        ledger = composition.sampled_gaussian(event) if standard else None
+        key = ("ledger", ledger[0]) if ledger is not None else _hashable(event)
+        if key is not None and key in self._index:  # an equal event, or one of the same sampling law
+            self._components[self._index[key]].add(event, count)
+            return
+        component = _Component(event, count, folded=standard)
+        if ledger is not None:
+            component.law, component.noises = ledger[0], Counter({ledger[1]: count})
+        if key is not None:
+            self._index[key] = len(self._components)
+        self._components.append(component)
 
     def get_epsilon(self, target_delta: float) -> float:
         return self.explain(target_delta).epsilon
@@ -467,6 +504,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 c.bounds = registry.analyze(c.event, self._ctx)
             elif isinstance(c.event, dp_event.NonPrivateDpEvent):
                 c.bounds = [composition.non_private_bound("NonPrivateDpEvent")]
+            elif c.law is not None:
+                c.bounds = composition.ledger_bounds(c.law, c.noises, self._ctx)
             else:
                 c.bounds = composition.standard_event_bounds(c.event, self._ctx, c.count)
         return c.bounds

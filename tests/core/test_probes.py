@@ -3,8 +3,8 @@
 NaN never reaches a conversion, orders are validated, high-epsilon compositions answer,
 self-compositions are folded before any PLD is built, calibration says when it stopped
 early, and the epoch budget assumes no monotonicity that a bound does not declare (issue 18).
-Poisson at q = 1, a vanishing delta and 1e20 records answer, and the Python API refuses bad input by
-name (issue 29).
+Poisson at q = 1, a vanishing delta and 1e20 records answer, the Python API refuses bad input by
+name, and a ledger of many distinct noise values costs a bounded number of evaluations (issue 29).
 """
 
 import math
@@ -17,6 +17,7 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.pld import pld_pmf, pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from hypothesis import given, strategies as st
 
 import dp_accounting as dpa
 from hidden_state_accountants import (
@@ -596,3 +597,112 @@ def test_the_statement_names_secret_batches():
             geometry=None,
             secret_batches="x",
         )
+
+
+# ------------------------------------------------------------------ ledgers of many distinct noise values
+def test_a_ledger_of_few_noise_values_is_composed_as_it_is():
+    counts = {1.0: 3, 1.5: 2, 2.0: 5}
+    assert long_composition.noise_groups(counts, 3) == counts
+
+
+@given(
+    st.dictionaries(st.floats(0.01, 100.0), st.integers(1, 50), min_size=1, max_size=300),
+    st.integers(1, 20),
+)
+def test_grouping_puts_every_step_at_a_noise_no_larger_than_its_own(counts, max_groups):
+    groups = long_composition.noise_groups(counts, max_groups)
+    assert len(groups) <= max_groups and sum(groups.values()) == sum(counts.values())
+    keys = sorted(groups)
+    assert set(keys) <= set(counts) and keys[0] == min(counts)
+    # every step goes to the largest group value not above its own noise, and the counts add up
+    for lo, hi in zip(keys, keys[1:] + [math.inf]):
+        assert groups[lo] == sum(k for z, k in counts.items() if lo <= z < hi)
+
+
+def ledger_run(sampling, k):
+    return TrainingRunDpEvent(
+        dataset_size=60000,
+        batch_size=256,
+        steps=k,
+        noise_multiplier=tuple(float(z) for z in np.linspace(2.0, 1.0, k)),
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling=sampling,
+    )
+
+
+def no_grouping(monkeypatch, k):
+    monkeypatch.setattr(long_composition, "NOISE_GROUPS", k)
+    monkeypatch.setattr(composition, "RDP_NOISE_GROUPS", k)
+    monkeypatch.setattr(composition, "WOR_RDP_NOISE_GROUPS", k)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "without_replacement"])
+def test_a_grouped_ledger_is_above_the_step_by_step_composition_and_close(sampling, monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        grouped = HiddenStateAccountant().compose(ledger_run(sampling, 24)).explain(1e-5)
+        no_grouping(monkeypatch, 24)
+        exact = HiddenStateAccountant().compose(ledger_run(sampling, 24)).explain(1e-5)
+    assert exact.epsilon <= grouped.epsilon <= 1.05 * exact.epsilon
+    assert "24 noise values in 16 groups" in {a.name: a for a in grouped.analyses}[grouped.analysis].detail
+
+
+def counting(monkeypatch, module, name, noise_arg, budget):
+    """Patches ``module.name`` to collect the noise values (argument ``noise_arg``) it is called with,
+    failing as soon as there are more than ``budget``."""
+    original, seen = getattr(module, name), set()
+
+    def wrapper(*args, **kwargs):
+        seen.add(float(args[noise_arg]))
+        assert len(seen) <= budget, f"{name} evaluated for more than {budget} noise values"
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+
+
+@pytest.mark.parametrize("as_events", [False, True])
+@pytest.mark.parametrize("relation", ["REPLACE_ONE", AR])
+def test_a_thousand_distinct_noise_values_cost_a_bounded_number_of_evaluations(as_events, relation, monkeypatch):
+    # was: one PLD and one RDP curve per distinct value: 118 s CPU for a run, no answer after 150 s for events
+    counting(monkeypatch, rdp_tools, "sampled_gaussian_rdp", 1, composition.RDP_NOISE_GROUPS)
+    counting(monkeypatch, fdp, "poisson_replace_one_profile", 0, long_composition.NOISE_GROUPS)
+    counting(monkeypatch, composition, "add_remove_sampled_gaussian_pld", 1, long_composition.NOISE_GROUPS)
+    acc = HiddenStateAccountant(neighboring_relation=relation)
+    zs = np.linspace(2.0, 1.0, 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if as_events:
+            for z in zs:
+                acc.compose(dp_event.PoissonSampledDpEvent(256 / 60000, dp_event.GaussianDpEvent(float(z))))
+        else:
+            acc.compose(ledger_run("poisson", 1000))
+        report = acc.explain(1e-5)
+    assert math.isfinite(report.epsilon) and report.analysis.endswith("_pld")
+
+
+def test_without_replacement_ledgers_cost_a_bounded_number_of_evaluations(monkeypatch):
+    # was: 59 s for 100 distinct values, unfinished after 15 min for 10^4
+    counting(monkeypatch, rdp_tools, "without_replacement_gaussian_rdp", 1, composition.WOR_RDP_NOISE_GROUPS)
+    counting(monkeypatch, fdp, "subsampled_gaussian_profile", 0, long_composition.NOISE_GROUPS)
+    report = HiddenStateAccountant().compose(ledger_run("without_replacement", 10**4)).explain(1e-5)
+    assert math.isfinite(report.epsilon) and report.analysis == "bok_thm4.8"
+
+
+def test_sampled_gaussian_events_of_one_rate_are_the_run_of_their_steps():
+    zs = [float(z) for z in np.linspace(2.0, 1.0, 40)]
+    acc = HiddenStateAccountant()
+    for z in zs:
+        acc.compose(dp_event.PoissonSampledDpEvent(256 / 60000, dp_event.GaussianDpEvent(z)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = HiddenStateAccountant().compose(ledger_run("poisson", 40)).explain(1e-5)
+    assert acc.get_epsilon(1e-5) == run.epsilon
+
+
+def test_equal_events_compose_as_one_self_composition():
+    event = dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0))
+    twice = HiddenStateAccountant().compose(event).compose(event)
+    folded = HiddenStateAccountant().compose(dp_event.SelfComposedDpEvent(event, 2))
+    assert twice.get_epsilon(1e-5) == folded.get_epsilon(1e-5)
+    assert twice.explain(1e-5).analysis == folded.explain(1e-5).analysis == "poisson_gaussian_pld"

@@ -706,3 +706,17 @@ def test_equal_events_compose_as_one_self_composition():
     folded = HiddenStateAccountant().compose(dp_event.SelfComposedDpEvent(event, 2))
     assert twice.get_epsilon(1e-5) == folded.get_epsilon(1e-5)
     assert twice.explain(1e-5).analysis == folded.explain(1e-5).analysis == "poisson_gaussian_pld"
+
+
+@given(st.lists(st.tuples(st.floats(1e-6, 1.0), st.floats(0.0, 1.0)), min_size=1, max_size=200), st.booleans())
+def test_the_vectorised_convex_envelope_is_the_hulls(steps_and_values, convex_part):
+    # every PLD built from a profile takes its lower convex envelope; the vectorised pruning (3x faster on a
+    # subsampled Gaussian's profile) must give the envelope of fdp.lower_hull's loop, up to rounding
+    x = np.cumsum([dx for dx, _ in steps_and_values])
+    y = np.array([v for _, v in steps_and_values])
+    if convex_part:  # mostly convex, as a profile is: many points stay on the hull
+        y = np.exp(-x) + 1e-3 * y
+    hull = fdp.lower_hull(x, y)
+    envelope = fdp._lower_convex_envelope(x, y)  # noqa: SLF001
+    assert np.allclose(envelope, np.interp(x, x[hull], y[hull]), rtol=0, atol=1e-14)
+    assert np.all(envelope <= y + 1e-14)

@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from dp_accounting import dp_event, privacy_accountant
@@ -33,7 +35,7 @@ from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarn
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.lower_bounds import LowerBound
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
-from hidden_state_accountants.schedules import SAMPLINGS
+from hidden_state_accountants.schedules import FULL, POISSON, SAMPLINGS
 from hidden_state_accountants.selection import RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, bound_epsilon, select_best
 
 
@@ -45,7 +47,12 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
     ``C``, the noise becomes ``z``, a domain of diameter ``D`` becomes ``D/C`` and an LSI
     constant ``c`` becomes ``c C^2``. Analysing the normalised run keeps every formula free of
     over- and underflow in ``C`` (e.g. ``sigma^2 = lr z^2 C^2 / (2 b^2)``).
+
+    A Poisson run with ``q = 1`` and ``b = n`` (:func:`uses_every_record`) is analysed as the
+    full-batch run it is.
     """
+    if uses_every_record(run):
+        run = run.replace(sampling=FULL, sampling_probability=None)
     C = run.clip_norm
     if C == 1.0:
         return run
@@ -53,6 +60,18 @@ def normalised(run: TrainingRunDpEvent) -> TrainingRunDpEvent:
     if geom is not None:
         geom = geom.rescaled(C)  # drops what the clip is checked against: the verdict is kept below
     return run.replace(clip_norm=1.0, geometry=geom, hidden_state_refusal=run.hidden_state_reason())
+
+
+def uses_every_record(run: TrainingRunDpEvent) -> bool:
+    """A Poisson run whose rate is 1 and whose divisor is the dataset size: every step averages all
+    ``n`` records, exactly full-batch training (NoisyGD), so the full-batch analyses hold for it."""
+    return run.sampling == POISSON and run.sampling_rate >= 1.0 and run.batch_size == run.dataset_size
+
+
+FULL_BATCH_NOTE = (
+    "sampling_probability 1 with batch_size = dataset_size: every step uses every record, which is full-batch "
+    "training; accounted with the full-batch analyses"
+)
 
 
 def analyze_training_run(run: TrainingRunDpEvent, ctx: Context = Context()) -> List[Bound]:
@@ -201,6 +220,15 @@ class PrivacyReport:
         )
 
 
+def _hashable(event: dp_event.DpEvent) -> Optional[dp_event.DpEvent]:
+    """The event as a dictionary key (equal events merge into one component), ``None`` if unhashable."""
+    try:
+        hash(event)
+    except TypeError:
+        return None
+    return event
+
+
 def _delta_or_one(delta: float) -> float:
     return 1.0 if math.isnan(delta) else delta
 
@@ -241,6 +269,22 @@ def geometry_note(geometry: LossGeometry) -> str:
     )
 
 
+def accountant_with(accountant_kwargs: Dict[str, Any]) -> "HiddenStateAccountant":
+    """``HiddenStateAccountant(**accountant_kwargs)`` for the helpers that pass keywords on
+    (calibration, budgets, plots, audits): a keyword the accountant does not take is refused by name.
+
+    >>> accountant_with({"neighboring_relation": "ADD_OR_REMOVE_ONE"}).neighboring_relation.name
+    'ADD_OR_REMOVE_ONE'
+    """
+    known = [p for p in inspect.signature(HiddenStateAccountant).parameters]
+    for name in accountant_kwargs:
+        if name not in known:
+            raise v.ParameterError(
+                name, f"is not a parameter of this function or of the accountant (which takes {', '.join(known)})"
+            )
+    return HiddenStateAccountant(**accountant_kwargs)
+
+
 RELATION_NOTES = {
     REPLACE_ONE: "neighbouring datasets differ by replacing one record (REPLACE_ONE)",
     ADD_OR_REMOVE_ONE: "neighbouring datasets differ by adding or removing one record (ADD_OR_REMOVE_ONE)",
@@ -252,12 +296,28 @@ class _Component:
     """One event composed ``count`` times. A standard dp_accounting event's bounds are of the
     whole ``count``-fold composition (``folded``: a Gaussian self-composed ``k`` times is
     ``G(sqrt(k) mu)``, composed before any PLD is built); other events' bounds are of one
-    occurrence and composed ``repeat = count`` times."""
+    occurrence and composed ``repeat = count`` times.
+
+    A *ledger* (``law`` set) holds every sampled Gaussian event of one sampling law, whatever its
+    noise (``noises``: noise multiplier -> steps; ``event`` is the first one composed): its bounds
+    compose them all at once, in a bounded number of noise groups
+    (:func:`~hidden_state_accountants.analyses.composition.ledger_bounds`), so a thousand events
+    with distinct noise cost what a few cost."""
 
     event: dp_event.DpEvent
     count: int
     bounds: Optional[List[Bound]] = None
     folded: bool = False
+    law: Optional[Tuple] = None
+    noises: Optional[Counter] = None
+
+    def add(self, event: dp_event.DpEvent, count: int) -> None:
+        """Composes ``count`` more of an equal event (or, for a ledger, one of the same law)."""
+        self.count += count
+        if self.law is not None:
+            self.noises[composition.sampled_gaussian(event)[1]] += count
+        if self.folded:
+            self.bounds = None  # the bounds are of the whole composition: recomputed when asked for
 
     @property
     def repeat(self) -> int:
@@ -308,6 +368,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
             raise v.ParameterError("pld_discretization", f"must be <= 0.1 for meaningful PLDs, got {d:g}")
         self._ctx = Context(orders=rdp_tools.check_orders(orders), discretization=d, neighboring_relation=relation)
         self._components: List[_Component] = []
+        self._index: Dict[Any, int] = {}  # an event (or a ledger's law) -> its component
         self._warned = False
 
     # ------------------------------------------------------------ PrivacyAccountant API
@@ -327,7 +388,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 self._add(event, count)
             return None
         try:
-            composition.standard_event_bounds(event, self._ctx)
+            composition.check_standard_event(event, self._ctx)
         except composition.UnsupportedEvent as err:
             return self.CompositionErrorDetails(invalid_event=event, error_message=str(err))
         if do_compose:
@@ -350,7 +411,17 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 )
         # a standard event's count is folded into its bounds (composition.standard_event_bounds)
         standard = registry.event_analyses(type(event)) is None
-        self._components.append(_Component(event, count, folded=standard))
+        ledger = composition.sampled_gaussian(event) if standard else None
+        key = ("ledger", ledger[0]) if ledger is not None else _hashable(event)
+        if key is not None and key in self._index:  # an equal event, or one of the same sampling law
+            self._components[self._index[key]].add(event, count)
+            return
+        component = _Component(event, count, folded=standard)
+        if ledger is not None:
+            component.law, component.noises = ledger[0], Counter({ledger[1]: count})
+        if key is not None:
+            self._index[key] = len(self._components)
+        self._components.append(component)
 
     def get_epsilon(self, target_delta: float) -> float:
         return self.explain(target_delta).epsilon
@@ -391,6 +462,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         for c in self._components:
             if not isinstance(c.event, TrainingRunDpEvent):
                 continue
+            if uses_every_record(c.event) and FULL_BATCH_NOTE not in report.notes:
+                report.notes.append(FULL_BATCH_NOTE)
             if c.event.hidden_state_reason():
                 note = f"hidden-state analyses refused: {c.event.hidden_state_reason()}"
             elif c.event.geometry is None:
@@ -437,6 +510,8 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 c.bounds = registry.analyze(c.event, self._ctx)
             elif isinstance(c.event, dp_event.NonPrivateDpEvent):
                 c.bounds = [composition.non_private_bound("NonPrivateDpEvent")]
+            elif c.law is not None:
+                c.bounds = composition.ledger_bounds(c.law, c.noises, self._ctx)
             else:
                 c.bounds = composition.standard_event_bounds(c.event, self._ctx, c.count)
         return c.bounds
@@ -516,8 +591,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
 
     # ------------------------------------------------------------------- curves
     def get_rdp(self, orders: Optional[Sequence[float]] = None) -> np.ndarray:
-        """The composed RDP curve: per event the pointwise minimum over its analyses."""
-        orders = self._ctx.orders if orders is None else tuple(float(a) for a in orders)
+        """The composed RDP curve at ``orders`` (the accountant's grid when ``None``; else validated as
+        the constructor's, values in the order given): per event the pointwise minimum over its analyses."""
+        orders = self._ctx.orders if orders is None else rdp_tools.check_orders(orders, as_given=True)
         total = np.zeros(len(orders))
         for c in self._components:
             total = total + c.repeat * self._event_rdp(c, orders)
@@ -570,8 +646,10 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return np.where(np.isnan(out), 1.0, out)
 
     def privacy_profile(self, epsilons: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
-        """``delta(eps)`` on a grid: the smallest over the bounds (each valid at every eps)."""
-        eps = np.asarray(epsilons, dtype=float)
+        """``delta(eps)`` on a grid of finite ``epsilons >= 0``: the smallest over the bounds (each
+        valid at every eps). ``delta_hint``, in ``(0, 1)``, tunes the PLDs' grids only."""
+        eps = v.real_vector("epsilons", epsilons, low=0.0)
+        delta_hint = v.probability("delta_hint", delta_hint)
         single = self._single()
         if single is not None:
             out = np.ones_like(eps)
@@ -593,7 +671,9 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         return np.clip(out, 0.0, 1.0)
 
     def tradeoff_curve(self, alphas: Sequence[float], delta_hint: float = 1e-5) -> np.ndarray:
-        """Type II error ``beta(alpha)`` of the best valid f-DP guarantee (for plotting)."""
+        """Type II error ``beta(alpha)`` of the best valid f-DP guarantee at type I errors ``alphas``
+        in ``[0, 1]`` (for plotting)."""
+        alphas = v.real_vector("alphas", alphas, low=0.0, high=1.0)
         eps = np.concatenate([[0.0], np.geomspace(1e-3, 50.0, 400)])
         return fdp.profile_tradeoff(self.privacy_profile(eps, delta_hint), eps, alphas)
 
@@ -604,5 +684,6 @@ __all__ = [
     "PrivacyReport",
     "AnalysisReport",
     "analyze_training_run",
+    "accountant_with",
     "SAMPLINGS",
 ]

@@ -48,9 +48,9 @@ import numpy as np
 from scipy import stats
 from tqdm import tqdm
 
-from hidden_state_accountants.relations import REPLACE_ONE, parse_relation
+from hidden_state_accountants.relations import REPLACE_ONE
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant
+from hidden_state_accountants.accountant import accountant_with
 from hidden_state_accountants.events import TrainingRunDpEvent
 from hidden_state_accountants.schedule_laws import Linear  # the short batches' scale and extra noise
 from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, POISSON, RESHUFFLE
@@ -413,7 +413,8 @@ def audit(
         raise v.ParameterError("repetitions", f"must be >= 100 for a meaningful test, got {repetitions}")
     v.probability("delta", delta)
     v.probability("confidence", confidence)
-    relation = parse_relation(accountant_kwargs.get("neighboring_relation", REPLACE_ONE))
+    accountant = accountant_with(accountant_kwargs)  # an unknown keyword is refused before the work
+    relation = accountant.neighboring_relation
     if relation != REPLACE_ONE:
         raise v.ParameterError(
             "neighboring_relation",
@@ -449,7 +450,7 @@ def audit(
     false_pos = int(np.sum(on_d[half:] > threshold))  # said D' on D
     false_neg = int(np.sum(on_d_prime[half:] <= threshold))  # said D on D'
     fpr_hi, fnr_hi = _cp_upper(false_pos, n_eval, one_sided), _cp_upper(false_neg, n_eval, one_sided)
-    report = HiddenStateAccountant(**accountant_kwargs).compose(run).explain(delta)
+    report = accountant.compose(run).explain(delta)
     return AuditResult(
         epsilon_lower=_lower_bound(fpr_hi, fnr_hi, delta),
         epsilon_reported=report.epsilon,

@@ -20,6 +20,11 @@ from hidden_state_accountants import fdp
 from hidden_state_accountants import rdp as rdp_tools
 
 
+MONOTONE_RTOL = 1e-9
+"""Relative accuracy to which the computed values of a bound flagged ``monotone_in_steps`` are
+non-decreasing in the number of steps (the root finds' tolerance; the bound itself is exactly so)."""
+
+
 @dataclass
 class Bound:
     """Base class. ``name`` is a stable identifier, ``citation`` says paper/theorem/equation.
@@ -31,8 +36,11 @@ class Bound:
     name: str = ""
     citation: str = ""
     hidden_state: bool = True
-    # True when the bound never decreases as the run gets longer, so its value for an
-    # unbounded run bounds every shorter one (used to certify "unlimited" epochs).
+    # True when the bound never decreases as the run gets longer, so its value after T steps bounds
+    # every run of at most T steps and its value for an unbounded run every run (used to certify
+    # "unlimited" epochs and by the epoch budget's bisection). Exact for the bound itself; a value found
+    # by a root find is never below it and within MONOTONE_RTOL of it, so computed values may dip by that
+    # much, not more (tests/core/test_properties.py checks every flagged analysis step by step).
     monotone_in_steps: bool = field(default=False, kw_only=True)
 
     kind = "none"

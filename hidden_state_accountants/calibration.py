@@ -23,7 +23,7 @@ from scipy import optimize
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport, normalised
+from hidden_state_accountants.accountant import HiddenStateAccountant, PrivacyReport, accountant_with, normalised
 from hidden_state_accountants.analyses import registry
 from hidden_state_accountants.analyses._common import Context
 from hidden_state_accountants.bounds import Bound
@@ -88,8 +88,9 @@ class EpochBudget:
 
 
 def accountant_context(accountant_kwargs) -> Context:
-    """The accountant's order grid and PLD discretisation (validated by the accountant)."""
-    return HiddenStateAccountant(**accountant_kwargs).context
+    """The accountant's order grid and PLD discretisation (validated by the accountant; an unknown
+    keyword is refused by name)."""
+    return accountant_with(accountant_kwargs).context
 
 
 # The noise range searched.
@@ -114,11 +115,11 @@ class _Candidates:
     def __init__(self, run: TrainingRunDpEvent, delta: float, ctx: Context):
         self.run = normalised(run.replace(noise_multiplier=1.0))
         self.delta, self.ctx = delta, ctx
-        # only the analyses proved for the accountant's neighbouring relation (as analyze_training_run)
+        # only the analyses proved for the accountant's neighbouring relation (as analyze_training_run),
+        # of the schedule analysed (a Poisson run using every record is full-batch training)
+        sampling = self.run.sampling
         self.infos = [
-            i
-            for i in registry.analyses_for(run.sampling)
-            if not i.relation_reason(ctx.neighboring_relation, run.sampling)
+            i for i in registry.analyses_for(sampling) if not i.relation_reason(ctx.neighboring_relation, sampling)
         ]
         self.bounds: Dict[Tuple[str, float], Bound] = {}
         self.seconds: Dict[str, float] = {}

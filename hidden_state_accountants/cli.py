@@ -342,7 +342,7 @@ def _checked_length(args, epochs: float, flag_parameter: str) -> int:
     if spe > MAX_STEPS:
         raise v.ParameterError(
             "dataset_size",
-            f"one epoch of {args.dataset_size:.3g} records in batches of "
+            f"one epoch of {v.count_text(args.dataset_size)} records in batches of "
             f"{args.batch_size} is {spe:.3g} steps, more than any training run takes "
             f"(at most {MAX_STEPS:.0e})",
         )

@@ -337,6 +337,7 @@ _SIZERS = {
     WITHOUT_REPLACEMENT: _mixture,
 }
 
+
 def composition_window(learning_rate: float, l2_regularization: float) -> float:
     """``(1 + c) / (1 - c)`` with ``c = 1 - lr m_reg``, about ``2 / (lr m_reg)``: the number of composed steps
     whose privacy a converged hidden-state bound for an L2-regularised class can at best match

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.accountant import HiddenStateAccountant
+from hidden_state_accountants.accountant import HiddenStateAccountant, accountant_with
 from hidden_state_accountants.events import TrainingRunDpEvent
 
 
@@ -49,6 +49,7 @@ def epsilon_curves(
     **accountant_kwargs,
 ) -> EpsilonCurves:
     """Evaluates every analysis of ``run`` (its ``steps`` replaced) at each number of epochs."""
+    accountant_with(accountant_kwargs)  # an unknown keyword is refused before the work
     spe = run.steps_per_epoch
     eps: Dict[str, List[float]] = {}
     hidden: Dict[str, bool] = {}

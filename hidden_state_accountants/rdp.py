@@ -22,13 +22,14 @@ DEFAULT_ORDERS: Tuple[float, ...] = tuple(float(a) for a in _rdp.DEFAULT_RDP_ORD
 MAX_ORDER = 1e8
 
 
-def check_orders(orders: Optional[Iterable[Any]]) -> Tuple[float, ...]:
+def check_orders(orders: Optional[Iterable[Any]], *, as_given: bool = False) -> Tuple[float, ...]:
     """A validated order grid: ``DEFAULT_ORDERS`` for ``None``; otherwise a non-empty iterable of
-    real numbers in ``(1, MAX_ORDER]``, returned sorted without duplicates. Anything else raises
-    :class:`~hidden_state_accountants.ParameterError` naming ``orders``.
+    real numbers in ``(1, MAX_ORDER]``, returned sorted without duplicates (``as_given``: in the
+    order given, duplicates kept, for a curve evaluated at the caller's orders). Anything else
+    raises :class:`~hidden_state_accountants.ParameterError` naming ``orders``.
 
-    >>> check_orders([4, 2, 2.0])
-    (2.0, 4.0)
+    >>> check_orders([4, 2, 2.0]), check_orders([4, 2, 2.0], as_given=True)
+    ((2.0, 4.0), (4.0, 2.0, 2.0))
     """
     if orders is None:
         return DEFAULT_ORDERS
@@ -41,7 +42,7 @@ def check_orders(orders: Optional[Iterable[Any]]) -> Tuple[float, ...]:
         values.append(float(a))
     if not values:
         raise v.ParameterError("orders", "must hold at least one RDP order")
-    return tuple(sorted(set(values)))
+    return tuple(values) if as_given else tuple(sorted(set(values)))
 
 
 def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> Tuple[float, float]:

@@ -91,12 +91,14 @@ clipped sum and noise are divided by its own size (TF-Privacy / Keras ``fit``) o
 fixed ``b`` (Opacus with ``optimizer.expected_batch_size = b``). When ``b`` divides ``n``
 there is no short batch and every value means ``dropped``."""
 
+MAX_DATASET_SIZE = 10**100
+"""More records than any dataset holds; the bound keeps every product of sizes a finite float."""
 MAX_STEPS = 10**18
+"""More optimiser steps than any training run takes; the hidden-state bounds' limit for
+unbounded training is what ``max_epochs_within_budget`` / ``hsa epochs`` report."""
 UNBOUNDED_STEPS = 10**15
 """Steps standing in for "forever" when a bound valid for every length is certified (calibration's
 ``limit_epsilon``; analyses that must answer there)."""
-"""More optimiser steps than any training run takes; the hidden-state bounds' limit for
-unbounded training is what ``max_epochs_within_budget`` / ``hsa epochs`` report."""
 
 SAMPLING_DESCRIPTIONS: Dict[str, str] = {
     FULL: "every step uses all n records",
@@ -135,7 +137,9 @@ def check_schedule(dataset_size: Any, batch_size: Any, sampling: Any) -> Tuple[i
     ``b <= n``; ``b == n`` for ``full``; at least two batches for the partition schedules.
     Raises :class:`~hidden_state_accountants.ParameterError` naming the parameter.
     """
-    n = v.positive_int("dataset_size", dataset_size)
+    n = v.positive_int(
+        "dataset_size", dataset_size, maximum=MAX_DATASET_SIZE, why=" (more records than any dataset holds)"
+    )
     b = v.positive_int("batch_size", batch_size)
     check_sampling(sampling)
     if b > n:

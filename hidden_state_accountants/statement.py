@@ -86,6 +86,8 @@ def privacy_statement(
     Returns:
       Text precisely articulating the guarantee, with the numbers.
     """
+    if not isinstance(secret_batches, bool):  # named here: the schedule calls it `secret`
+        raise ParameterError("secret_batches", f"must be True or False, got {secret_batches!r}")
     # its seed plays no part in the numbers
     schedule = BatchSchedule(number_of_examples, batch_size, sampling, last_batch=last_batch, secret=secret_batches)
     steps = float(num_epochs) * schedule.steps_per_epoch

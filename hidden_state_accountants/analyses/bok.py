@@ -21,7 +21,7 @@ import numpy as np
 
 from hidden_state_accountants import fdp
 from hidden_state_accountants.analyses import _common as cm
-from hidden_state_accountants.analyses import long_composition
+from hidden_state_accountants.analyses import composition, long_composition
 from hidden_state_accountants.analyses.analysis_info import analysis
 from hidden_state_accountants.bounds import Bound, GdpBound, NotApplicable, PldBound
 from hidden_state_accountants.events import TrainingRunDpEvent
@@ -276,27 +276,10 @@ def thm_4_8(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     (Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022, Def. 6 and Thm 9),
     self-composed by dp_accounting; any number of steps, long runs in blocks on a bounded
     grid (:mod:`.long_composition`), so the bound grows smoothly with the number of steps.
-    With a noise schedule, steps with equal noise are composed together.
+    With a noise schedule, steps with equal noise are composed together, in at most
+    :data:`~.long_composition.NOISE_GROUPS` groups of noise values (each at its smallest, pessimistic).
     """
-    p = run.sampling_rate
-    unit = _unit(1.0)
-    counts = run.noise_counts()
-    d_min = long_composition.grid_for(
-        float(fdp.subsampled_gaussian_clt_mu(unit / min(counts), p, run.steps)), ctx.discretization
-    )
-    if not d_min <= long_composition.MAX_DISCRETIZATION:
-        return NotApplicable(reason=long_composition.TOO_COARSE)
-
-    def build(delta: float, d: float):
-        total = None
-        for z, k in counts.items():
-            single = lambda grid, z=z: fdp.pld_from_profile(fdp.subsampled_gaussian_profile(unit / z, p), grid)
-            mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(unit / z, p, j))
-            part = long_composition.compose_steps(single, k, mu_z, d, ctx.discretization)
-            total = part if total is None else total.compose(part)
-        return total, f"p = b/n = {p:.6g}"
-
-    return PldBound(build=build, discretization=d_min, monotone_in_steps=True)
+    return composition.wor_pld_bound("", "", run.sampling_rate, run.noise_counts(), ctx.discretization)
 
 
 def _candidate_ks(approx_mu, k_max: int) -> Tuple[List[int], float]:

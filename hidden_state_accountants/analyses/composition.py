@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from typing import List
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 from dp_accounting import dp_event
@@ -70,23 +70,78 @@ def without_replacement_rdp(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``SampledWithoutReplacementDpEvent`` under REPLACE_ONE; the base query's replace-one
     sensitivity is ``2C`` so its noise multiplier is ``z/2``.
     """
-    q = run.sampling_rate
-    total = np.zeros(len(ctx.orders))
-    for z, k in run.noise_counts().items():
-        total += k * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders)
+    return wor_rdp_bound(
+        "composition_wor_rdp",
+        "Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
+        run.sampling_rate,
+        run.noise_counts(),
+        ctx.orders,
+    )
+
+
+# dp_accounting's sampled-Gaussian RDP costs 20-40 ms per noise value on the default orders, its
+# without-replacement RDP about 0.4 s: a ledger of many noise values is composed in fewer groups
+# there (the PLDs, usually the tighter bounds, keep lc.NOISE_GROUPS)
+RDP_NOISE_GROUPS = 8
+WOR_RDP_NOISE_GROUPS = 1
+
+
+def grouped(counts: Mapping[float, int], max_groups: Optional[int] = None) -> Tuple[Dict[float, int], str]:
+    """:func:`.long_composition.noise_groups` of ``counts`` (in ``lc.NOISE_GROUPS`` groups unless
+    ``max_groups`` says otherwise), and a note saying so when it rounded."""
+    groups = lc.noise_groups(counts, lc.NOISE_GROUPS if max_groups is None else max_groups)
+    if len(groups) == len(counts):
+        return groups, ""
+    return groups, f"{len(counts)} noise values in {len(groups)} groups, each at its smallest"
+
+
+def wor_rdp_bound(name: str, citation: str, q: float, counts: Mapping[float, int], orders) -> Bound:
+    """RDP composition of Gaussian steps on ``b``-of-``n`` samples without replacement (``counts``: noise
+    multiplier -> steps), REPLACE_ONE: Wang, Balle & Kasiviswanathan (2019) Thm 27 via dp_accounting,
+    whose base query's replace-one sensitivity is ``2C``, so its noise multiplier is ``z/2``."""
+    groups, note = grouped(counts, WOR_RDP_NOISE_GROUPS)
+    total = np.zeros(len(orders))
+    for z, k in groups.items():
+        total += k * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, orders)
     return RdpBound(
-        name="composition_wor_rdp",
-        citation="Wang, Balle & Kasiviswanathan (2019), Thm 27 (RDP composition, dp_accounting)",
+        name=name,
+        citation=citation,
         hidden_state=False,
-        orders=ctx.orders,
+        orders=tuple(orders),
         values=total,
+        note=note,
         monotone_in_steps=True,
+    )
+
+
+def wor_pld_bound(name: str, citation: str, q: float, counts: Mapping[float, int], discretization: float) -> Bound:
+    """``C_q(G(2/z))`` per step (Dong, Roth & Su, "Gaussian Differential Privacy", JRSS-B 2022, Def. 6 and
+    Thm 9), composed as a pessimistic PLD over the steps of ``counts`` (noise multiplier -> steps); any
+    number of steps, long runs in blocks on a bounded grid (:mod:`.long_composition`); at most
+    ``lc.NOISE_GROUPS`` noise values (:func:`grouped`)."""
+    groups, note = grouped(counts)
+    steps = sum(groups.values())
+    d_min = lc.grid_for(float(fdp.subsampled_gaussian_clt_mu(2.0 / min(groups), q, steps)), discretization)
+    if not d_min <= lc.MAX_DISCRETIZATION:
+        return NotApplicable(name=name, citation=citation, hidden_state=False, reason=lc.TOO_COARSE)
+
+    def build(delta: float, d: float):
+        total = None
+        for z, k in groups.items():
+            single = lambda grid, z=z: fdp.pld_from_profile(fdp.subsampled_gaussian_profile(2.0 / z, q), grid)
+            mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(2.0 / z, q, j))
+            part = lc.compose_steps(single, k, mu_z, d, discretization)
+            total = part if total is None else total.compose(part)
+        return total, "; ".join(x for x in (f"p = b/n = {q:.6g}", note) if x)
+
+    return PldBound(
+        name=name, citation=citation, hidden_state=False, build=build, discretization=d_min, monotone_in_steps=True
     )
 
 
 def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: float, add_remove: bool = False) -> Bound:
     """PLD of the Poisson-sampled Gaussian steps in ``counts`` (noise multiplier -> number of
-    steps): REPLACE_ONE, the package's per-step profile; ``add_remove``, dp_accounting's own
+    steps; at most ``lc.NOISE_GROUPS`` noise values, :func:`grouped`): REPLACE_ONE, the package's per-step profile; ``add_remove``, dp_accounting's own
     pessimistic add/remove PLD of one step (:func:`add_remove_sampled_gaussian_pld`, the object
     its ``PLDAccountant`` composes).
 
@@ -96,6 +151,7 @@ def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: flo
     size limit, and costs about the same under both relations. A composition too large for
     any grid is left to the RDP bound.
     """
+    counts, note = grouped(counts)
     steps = sum(counts.values())
     rho = 1.0 if add_remove else 2.0  # the per-step GDP parameter's numerator: C or 2C over zC
     citation = POISSON_AR_PLD_CITATION if add_remove else POISSON_PLD_CITATION
@@ -118,7 +174,7 @@ def _poisson_pld_bound(name: str, q: float, counts: Counter, discretization: flo
             mu_z = lambda j, z=z: float(fdp.subsampled_gaussian_clt_mu(rho / z, q, j))
             part = lc.compose_steps(lambda grid, z=z: single_step(z, grid), k, mu_z, d, discretization)
             total = part if total is None else total.compose(part)
-        return total, f"q = {q:.6g}" + (", ADD_OR_REMOVE_ONE" if add_remove else "")
+        return total, "; ".join(x for x in (f"q = {q:.6g}" + (", ADD_OR_REMOVE_ONE" if add_remove else ""), note) if x)
 
     return PldBound(
         name=name, citation=citation, hidden_state=False, build=build, discretization=d_min, monotone_in_steps=True
@@ -177,11 +233,12 @@ def poisson_replace_one_rdp(q: float, noise_multiplier: float, orders) -> np.nda
 
 
 def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
-    """RDP composition of the steps in ``counts`` with :func:`poisson_replace_one_rdp`.
-    Valid at every order and for any number of steps."""
+    """RDP composition of the steps in ``counts`` with :func:`poisson_replace_one_rdp` (at most
+    :data:`RDP_NOISE_GROUPS` noise values, :func:`grouped`). Valid at every order and for any number of steps."""
     orders = np.asarray(orders, dtype=float)
+    groups, note = grouped(counts, RDP_NOISE_GROUPS)
     total = np.zeros(len(orders))
-    for z, k in counts.items():
+    for z, k in groups.items():
         total += k * poisson_replace_one_rdp(q, z, orders)
     return RdpBound(
         name=name,
@@ -189,6 +246,7 @@ def _poisson_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
         hidden_state=False,
         orders=tuple(orders),
         values=total,
+        note=note,
         monotone_in_steps=True,
     )
 
@@ -207,9 +265,11 @@ def add_remove_sampled_gaussian_pld(q: float, noise_multiplier: float, discretiz
 
 
 def _poisson_ar_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound:
-    """``sum_z count_z * eps_SGM(q, z)``: dp_accounting's ``RdpAccountant`` under ADD_OR_REMOVE_ONE."""
+    """``sum_z count_z * eps_SGM(q, z)``: dp_accounting's ``RdpAccountant`` under ADD_OR_REMOVE_ONE (at most
+    :data:`RDP_NOISE_GROUPS` noise values, :func:`grouped`)."""
+    groups, note = grouped(counts, RDP_NOISE_GROUPS)
     total = np.zeros(len(orders))
-    for z, k in counts.items():
+    for z, k in groups.items():
         total += k * rdp_tools.sampled_gaussian_rdp(q, z, orders)
     return RdpBound(
         name=name,
@@ -217,6 +277,7 @@ def _poisson_ar_rdp_bound(name: str, q: float, counts: Counter, orders) -> Bound
         hidden_state=False,
         orders=tuple(orders),
         values=total,
+        note=note,
         monotone_in_steps=True,
     )
 
@@ -303,26 +364,17 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
     RDP curves are multiplied by ``count`` (Mironov 2017, Prop. 1), and sampled Gaussians are
     composed as PLDs in blocks (:mod:`.long_composition`, every rounding pessimistic)."""
     count = v.positive_int("count", count)
+    check_standard_event(event, ctx)
     add_remove = ctx.neighboring_relation == ADD_OR_REMOVE_ONE
     sensitivity, label = (1.0, "C (ADD_OR_REMOVE_ONE)") if add_remove else (2.0, "2C (REPLACE_ONE)")
     times = f", composed {count} times" if count > 1 else ""
-
-    def gaussian(z: float) -> Bound:
-        return GdpBound(
-            name="gaussian",
-            citation=f"Gaussian mechanism, sensitivity {label}{times}",
-            hidden_state=False,
-            mu=sensitivity * math.sqrt(count) / z,
-        )
-
-    if isinstance(event, dp_event.GaussianDpEvent):
-        z = _noise(event)
-        return [non_private_bound("GaussianDpEvent with noise_multiplier 0")] if z <= 0 else [gaussian(z)]
+    if is_no_op(event):
+        return []
+    z = _noise(getattr(event, "event", event))  # a sampled event's Gaussian
+    if z == 0:
+        return [non_private_bound(f"{type(event).__name__} with noise_multiplier 0")]
     if isinstance(event, dp_event.LaplaceDpEvent):
-        b = _noise(event)
-        if b <= 0:
-            return [non_private_bound("LaplaceDpEvent with noise_multiplier 0")]
-        eps = sensitivity / b  # L1 sensitivity
+        eps = sensitivity / z  # L1 sensitivity
         orders = np.asarray(ctx.orders, dtype=float)
         return [
             RdpBound(
@@ -333,57 +385,99 @@ def standard_event_bounds(event: dp_event.DpEvent, ctx: cm.Context, count: int =
                 values=count * np.minimum(eps, orders * eps * eps / 2),
             )
         ]
+    ledger = sampled_gaussian(event)
+    if ledger is not None:
+        return ledger_bounds(ledger[0], {z: count}, ctx)
+    # a Gaussian, or a Poisson-sampled one with q = 1 (every step holds the record)
+    return [
+        GdpBound(
+            name="gaussian",
+            citation=f"Gaussian mechanism, sensitivity {label}{times}",
+            hidden_state=False,
+            mu=sensitivity * math.sqrt(count) / z,
+        )
+    ]
+
+
+def check_standard_event(event: dp_event.DpEvent, ctx: cm.Context) -> None:
+    """Raises as :func:`standard_event_bounds` does for an unsupported event (UnsupportedEvent) or one
+    whose parameters are out of range (ParameterError), computing nothing."""
+    if isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent)):
+        _noise(event)
+    elif isinstance(event, dp_event.PoissonSampledDpEvent):
+        _gaussian_noise(event.event)
+        _rate(event)
+    elif isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
+        _gaussian_noise(event.event)
+        _wor_sizes(event)
+        if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
+            raise UnsupportedEvent(WOR_ADD_REMOVE)
+    else:
+        raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
+
+
+WOR_ADD_REMOVE = (
+    "SampledWithoutReplacementDpEvent is not supported under ADD_OR_REMOVE_ONE (as in dp_accounting): "
+    "an added record changes every inclusion probability and displaces another record of the "
+    "fixed-size sample; use REPLACE_ONE"
+)
+
+
+def sampled_gaussian(event: dp_event.DpEvent) -> Optional[Tuple[Tuple, float]]:
+    """``(law, z)`` for a Poisson-sampled (``0 < q < 1``) or without-replacement sampled Gaussian event
+    that touches a record with noise ``z > 0``: such events of one sampling ``law`` (``("poisson", q)``,
+    ``("wor", n, k)``) compose into one ledger (noise -> steps, :func:`ledger_bounds`). ``None`` for
+    every other event (parameters unchecked: :func:`standard_event_bounds` checks them)."""
+    if not isinstance(event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)):
+        return None
+    inner = event.event
+    z = getattr(inner, "noise_multiplier", None)
+    if not isinstance(inner, dp_event.GaussianDpEvent) or not _positive_real(z):
+        return None
     if isinstance(event, dp_event.PoissonSampledDpEvent):
-        z = _gaussian_noise(event.event)
-        q = _rate(event)
-        if q == 0:
-            return []
-        if z == 0:
-            return [non_private_bound("Poisson-sampled Gaussian with noise_multiplier 0")]
-        if q >= 1:
-            return [gaussian(z)]
-        counts = Counter({z: count})
+        q = event.sampling_probability
+        return (("poisson", float(q)), float(z)) if _positive_real(q) and q < 1 else None
+    n, k = event.source_dataset_size, event.sample_size
+    valid = all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in (n, k)) and 0 < k <= n
+    return (("wor", int(n), int(k)), float(z)) if valid else None
+
+
+def _positive_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 < x < math.inf
+
+
+def ledger_bounds(law: Tuple, counts: Mapping[float, int], ctx: cm.Context) -> List[Bound]:
+    """The bounds of sampled Gaussian steps of one sampling ``law`` (:func:`sampled_gaussian`), ``counts``
+    noise multiplier -> steps, under ``ctx.neighboring_relation``: a PLD composition and an RDP
+    composition, in at most ``lc.NOISE_GROUPS`` (PLD) and :data:`RDP_NOISE_GROUPS` noise values (each
+    group at its smallest, :func:`grouped`), so a ledger of any number of distinct values costs about what
+    a handful of values cost."""
+    counts = Counter(counts)
+    if law[0] == "poisson":
+        q = law[1]
+        add_remove = ctx.neighboring_relation == ADD_OR_REMOVE_ONE
         rdp = _poisson_ar_rdp_bound if add_remove else _poisson_rdp_bound
         return [
             _poisson_pld_bound("poisson_gaussian_pld", q, counts, ctx.discretization, add_remove=add_remove),
             rdp("poisson_gaussian_rdp", q, counts, ctx.orders),
         ]
-    if isinstance(event, dp_event.SampledWithoutReplacementDpEvent):
-        z = _gaussian_noise(event.event)
-        n, k = _wor_sizes(event)
-        if add_remove:
-            raise UnsupportedEvent(
-                "SampledWithoutReplacementDpEvent is not supported under ADD_OR_REMOVE_ONE (as in dp_accounting): "
-                "an added record changes every inclusion probability and displaces another record of the "
-                "fixed-size sample; use REPLACE_ONE"
-            )
-        if k == 0:
-            return []
-        if z == 0:
-            return [non_private_bound("sampled Gaussian with noise_multiplier 0")]
-        q = k / n
-        mu = 2.0 / z
-        rdp = RdpBound(
-            name="wor_gaussian_rdp",
-            citation="Wang, Balle & Kasiviswanathan (2019) Thm 27" + times,
-            hidden_state=False,
-            orders=ctx.orders,
-            values=count * rdp_tools.without_replacement_gaussian_rdp(q, z / 2.0, ctx.orders),
-        )
-        clt_mu = lambda j: float(fdp.subsampled_gaussian_clt_mu(mu, q, j))
-        d_min = lc.grid_for(clt_mu(count), ctx.discretization)
-        if not d_min <= lc.MAX_DISCRETIZATION:
-            return [rdp]
-        single = lambda grid: fdp.pld_from_profile(fdp.subsampled_gaussian_profile(mu, q), grid)
-        pld = PldBound(
-            name="wor_gaussian_pld",
-            citation="Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD" + times,
-            hidden_state=False,
-            discretization=d_min,
-            build=lambda delta, d: (lc.compose_steps(single, count, clt_mu, d, ctx.discretization), ""),
-        )
-        return [pld, rdp]
-    raise UnsupportedEvent(f"unsupported event {type(event).__name__}")
+    if ctx.neighboring_relation == ADD_OR_REMOVE_ONE:
+        raise UnsupportedEvent(WOR_ADD_REMOVE)
+    _, n, k = law
+    q = k / n
+    steps = sum(counts.values())
+    times = f", composed over {steps} steps" if steps > 1 else ""
+    pld = wor_pld_bound(
+        "wor_gaussian_pld",
+        "Dong, Roth & Su (2022) Thm 9: C_p(G(2/z)), composed as a PLD" + times,
+        q,
+        counts,
+        ctx.discretization,
+    )
+    rdp = wor_rdp_bound(
+        "wor_gaussian_rdp", "Wang, Balle & Kasiviswanathan (2019) Thm 27" + times, q, counts, ctx.orders
+    )
+    return [pld, rdp] if pld.applicable else [rdp]
 
 
 def _noise(event) -> float:

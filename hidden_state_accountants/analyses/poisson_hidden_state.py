@@ -102,7 +102,12 @@ def log_cap_failure(others: int, q: float, steps: int, cap: int) -> float:
         return -math.inf
     if cap < 0:
         return 0.0
-    log_sf = float(stats.binom.logsf(cap, others, q))
+    # as floats (numpy has no integers beyond 2**63): the tail grows with ``others`` and falls with ``cap``,
+    # so ``others`` is rounded up and ``cap`` down
+    n_f, k_f = float(others), float(cap)
+    n_f = n_f if n_f >= others else math.nextafter(n_f, math.inf)
+    k_f = k_f if k_f <= cap else math.nextafter(k_f, -math.inf)
+    log_sf = float(stats.binom.logsf(k_f, n_f, q))
     if not math.isfinite(log_sf) or log_sf < -700:
         x = (cap + 1) / others
         if x <= q:
@@ -433,9 +438,16 @@ def compose_pmfs(parts: Sequence[Tuple[pld_pmf.DensePLDPmf, int]], tail: float =
         spec *= sfft.rfft(a, size) ** k
     conv = sfft.irfft(spec, size)
     out = np.maximum(np.roll(conv, -lower)[:out_len], 0.0)
-    log_finite = sum(k * math.log1p(-min(p._infinity_mass, 1.0 - 1e-300)) for p, k in parts)  # noqa: SLF001
+    # P(every part finite) = prod (1 - inf_i)^k; a part whose loss is infinite with probability 1 makes
+    # the composition's infinite with probability 1 (delta = 1 at every finite epsilon: vacuous)
+    log_finite = sum(k * _log1m(p._infinity_mass) for p, k in parts)  # noqa: SLF001
     inf = min(1.0, tail - math.expm1(log_finite))
     return pld_pmf.DensePLDPmf(d, base + lower, out, inf, True)
+
+
+def _log1m(x: float) -> float:
+    """``log(1 - x)`` for a probability ``x`` (``-inf`` at ``x >= 1``)."""
+    return math.log1p(-x) if x < 1.0 else -math.inf
 
 
 def compose_plds(parts: Sequence[Tuple[fdp.PLD, int]]) -> fdp.PLD:
@@ -952,6 +964,8 @@ class PoissonShiftBound(Bound):
         return out
 
     def _best(self, delta: float, d: float):
+        if not delta >= MIN_DELTA:  # the caps' and shifts' tail probabilities would underflow: infinity is valid
+            return None
         key = ("best", float(delta), float(d))
         if key not in self._values:
             terms = self._terms(delta, d)
@@ -959,8 +973,11 @@ class PoissonShiftBound(Bound):
         return self._values[key]
 
     # ------------------------------------------------------------------ Bound API
+    def _grid(self, delta: float) -> float:
+        return self._plan(delta).discretization if delta >= MIN_DELTA else self.discretization
+
     def epsilon(self, delta: float) -> float:
-        best = self._best(delta, self._plan(delta).discretization)
+        best = self._best(delta, self._grid(delta))
         return math.inf if best is None else best[0]
 
     def delta(self, epsilon: float) -> float:
@@ -972,7 +989,9 @@ class PoissonShiftBound(Bound):
         return None if best is None else best[1]
 
     def detail(self, delta: float) -> str:
-        best = self._best(delta, self._plan(delta).discretization)
+        if not delta >= MIN_DELTA:
+            return f"not computed for delta below {MIN_DELTA:g} (infinity is the bound reported)"
+        best = self._best(delta, self._grid(delta))
         if best is None:
             return "no batch-size cap leaves a failure probability below delta"
         return "; ".join((best[2], self.relation.name))
@@ -980,6 +999,7 @@ class PoissonShiftBound(Bound):
 
 # ====================================================================== the analysis
 CAP_LEVELS = (0.5, 0.2, 0.05)  # further caps: the largest with log c_K <= level * log c(0)
+MIN_DELTA = 1e-300  # below it the caps' failure budgets (FREE_CAP delta, 1e-4 delta) underflow
 FREE_CAP = 1e-3  # a cap failing with probability below this fraction of delta at any length is the only one
 CAP_REFUSAL = 1e-3  # refused when even the largest admissible cap fails with a larger probability
 SUGGESTED_FAILURE = 1e-10  # the failure probability of the cap behind a suggested learning rate

@@ -275,7 +275,7 @@ def recursion_log_s(q: float, log_rho: float, unit: np.ndarray, orders: np.ndarr
             out[representable] = recursion_log_s(q, log_rho, unit[representable], orders[representable], steps)
         return out
     rho = math.exp(log_rho)
-    b = math.log1p(-q)
+    b = cm.log_abs_one_minus(q)  # -inf at q = 1: every step holds the record, x_T = T (alpha-1) unit
     fixed = np.array([_fixed_point_or_inf(ai, b, rho) for ai in a_all])
     finite = np.isfinite(fixed)
     slope_at_fixed = np.ones(len(orders))

@@ -283,3 +283,45 @@ def test_epochs_when_nothing_fits_says_what_one_epoch_costs(capsys):
     code, out, _ = cli(capsys, argv("epochs", CYCLIC, "--target-epsilon", "0.001"))
     assert code == 0 and out.startswith("no whole epoch fits in epsilon 0.001") and "one epoch costs 2.7534" in out
     assert math.isfinite(float(out.split("one epoch costs ")[1].split()[0]))
+
+
+# ------------------------------------------------------------------ issue 29 (and 27, 5a): edges answer
+ISSUE29_Q1 = [
+    "epsilon",
+    *(
+        "--dataset-size 1000 --batch-size 1000 --steps 50 --noise-multiplier 2 --clip-norm 1 --learning-rate 0.5"
+    ).split(),
+    *("--sampling poisson --smoothness 1.01 --l2-regularization 0.01 --delta 1e-5 --json").split(),
+]
+
+
+def test_poisson_at_rate_one_answers_as_full_batch_training(capsys):
+    # was: ValueError: math domain error in ye_shokri.recursion_log_s (q = b/n = 1)
+    code, out, err = cli(capsys, ISSUE29_Q1)
+    assert code == 0 and "Traceback" not in err
+    poisson = json.loads(out)
+    code, out, _ = cli(capsys, [x if x != "poisson" else "full" for x in ISSUE29_Q1])
+    full = json.loads(out)
+    assert poisson["epsilon"] == full["epsilon"] and poisson["analysis"] == "bok_thm4.2"
+    assert accountant_module.FULL_BATCH_NOTE in poisson["notes"]
+
+
+@pytest.mark.parametrize("length", [["--epochs", "1"], ["--steps", "3"]])
+def test_a_400_digit_dataset_size_is_refused_by_name(capsys, length):
+    # was: OverflowError inside the refusal message (formatting the size as a float), or in the analyses
+    args = argv("epsilon", {**POISSON, "--dataset-size": "1" + "0" * 400}, *length)
+    _, err = refused(capsys, args, "--dataset-size")
+    assert "about 1e400" in err
+
+
+def test_an_infinite_loss_of_probability_one_is_a_vacuous_candidate_not_a_crash(capsys):
+    # issue 27 (5a), was: ValueError: math domain error in compose_pmfs (1.0 - 1e-300 == 1.0)
+    args = (
+        "epsilon --dataset-size 125 --batch-size 59 --steps 5 --noise-multiplier 0.3594 --clip-norm 1.0 "
+        "--learning-rate 0.0480067 --sampling poisson --strong-convexity 0.0133981 --smoothness 0.674299 "
+        "--l2-regularization 0.0133981 --neighboring-relation replace_one --delta 0.000889 --json"
+    ).split()
+    code, out, err = cli(capsys, args)
+    assert code == 0 and "Traceback" not in err
+    report = json.loads(out)
+    assert math.isfinite(report["epsilon"]) and report["epsilon"] <= report["composition_epsilon"]

@@ -356,3 +356,35 @@ def test_projected_sgd_bound_at_extreme_noise_is_quick_and_valid(z, finite):
         geometry=LossGeometry(smoothness=1.0, diameter=1e9),
     )
     assert math.isfinite(eps) == finite and time.monotonic() - start < 30
+
+
+# ----------------------------------------------------------------- issue 29: the largest datasets
+@pytest.mark.parametrize(
+    "sampling", ["full", "cyclic", "shuffle_partition", "reshuffle", "without_replacement", "poisson", "balls_in_bins"]
+)
+def test_the_largest_dataset_size_answers_on_every_schedule(sampling):
+    # was: a numpy TypeError from 1e20 records (poisson, balls_in_bins with a geometry), an OverflowError
+    # from 1e320 (the others); the size is now capped at 1e100, more records than any dataset holds
+    n = 10**100
+    eps = epsilon(
+        dataset_size=n,
+        batch_size=n if sampling == "full" else n // 3,
+        steps=10,
+        noise_multiplier=2.0,
+        clip_norm=1.0,
+        learning_rate=0.5,
+        sampling=sampling,
+        geometry=LossGeometry(strong_convexity=0.01, smoothness=1.01),
+        l2_regularization=0.01,
+    )
+    assert math.isfinite(eps) and eps > 0
+    with pytest.raises(ParameterError, match="^dataset_size: must be at most 1e\\+100"):
+        TrainingRunDpEvent(
+            dataset_size=n + 1,
+            batch_size=3,
+            steps=1,
+            noise_multiplier=1.0,
+            clip_norm=1.0,
+            learning_rate=0.1,
+            sampling=sampling if sampling != "full" else "cyclic",
+        )

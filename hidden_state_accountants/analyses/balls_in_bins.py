@@ -336,10 +336,14 @@ class ReplaceTriangleBound(Bound):
 
         H_{e^(a+b)}(P || R) <= H_{e^a}(P || Q) + e^a H_{e^b}(Q || R),
 
-    and both legs are the add/remove pair ``add_remove`` (forward, then backward). Evaluated at the
-    exactly traced points of the two profiles; by symmetry the same bound holds for ``H(R||P)``."""
+    and both legs are the add/remove pair ``add_remove`` (forward, then backward), or the profiles
+    ``legs()`` gives: ``(eps_f, H(P||Q) there, eps_r, H(Q||P) there)``, each an upper bound. Evaluated at
+    those points; by symmetry the same bound holds for ``H(R||P)``."""
 
     add_remove: GaussianMixturePairBound = None
+    legs: Optional[Callable[[], Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = field(
+        default=None, repr=False
+    )
     note: str = ""
     kind = "triangle"
     _curve: Optional[tuple] = field(default=None, repr=False)
@@ -348,7 +352,7 @@ class ReplaceTriangleBound(Bound):
         """``(eps, delta)``: at each ``eps = a + b`` over pairs of traced points (any subset is
         valid), the smallest bound among the pairs with ``a + b <= eps``; ``delta`` non-increasing."""
         if self._curve is None:
-            ef, hf, er, hr = self.add_remove.traces()
+            ef, hf, er, hr = self.legs() if self.legs is not None else self.add_remove.traces()
             ef, hf = _thin(ef, hf)
             er, hr = _thin(er, hr)
             with np.errstate(over="ignore"):
@@ -447,7 +451,9 @@ def composition(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``z C / b``: ``G(rho sqrt(E) / z)``, each epoch charged its noisiest step under a noise
     schedule (Bok et al. Thm 4.4's reshuffling argument, evaluated by :func:`.bok.thm_4_4` on the
     reshuffled run with the same ``t``, then scaled by ``rho / 2``). Valid for public batches."""
-    proxy = bok.thm_4_4(run.replace(sampling=RESHUFFLE, secret_batches=True), ctx)
+    # the reshuffled run with the same t steps per epoch (n' = t b records)
+    same_t = dict(dataset_size=run.steps_per_epoch * run.batch_size, epoch_steps=None)
+    proxy = bok.thm_4_4(run.replace(sampling=RESHUFFLE, secret_batches=True, **same_t), ctx)
     rho = sensitivity_factor(ctx.neighboring_relation)
     return GdpBound(mu=proxy.mu * rho / 2.0, monotone_in_steps=True, note="one use per epoch")
 

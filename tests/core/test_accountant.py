@@ -195,6 +195,7 @@ def test_registry_covers_design_table():
         "bok_thm4.3",
         "chourasia_cor1",
         "chourasia_thm2",
+        "composition_allocation_pld",
         "composition_balls_in_bins",
         "composition_poisson_pld",
         "composition_poisson_rdp",

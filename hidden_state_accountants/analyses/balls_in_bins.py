@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from dataclasses import replace as attr_replace
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -184,32 +185,42 @@ def allocation_caps(s: AllocationSetup) -> List[Cap]:
 
 
 # ============================================================== B.3: the visit patterns
-def visit_patterns(steps: int, spe: int, log_c: float) -> List[Tuple[float, float]]:
+def visit_patterns(steps: int, spe: int, log_c: float, extra_use: bool = False) -> List[Tuple[float, float]]:
     """``(probability, energy)`` of the record's visit patterns (one uniform step per epoch, a partial
     last epoch missed with probability ``1 - t'/t``): the last epoch's step averaged exactly
     (grouped beyond :data:`~.shifted_interpolation.MAX_OPTIONS` positions), the epoch before in at
     most :data:`PREVIOUS_EPOCH_GROUPS` groups, each at its most recent member, the earlier epochs at
     their last step (moving a use later never lowers the energy, docs/derivations.md 2.3). The
-    energy of a pattern is that of :func:`~.shifted_interpolation.corner_energy` (section 2.2)."""
+    energy of a pattern is that of :func:`~.shifted_interpolation.corner_energy` (section 2.2).
+
+    ``extra_use``: one more use, uniform over the last ``spe`` steps and independent of the others
+    (grouped like the epoch before), the patterns that dominate every shorter run (B.3a)."""
     model = si.StepModel(steps, spe, log_c)
     epochs = -(-steps // spe)
     here = steps - (epochs - 1) * spe  # steps of the last epoch
     last = [(count / spe, d) for d, count in si._buckets(0, here - 1)]
     if here < spe:
         last.append(((spe - here) / spe, None))
-    if epochs >= 2:
-        groups = max(1, min(PREVIOUS_EPOCH_GROUPS, MAX_PATTERNS // len(last)))
+    budget = MAX_PATTERNS // len(last)
+    groups = max(1, min(PREVIOUS_EPOCH_GROUPS, budget if not extra_use else int(math.sqrt(4 * budget))))
+
+    def grouped(offset: int) -> List[Tuple[float, int]]:
         edges = np.unique(np.round(np.geomspace(1, spe + 1, groups + 1)).astype(np.int64)) - 1
-        previous = [((hi - lo) / spe, here + int(lo)) for lo, hi in zip(edges[:-1], edges[1:])]
+        return [((hi - lo) / spe, offset + int(lo)) for lo, hi in zip(edges[:-1], edges[1:])]
+
+    if epochs >= 2:
+        previous = grouped(here)
         prefix = si.chain(model, here + spe, epochs - 2, spe)  # earlier epochs at their last step
     else:
         previous, prefix = [(1.0, None)], []
+    extra = grouped(0) if extra_use else [(1.0, None)]
     out = []
     for p_prev, d_prev in previous:
-        base = prefix + ([(d_prev, model.log_injection(d_prev))] if d_prev is not None else [])
-        for p_last, d_last in last:
-            corners = base + ([(d_last, model.log_injection(d_last))] if d_last is not None else [])
-            out.append((p_prev * p_last, si.corner_energy(model, corners)))
+        for p_extra, d_extra in extra:
+            base = prefix + [(d, model.log_injection(d)) for d in (d_prev, d_extra) if d is not None]
+            for p_last, d_last in last:
+                corners = base + ([(d_last, model.log_injection(d_last))] if d_last is not None else [])
+                out.append((p_prev * p_extra * p_last, si.corner_energy(model, corners)))
     return out
 
 
@@ -476,23 +487,61 @@ def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ADD_OR_REMOVE_ONE: the run without the record does not depend on ``J``, so the run is dominated
     by ``(sum_J p_J N(mu_J, 1), N(0, 1))`` (B.3). REPLACE_ONE: that pair twice, through the dataset
     without the record (B.4). Public draws: the worst pattern. The cap's failure probability (a
-    union bound per epoch, B.2) is added to delta.
+    union bound per epoch, B.2) is added to delta. Not monotone in the steps (a partial last epoch
+    often misses the record); :func:`si_balls_in_bins_any_length` is.
     """
+    return _si_balls_in_bins(run, ctx, any_length=False)
+
+
+@analysis(
+    "si_balls_in_bins_any_length",
+    SI_CITATION + "; every shorter run dominated by the whole epochs plus one uniform use (B.3a)",
+    (BALLS_IN_BINS,),
+    hidden_state=True,
+    needs="l2_regularization > 0, every capped batch's step c-Lipschitz with c < 1, secret draws",
+    add_or_remove="native",
+)
+def si_balls_in_bins_any_length(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """:func:`si_balls_in_bins` for every run of at most ``T`` steps at once (docs/derivations.md B.3a): with
+    ``E = ceil(T/t)``, the visit patterns of ``E - 1`` whole epochs plus one more use uniform over the last
+    ``t`` steps dominate those of every run of at most ``E`` epochs, and the cap's failure probability is
+    taken over ``E t`` steps. Never decreases with ``T`` (flagged ``monotone_in_steps``), so its value for an
+    unbounded run bounds every length (``hsa epochs``); larger than :func:`si_balls_in_bins` by about one
+    last-epoch use. Secret draws only."""
+    if not run.secret_batches:
+        return NotApplicable(reason=cm.need_secret_batches(run))
+    bound = _si_balls_in_bins(run, ctx, any_length=True)
+    bound.monotone_in_steps = bound.applicable
+    return bound
+
+
+def _si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context, any_length: bool) -> Bound:
     s, reason = allocation_setup(run, ctx)
     if s is None:
         return NotApplicable(reason=reason)
     add_remove = ctx.neighboring_relation == ADD_OR_REMOVE_ONE
+    epochs = -(-s.steps // s.spe)
+    if any_length:  # every run of at most `epochs` epochs: the cap over all their steps
+        s = attr_replace(s, steps=epochs * s.spe)
+
+    def patterns(log_c: float) -> List[Tuple[float, float]]:
+        if not any_length:
+            return visit_patterns(s.steps, s.spe, log_c)
+        if epochs == 1:
+            return visit_patterns(s.spe, s.spe, log_c)
+        return visit_patterns((epochs - 1) * s.spe, s.spe, log_c, extra_use=True)
 
     def build(log_c: float) -> Bound:
         if not run.secret_batches:
             model = si.StepModel(s.steps, s.spe, log_c)
             energy = si.corner_energy(model, si.worst_pattern(run, model))
             return GdpBound(mu=s.rho / s.z * math.sqrt(energy), note="public draws: the worst visit pattern")
-        pairs = visit_patterns(s.steps, s.spe, log_c)
+        pairs = patterns(log_c)
+        note = "the record's step uniform in every epoch; common null"
+        if any_length:
+            note = f"every run of at most {epochs} epochs: {note}; one more uniform use"
         pair = GaussianMixturePairBound(
-            probs=[p for p, _ in pairs],
-            mus=[math.sqrt(e) / s.z for _, e in pairs],
-            note="the record's step uniform in every epoch; common null",
+            probs=[p for p, _ in pairs], mus=[math.sqrt(e) / s.z for _, e in pairs], note=note
         )
         return pair if add_remove else ReplaceTriangleBound(add_remove=pair, note=pair.note)
 
@@ -518,6 +567,7 @@ def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 __all__ = [
     "composition",
     "si_balls_in_bins",
+    "si_balls_in_bins_any_length",
     "GaussianMixturePairBound",
     "ReplaceTriangleBound",
     "visit_patterns",

@@ -64,7 +64,7 @@ BIG = 1e-7
 """``t P(U > a)``: the chance that some term is above the lattice threshold ``a``."""
 TAIL = 1e-18
 """Mass of a lattice sum allowed beyond the lattice (bounded by Chernoff, counted pessimistically)."""
-MAX_POINTS = 1 << 22
+MAX_POINTS = 1 << 20
 CHEAP_POINTS = 1 << 17
 FINE = 0.005
 """Largest lattice; beyond it the step grows (coarser, still an upper bound)."""
@@ -131,19 +131,21 @@ def _log_mgf(p: np.ndarray, h: float, lam: np.ndarray) -> Tuple[np.ndarray, np.n
         return special.logsumexp(a, axis=1), special.logsumexp(a + np.log(np.maximum(x, 1e-300))[None, :], axis=1)
 
 
-def chernoff_tail(p: np.ndarray, h: float, n: int, limit: float) -> Tuple[float, float]:
+def chernoff_tail(p: np.ndarray, h: float, n: int, limit: float, points: int = 141) -> Tuple[float, float]:
     """Upper bounds on ``P(S >= limit)`` and ``E[S; S >= limit]`` for ``S`` the sum of ``n`` independent draws
     of the lattice law ``p`` (sub-probabilities allowed): ``e^{-lam limit} M(lam)^n`` and
-    ``n e^{-lam limit} M(lam)^{n-1} M'(lam)``, the best ``lam`` on a grid."""
-    lam = np.geomspace(1e-3, 1e4, 141) / max(limit, h)
+    ``n e^{-lam limit} M(lam)^{n-1} M'(lam)``, the best ``lam`` on a grid of ``points``."""
+    lam = np.geomspace(1e-3, 1e4, points) / max(limit, h)
     log_m, log_m1 = _log_mgf(p, h, lam)
     log_p = n * log_m - lam * limit
     log_e = math.log(n) + (n - 1) * log_m + log_m1 - lam * limit
     return float(min(1.0, np.exp(np.min(log_p)))), float(np.exp(min(np.min(log_e), 700.0)))
 
 
-TILTS = 8
+TILTS = 6
 """Exponential tilts of the lattice law whose powers are computed (each one accurate in its own region)."""
+ALIAS = 1e-12
+"""The most tilted mass a tilted power may wrap around (relative to the tilted law's total)."""
 ROUNDOFF = 64 * np.finfo(float).eps
 """The least round-off assumed of an FFT power, relative to its largest value."""
 
@@ -157,7 +159,9 @@ def powers(p: np.ndarray, h: float, ns: Tuple[int, ...], size: int) -> Tuple[np.
     powers are computed for the law tilted by ``e^{lam x}`` at several ``lam`` (the tilt commutes with
     convolution: ``(p e^{lam x})^{*n} = p^{*n} e^{lam x}``) and untilted: each bin takes the ``lam`` with the
     smallest round-off there, measured as the largest negative value of that power (negative values are pure
-    round-off) times the untilting factor, and that round-off is added to the bin."""
+    round-off, and at least :data:`ROUNDOFF` of its largest value) times the untilting factor, and that round-off
+    is added to the bin. A tilt is used only where its sum stays on the lattice (its tilted mass beyond, which
+    would wrap around, at most :data:`ALIAS` by Chernoff) and its untilting factor is finite."""
     x = np.arange(p.size) * h
     nonzero = p > 0
     lp = np.where(nonzero, np.log(np.where(nonzero, p, 1.0)), -np.inf)
@@ -168,15 +172,20 @@ def powers(p: np.ndarray, h: float, ns: Tuple[int, ...], size: int) -> Tuple[np.
     value = [np.zeros(size) for _ in ns]
     for lam in lams:
         log_m = float(special.logsumexp(lp + lam * x))
-        f = np.fft.rfft(np.exp(lp + lam * x - log_m), size)
+        tilted = np.exp(lp + lam * x - log_m)
+        if lam > 0 and chernoff_tail(tilted, h, max(ns), size * h, points=41)[0] > ALIAS:
+            continue
+        f = np.fft.rfft(tilted, size)
         for i, n in enumerate(ns):
             out = np.fft.irfft(f**n, size)
             noise = max(float(-out.min()), ROUNDOFF * float(out.max()))
             scale = n * log_m - lam * grid  # log of the untilting factor
-            err = noise * np.exp(np.minimum(scale, 700.0))
+            finite = scale < 700.0
+            factor = np.exp(np.where(finite, scale, 0.0))
+            err = np.where(finite, noise * factor, np.inf)
             better = err < best[i]
             best[i] = np.where(better, err, best[i])
-            value[i] = np.where(better, np.maximum(out, 0.0) * np.exp(np.minimum(scale, 700.0)), value[i])
+            value[i] = np.where(better, np.maximum(out, 0.0) * factor, value[i])
     return tuple(v + e for v, e in zip(value, best))
 
 
@@ -200,13 +209,20 @@ def _gaussian_profile(mu: float) -> EpochProfile:
     return EpochProfile(f, f, 0.0, 0.0, 0.0, 0)
 
 
+ZERO = 1e-18
+"""The chance, at most, that the lattice puts all ``t`` terms at 0: ``W = 0`` is an infinite loss of the add
+direction (it matters for small ``t`` only, where the first cell holds much of a term's mass)."""
+
+
 def _lattice_step(mu: float, t: int, top_value: float) -> float:
     """:data:`SPREAD` of one term's standard deviation, finer (down to :data:`FINE` of its mean, which the add
-    direction's small likelihood ratios need) while the lattice stays within :data:`CHEAP_POINTS`, never finer
+    direction's small likelihood ratios need) while the lattice stays within :data:`CHEAP_POINTS`, and below the
+    ``(ZERO^(1/t))``-quantile of a term (so that all ``t`` land at 0 with probability about ``ZERO``), never finer
     than :data:`MAX_POINTS` allow."""
     sd = math.sqrt(math.expm1(mu * mu)) / t
     h = min(SPREAD * sd, max(FINE / t, top_value / CHEAP_POINTS))
-    return max(h, top_value / MAX_POINTS)
+    zero = math.exp(mu * float(special.ndtri(ZERO ** (1.0 / t))) - mu * mu / 2.0) / t
+    return max(min(h, zero), top_value / MAX_POINTS)
 
 
 def epoch_profile(mu: float, t: int) -> EpochProfile:

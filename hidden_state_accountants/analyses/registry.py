@@ -68,6 +68,7 @@ TRAINING_RUN_ANALYSES: Tuple[AnalysisInfo, ...] = _infos(
     si.affine_exact_average,
     ph.si_poisson,
     bib.si_balls_in_bins,
+    bib.si_balls_in_bins_any_length,
     chourasia.thm_2,
     chourasia.cor_1,
     sa.reshuffle_amplified,

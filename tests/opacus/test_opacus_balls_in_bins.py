@@ -92,3 +92,80 @@ def test_opacus_own_divisor_is_refused_when_it_is_not_b():
     not even composition holds for the accounted run, so the step is refused with the fix."""
     with pytest.raises(ParameterError, match="divides the clipped sum by 29"):
         train(59, 20, epochs=1, divisor_fixed=False)
+
+
+# ------------------------------------------------------------------ empty steps (issue 29)
+def test_an_empty_step_is_refused_clearly_by_default():
+    """A step no record drew used to reach torch's default_collate (IndexError); now the sampler refuses it
+    before the DataLoader sees it, naming the fix."""
+    with pytest.warns(UserWarning, match="empty step"):
+        sampler = hso.BallsInBinsBatchSampler(6, 1, seed=0)
+    assert any(not sampler.global_batch(t) for t in range(6))  # this seed has an empty step in epoch 0
+    loader = DataLoader(random_classification(6), batch_sampler=sampler)
+    with pytest.raises(ParameterError, match="balls_in_bins_loader") as err:
+        list(loader)
+    assert err.value.parameter == "empty_batches"
+
+
+def test_empty_steps_train_with_noise_only_and_are_accounted():
+    """With balls_in_bins_loader an empty step reaches the model as tensors with no rows; Opacus' DPOptimizer
+    takes a noise-only step, and the accountant counts every step of the schedule."""
+    n, b = 6, 1
+    sampler = hso.BallsInBinsBatchSampler(n, b, seed=0, empty_batches="yield")
+    data = random_classification(n)
+    loader = hso.balls_in_bins_loader(data, sampler)
+    batches = list(loader)
+    assert len(batches) == 6 and any(len(xb) == 0 for xb, _ in batches)
+    assert all(xb.shape[1:] == (D,) and yb.dtype == torch.long for xb, yb in batches)
+    sampler.set_position(0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, K))  # no geometry: composition
+    engine = PrivacyEngine(accountant="hidden_state")
+    model, opt, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        poisson_sampling=False,
+    )
+    engine.accountant.configure(model=model, sampler=sampler, optimizer=opt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sizes = train_epochs(model, opt, loader, 2)
+    assert len(sizes) == 12 and 0 in sizes and len(engine.accountant) == 12
+    report = engine.accountant.explain(DELTA)
+    assert report.analysis == "composition_allocation_pld"
+
+
+def test_make_private_with_epsilon_calibrates_with_the_amplified_composition():
+    """Issue 28: a network (no geometry) on BallsInBinsBatchSampler is calibrated with the random-allocation
+    composition, far less noise than one unamplified Gaussian per epoch, and meets its target."""
+    n, b, epochs, target = 600, 30, 2, 2.0
+    sampler = hso.BallsInBinsBatchSampler(n, b)
+    loader = DataLoader(random_classification(n), batch_sampler=sampler)
+    model = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, K))
+    engine = PrivacyEngine(accountant="hidden_state")
+    engine.accountant.configure(sampler=sampler, model=model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, opt, loader = engine.make_private_with_epsilon(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=loader,
+            target_epsilon=target,
+            target_delta=DELTA,
+            epochs=epochs,
+            max_grad_norm=1.0,
+            poisson_sampling=False,
+        )
+        engine.accountant.configure(sampler=sampler, model=model, optimizer=opt)
+        train_epochs(model, opt, loader, epochs)
+    report = engine.accountant.explain(DELTA)
+    assert report.analysis == "composition_allocation_pld" and report.epsilon <= target
+    event = TrainingRunDpEvent(
+        dataset_size=n, batch_size=b, steps=epochs * (n // b), noise_multiplier=opt.noise_multiplier,
+        clip_norm=1.0, learning_rate=0.1, sampling=BALLS_IN_BINS,
+    )  # fmt: skip
+    unamplified = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(event).explain(DELTA)
+    assert unamplified.analyses[0].name == "composition_balls_in_bins" and unamplified.analyses[0].epsilon > 3 * target

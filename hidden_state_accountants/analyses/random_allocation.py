@@ -284,7 +284,14 @@ def epoch_profile(mu: float, t: int) -> EpochProfile:
     tail_mass = np.concatenate([np.cumsum(law_t[::-1])[::-1][1:], [0.0]])  # P(S > x_i), summed from the top
     above = h * np.cumsum(tail_mass[::-1])[::-1]  # E(S - x_i)_+ = h sum_{j >= i} P(S > x_j)
     below = np.concatenate([[0.0], h * np.cumsum(cdf[:-1])])  # E(x_i - S)_+
-    mass_t1 = float(law_t1.sum())
+    cdf1 = np.cumsum(law_t1)
+    mass_t1, mean_t1 = float(cdf1[-1]), float(np.dot(law_t1, x))
+    below1 = np.concatenate([[0.0], h * np.cumsum(cdf1[:-1])])  # E(x_i - S_{t-1})_+
+
+    def lower_stop_loss(c, lower, mass, mean):
+        """``E (c - S)_+`` of a lattice law from its values at the lattice points (0 below 0)."""
+        c = np.maximum(c, 0.0)
+        return np.where(c <= x[-1], np.interp(c, x, lower), c * mass - mean)
 
     def remove(eps):
         g = np.exp(np.asarray(eps, dtype=float))
@@ -296,8 +303,9 @@ def epoch_profile(mu: float, t: int) -> EpochProfile:
     def add(eps):
         g = np.exp(np.asarray(eps, dtype=float))
         c = 1.0 / g
-        lat = g * np.where(c <= x[-1], np.interp(c, x, below), c * mass_t - mean_t)
-        big = t * pi * mass_t1 * np.clip(1.0 - g * a_value, 0.0, 1.0)
+        lat = g * lower_stop_loss(c, below, mass_t, mean_t)
+        # K = 1: W = B + S_{t-1} > a + S_{t-1}, and (1 - g w)_+ decreases in w
+        big = t * pi * g * lower_stop_loss(c - a_value, below1, mass_t1, mean_t1)
         return np.clip(lat + big + inf_add, 0.0, 1.0)
 
     return EpochProfile(remove, add, inf_remove, inf_add, h, size)

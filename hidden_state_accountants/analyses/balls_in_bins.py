@@ -28,10 +28,11 @@ depend on ``J`` at all. Hence:
   triangle inequality ``H_{e^(a+b)}(P||R) <= H_{e^a}(P||Q) + e^a H_{e^b}(Q||R)`` with both legs the
   add/remove pair (:class:`ReplaceTriangleBound`).
 
-The composition baseline (every iterate released) is one Gaussian per epoch (the record is used
-once per epoch): ``G(rho sqrt(E) / z)``, Bok et al. Thm 4.4's argument for reshuffling, ``rho = 2``
-(REPLACE_ONE) or 1 (ADD_OR_REMOVE_ONE). Amplified composition bounds for random allocation are
-not implemented (B.7 says why).
+The unamplified composition baseline (every iterate released, the positions public) is one Gaussian
+per epoch (the record is used once per epoch): ``G(rho sqrt(E) / z)``, Bok et al. Thm 4.4's argument for
+reshuffling, ``rho = 2`` (REPLACE_ONE) or 1 (ADD_OR_REMOVE_ONE). With secret draws the composition is
+amplified by the random allocation: :mod:`.random_allocation` (B.7). ``si_balls_in_bins_any_length``
+bounds every shorter run at once (B.3a), for budgets over the number of epochs.
 """
 
 from __future__ import annotations

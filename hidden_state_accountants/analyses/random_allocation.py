@@ -361,6 +361,35 @@ def allocation_pld(counts: Dict[float, int], spe: int, discretization: float) ->
     return total, d
 
 
+# =========================================================================== the authors' package
+def reference_epsilon_range(
+    noise_multiplier: float, steps_per_epoch: int, epochs: int, delta: float, epsilon_accuracy: float = -1.0
+) -> Tuple[float, float]:
+    """``(upper, lower)`` epsilon of ``epochs`` epochs of random 1-out-of-``steps_per_epoch`` allocation of
+    Gaussian steps under ADD_OR_REMOVE_ONE by ``PLD_accounting.gaussian_allocation_epsilon_range`` (Feldman &
+    Shenfeld's package, arXiv:2602.17284: its dominating and dominated PLDs, refined until they are close): the
+    reference this module is checked against (tests, ``benchmarks/bench_balls_in_bins.py``). Seconds with
+    ``numba`` (``pip install "hidden-state-accountants[fast]"``), minutes without for a few hundred steps per
+    epoch.
+
+    >>> upper, lower = reference_epsilon_range(1.0, 10, 1, 1e-5)  # doctest: +SKIP
+    """
+    import warnings
+
+    with warnings.catch_warnings():  # its ImportWarning when numba is absent
+        warnings.simplefilter("ignore", ImportWarning)
+        from PLD_accounting import gaussian_allocation_epsilon_range
+
+    upper, lower = gaussian_allocation_epsilon_range(
+        delta=float(delta),
+        sigma=float(noise_multiplier),
+        num_steps=int(steps_per_epoch),
+        num_epochs=int(epochs),
+        epsilon_accuracy=float(epsilon_accuracy),
+    )
+    return float(upper), float(lower)
+
+
 # =========================================================================== lower bound
 LOWER_POINTS = 1 << 20
 """Lattice points of the lower bound's law (its rounding down costs at most ``t h`` per epoch)."""
@@ -462,6 +491,7 @@ def allocation_composition(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 
 __all__ = [
     "allocation_composition",
+    "reference_epsilon_range",
     "lower_epsilon",
     "lower_epoch_pmf",
     "EpochProfile",

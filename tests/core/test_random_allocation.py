@@ -3,6 +3,7 @@
 authors' package) and against Poisson's numbers; its lower bound; the steps per epoch as a public constant
 (issue 27, 5c); ``si_balls_in_bins_any_length`` and ``hsa epochs`` (issue 29)."""
 
+import json
 import math
 import time
 
@@ -223,3 +224,16 @@ def test_hsa_epochs_answers_balls_in_bins_exactly(capsys):
     budget = max_epochs_within_budget(event, 3.0, DELTA)
     assert budget.unlimited and budget.limit_analysis == "si_balls_in_bins_any_length"
     assert budget.limit_epsilon <= 3.0 and budget.evaluations == 1
+
+
+def test_cli_takes_the_steps_per_epoch_and_refuses_it_elsewhere(capsys):
+    from hidden_state_accountants.cli import main
+
+    base = ["epsilon", "--dataset-size", "59", "--batch-size", "4", "--epochs", "2", "--noise-multiplier", "1"]
+    base += ["--clip-norm", "1", "--learning-rate", "0.5", "--delta", "1e-5", "--json"]
+    assert main([*base, "--sampling", "balls_in_bins", "--steps-per-epoch", "15"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["analysis"] == "composition_allocation_pld"
+    assert any("t = 15 steps per epoch" in n for n in out["notes"])
+    assert main([*base, "--sampling", "cyclic", "--steps-per-epoch", "15"]) == 2
+    assert "--steps-per-epoch" in capsys.readouterr().err

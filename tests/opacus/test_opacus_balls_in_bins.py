@@ -169,3 +169,13 @@ def test_make_private_with_epsilon_calibrates_with_the_amplified_composition():
     )  # fmt: skip
     unamplified = HiddenStateAccountant(neighboring_relation="ADD_OR_REMOVE_ONE").compose(event).explain(DELTA)
     assert unamplified.analyses[0].name == "composition_balls_in_bins" and unamplified.analyses[0].epsilon > 3 * target
+
+
+def test_the_steps_per_epoch_are_a_public_constant_of_the_sampler():
+    """Issue 27: with b dividing n + 1 the neighbour's sampler ran n // b + 1 steps; given, both run t."""
+    small = hso.BallsInBinsBatchSampler(59, 4, seed=2, steps_per_epoch=14)
+    large = hso.BallsInBinsBatchSampler(60, 4, seed=2, steps_per_epoch=14)
+    assert len(small) == len(large) == 14 and hso.BallsInBinsBatchSampler(60, 4, seed=2).steps_per_epoch == 15
+    assert [[i for i in b if i < 59] for b in large] == list(small)  # the common records' steps are the same
+    again = hso.sampler_from_state_dict(large.state_dict())
+    assert again.steps_per_epoch == 14 and again.schedule.same_law(large.schedule)

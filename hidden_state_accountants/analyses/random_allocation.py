@@ -319,7 +319,7 @@ def _pmf(profile: Callable[[np.ndarray], np.ndarray], infinite: float, discretiz
     return fdp.pmf_from_profile(profile, discretization, floor=infinite + FLOOR)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)
 def epoch_pld(noise_multiplier: float, steps_per_epoch: int, discretization: float) -> fdp.PLD:
     """The pessimistic add/remove PLD of one allocated epoch (both directions), cached per
     ``(noise, steps per epoch, discretisation)``."""

@@ -48,6 +48,7 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from hidden_state_accountants import exact
+from hidden_state_accountants.analyses import random_allocation as ra
 from hidden_state_accountants.analyses._common import hidden_state_preconditions
 from hidden_state_accountants.analyses.chourasia import required_initial_std
 from hidden_state_accountants.errors import ParameterError
@@ -334,8 +335,6 @@ def _allocation(run: TrainingRunDpEvent, delta: float, reason: str) -> Union[_Co
     (Chua et al., AISTATS 2025, sec. 3): the exact allocation pair composed, computed from below
     (:func:`.random_allocation.lower_epsilon`; under REPLACE_ONE its remove direction, which a record with a
     zero clipped gradient reaches)."""
-    from hidden_state_accountants.analyses import random_allocation as ra
-
     if not run.secret_batches:
         return LowerBound(None, f"no hidden-state claim ({reason}) and public draws: the composition is not amplified")
     if not run.is_constant:

@@ -22,7 +22,9 @@ the cell's mean kept), which makes the lattice law larger in the convex order, a
 independent terms too (Shaked & Shanthikumar, *Stochastic Orders*, 2007, Thm 3.A.12): every hockey-stick
 value computed is an upper bound. The rare terms above ``a`` are kept exact (one of them: a closed form;
 two or more: probability below ``1e-14``, counted as infinite loss). ``PLD_accounting`` is the reference
-the tests and benchmarks check against (:func:`reference_epsilon_range`).
+the tests and benchmarks check against (:func:`reference_epsilon_range`): at the MNIST scale (``t = 234``,
+``z = 1``, 20 epochs) it brackets the value in [1.4840, 1.5475] in 23 s with numba; this gives 1.5145 in 1 s
+(its own pessimistic PLD at the step it takes 10 s for gives 1.583, above Poisson's 1.571).
 
 REPLACE_ONE goes through the dataset without the record (docs/derivations.md B.4, B.7): the remove and the
 add direction of the composed add/remove pair, joined by the hockey-stick triangle inequality.
@@ -65,9 +67,11 @@ BIG = 1e-7
 TAIL = 1e-18
 """Mass of a lattice sum allowed beyond the lattice (bounded by Chernoff, counted pessimistically)."""
 MAX_POINTS = 1 << 20
-CHEAP_POINTS = 1 << 17
-FINE = 0.005
 """Largest lattice; beyond it the step grows (coarser, still an upper bound)."""
+CHEAP_POINTS = 1 << 17
+"""A lattice this size is cheap: the step may go down to :data:`FINE` within it."""
+FINE = 0.005
+"""The finest step sought, in units of one term's mean ``1/t`` (the add direction's small ratios)."""
 FLOOR = 1e-20
 """Profile values this far above the infinite-loss mass end the PLD's grid."""
 

@@ -47,7 +47,7 @@ from hidden_state_accountants.recording import (
     check_batch_source,
     check_position,
 )
-from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule
+from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, RESHUFFLE, check_last_batch, check_schedule
 from hidden_state_accountants.statement import render_statement
 
 from .calibration import FLOAT32_MARGIN, compute_hidden_state_noise, planned_run
@@ -649,7 +649,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             data_schedule is not None
             and (data_schedule.dataset_size, data_schedule.batch_size, data_schedule.sampling) == declared
             and self.last_batch in (None, data_schedule.last_batch)
-            and self.steps_per_epoch == data_schedule.steps_per_epoch
+            and (self.sampling != BALLS_IN_BINS or self.steps_per_epoch == data_schedule.steps_per_epoch)
         ):
             return data_schedule
         return keras_schedule(*declared, last_batch=self.last_batch or DROPPED, steps_per_epoch=self.epoch_steps)

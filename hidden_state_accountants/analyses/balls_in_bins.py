@@ -359,6 +359,7 @@ class ReplaceTriangleBound(Bound):
     note: str = ""
     kind = "triangle"
     _curve: Optional[tuple] = field(default=None, repr=False)
+    _grid: Optional[tuple] = field(default=None, repr=False)
 
     def curve(self) -> Tuple[np.ndarray, np.ndarray]:
         """``(eps, delta)``: at each ``eps = a + b`` over pairs of traced points (any subset is
@@ -377,9 +378,27 @@ class ReplaceTriangleBound(Bound):
     def epsilon(self, delta: float) -> float:
         if delta >= 1:
             return 0.0
+        if self.legs is not None:
+            return self._legs_epsilon(delta)
         sums, best = self.curve()
         i = int(np.searchsorted(-best, -delta, side="left"))  # first point with best <= delta
         return max(0.0, float(sums[i])) if i < sums.size else math.inf
+
+    def _legs_epsilon(self, delta: float) -> float:
+        """With ``legs`` on a fixed grid: for every grid point ``a`` of the first leg, the smallest grid point ``b``
+        of the second with ``H(P||Q)(a) + e^a H(Q||R)(b) <= delta``; the smallest ``a + b`` (each pair a valid
+        bound; the grid does not move with the run, so neither does the rounding)."""
+        if self._grid is None:
+            ef, hf, er, hr = self.legs()
+            self._grid = (ef, hf, er, np.minimum.accumulate(hr))
+        ef, hf, er, hr = self._grid
+        with np.errstate(over="ignore"):
+            room = (delta - hf) * np.exp(-ef)
+        ok = room > 0
+        j = np.searchsorted(-hr, -room[ok], side="left")  # the first b with H(Q||R)(b) <= room
+        found = j < er.size
+        sums = ef[ok][found] + er[j[found]]
+        return max(0.0, float(sums.min())) if sums.size else math.inf
 
     def delta(self, epsilon: float) -> float:
         return float(self.profile(np.array([epsilon]))[0])

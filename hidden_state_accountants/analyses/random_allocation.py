@@ -448,13 +448,19 @@ def _grid(counts: Dict[float, int], spe: int, base: float) -> float:
     return lc.grid_for(mu, base)
 
 
+TRIANGLE_STEP = 1e-3
+"""The fixed grid of ``eps`` on which the triangle's two legs are evaluated (its rounding: at most one step)."""
+
+
 def triangle_legs(pld: fdp.PLD) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two directions' profiles of an add/remove PLD on a common grid of ``eps`` (each an upper bound at
-    its points): the legs of :class:`~.balls_in_bins.ReplaceTriangleBound`."""
+    its points): the legs of :class:`~.balls_in_bins.ReplaceTriangleBound`. The grid is the multiples of
+    :data:`TRIANGLE_STEP` from -1 to where both directions are down to their infinite-loss mass, so that the
+    bound does not jitter with the noise."""
     remove, add = pld._pmf_remove, pld._pmf_add  # noqa: SLF001
     ends = [float(p.get_epsilon_for_delta(max(1e-15, 2.0 * p._infinity_mass))) for p in (remove, add)]  # noqa: SLF001
     top = min(max(ends + [1e-3]), fdp.MAX_LOSS)
-    eps = np.linspace(-1.0, top, 6000)
+    eps = np.arange(-round(1.0 / TRIANGLE_STEP), math.ceil(top / TRIANGLE_STEP) + 1) * TRIANGLE_STEP
     dr = np.clip(np.asarray(remove.get_delta_for_epsilon(eps), dtype=float), 0.0, 1.0)
     da = np.clip(np.asarray(add.get_delta_for_epsilon(eps), dtype=float), 0.0, 1.0)
     return eps, dr, eps, da

@@ -81,7 +81,7 @@ def balls_in_bins_steps(dataset_size: int, batch_size: int) -> int:
     A function of ``n`` and ``b`` only, so it is public when they are (pass ``steps_per_epoch`` to fix it).
 
     >>> balls_in_bins_steps(60000, 256)
-    484
+    401
     """
     n, b = check_schedule(dataset_size, batch_size, BALLS_IN_BINS)
     lo = max(1, n // b)

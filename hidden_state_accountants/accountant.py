@@ -35,7 +35,7 @@ from hidden_state_accountants.errors import NO_GEOMETRY, CompositionFallbackWarn
 from hidden_state_accountants.events import LossGeometry, TrainingRunDpEvent
 from hidden_state_accountants.lower_bounds import LowerBound
 from hidden_state_accountants.relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, NeighborRel, parse_relation
-from hidden_state_accountants.schedules import FULL, POISSON, SAMPLINGS
+from hidden_state_accountants.schedules import BALLS_IN_BINS, FULL, POISSON, SAMPLINGS, balls_in_bins_note
 from hidden_state_accountants.selection import RDP_POINTWISE_MIN, RDP_POINTWISE_MIN_CITATION, bound_epsilon, select_best
 
 
@@ -472,6 +472,10 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
                 note = geometry_note(c.event.geometry)
             if note not in report.notes:
                 report.notes.append(note)
+            if c.event.sampling == BALLS_IN_BINS:
+                note = balls_in_bins_note(c.event.steps_per_epoch, c.event.epoch_steps is not None)
+                if note not in report.notes:
+                    report.notes.append(note)
         return report
 
     def _lower_bound_source(self, single: Optional[_Component], delta: float) -> Union[LowerBound, _LowerBoundQuery]:

@@ -71,6 +71,7 @@ from hidden_state_accountants.schedules import (
     MAX_STEPS,
     POISSON,
     SAMPLINGS,
+    check_epoch_steps,
     check_schedule,
     steps_per_epoch,
 )
@@ -105,6 +106,7 @@ FLAG_FOR_PARAMETER = {
     "seed": "--seed",
     "last_batch": "--last-batch",
     "secret_batches": "--public-batches",
+    "steps_per_epoch": "--steps-per-epoch",
 }
 
 # The embedded default: MNIST-scale L2-regularised logistic regression, the setting of
@@ -193,6 +195,13 @@ def _add_run_flags(p: argparse.ArgumentParser, *, noise: bool = True, length: bo
         "--public-batches",
         action="store_true",
         help="the batches' randomness is known to the adversary (e.g. a published seed)",
+    )
+    p.add_argument(
+        "--steps-per-epoch",
+        type=integer,
+        metavar="T",
+        help="balls_in_bins: the steps each epoch spreads the records over, a public constant given to the "
+        "sampler (default N // B, the dataset size then treated as public)",
     )
     p.add_argument(
         "--strong-convexity",
@@ -332,7 +341,9 @@ def _notes(args) -> List[str]:
 def _steps_per_epoch(args) -> int:
     """Steps per epoch, after the schedule's own checks (a zero batch size is refused first)."""
     n, b = check_schedule(args.dataset_size, args.batch_size, args.sampling)
-    return steps_per_epoch(n, b, args.sampling, args.last_batch)
+    return check_epoch_steps(args.steps_per_epoch, args.sampling) or steps_per_epoch(
+        n, b, args.sampling, args.last_batch
+    )
 
 
 def _checked_length(args, epochs: float, flag_parameter: str) -> int:
@@ -368,6 +379,7 @@ def _run(args, *, noise: Optional[float] = None, steps: Optional[int] = None) ->
         last_batch=args.last_batch,
         secret_batches=not args.public_batches,
         l2_regularization=args.l2_regularization,
+        epoch_steps=args.steps_per_epoch,
     )
     if steps is not None:
         return TrainingRunDpEvent(steps=steps, **common)

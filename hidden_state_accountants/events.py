@@ -30,6 +30,7 @@ from hidden_state_accountants.schedules import (
     MAX_STEPS,
     POISSON,
     WITHOUT_REPLACEMENT,
+    check_epoch_steps,
     check_last_batch,
     check_schedule,
     steps_per_epoch,
@@ -329,6 +330,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         geometry already includes it; the Poisson hidden-state analyses need it separately, because
         under Poisson sampling the batch size is random and an empty batch contracts only through
         ``m_reg`` (docs/derivations.md section 6).
+      epoch_steps: for ``balls_in_bins``, the steps ``t`` each epoch spreads the records over when the
+        sampler was given it (a public constant); ``None`` means ``n // b`` of the dataset size, which is
+        then treated as public (docs/derivations.md B.1).
 
     Hidden-state theorems assume a constant step size and noise; with a per-step
     schedule that is not constant only the composition baselines apply.
@@ -348,9 +352,11 @@ class TrainingRunDpEvent(dp_event.DpEvent):
     last_batch: str = attr.ib(default=DROPPED)
     secret_batches: bool = attr.ib(default=True)
     l2_regularization: Optional[float] = attr.ib(default=None)
+    epoch_steps: Optional[int] = attr.ib(default=None)
 
     def __attrs_post_init__(self):
         n, b = check_schedule(self.dataset_size, self.batch_size, self.sampling)
+        object.__setattr__(self, "epoch_steps", check_epoch_steps(self.epoch_steps, self.sampling))
         object.__setattr__(self, "last_batch", check_last_batch(self.last_batch, self.sampling, n, b))
         if not isinstance(self.secret_batches, bool):
             raise v.ParameterError("secret_batches", f"must be True or False, got {self.secret_batches!r}")
@@ -412,7 +418,9 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         n = v.positive_int("dataset_size", dataset_size)
         b = v.positive_int("batch_size", batch_size)
         e = v.positive_float("epochs", epochs)
-        spe = steps_per_epoch(n, b, kwargs.get("sampling", CYCLIC), kwargs.get("last_batch", DROPPED))
+        spe = kwargs.get("epoch_steps") or steps_per_epoch(
+            n, b, kwargs.get("sampling", CYCLIC), kwargs.get("last_batch", DROPPED)
+        )
         steps = e * spe
         if not float(steps).is_integer():
             raise v.ParameterError("epochs", f"{e:g} epochs of {spe} steps is not a whole number of steps")
@@ -448,6 +456,8 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
     @property
     def steps_per_epoch(self) -> int:
+        if self.epoch_steps is not None:
+            return self.epoch_steps
         return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch)
 
     @property

@@ -361,17 +361,17 @@ def _lower_convex_envelope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 PRUNING_ROUNDS = 64  # vectorised rounds of :func:`_lower_convex_envelope` before the exact loop finishes
 
 
-def _upper_loss(profile: Callable[[np.ndarray], np.ndarray]) -> float:
-    """Smallest grid end ``eps`` with ``delta(eps) <= TAIL_MASS``, capped at ``MAX_LOSS``."""
+def _upper_loss(profile: Callable[[np.ndarray], np.ndarray], floor: float = TAIL_MASS) -> float:
+    """Smallest grid end ``eps`` with ``delta(eps) <= floor``, capped at ``MAX_LOSS``."""
     f = lambda e: float(profile(np.array([e]))[0])
-    if f(MAX_LOSS) > TAIL_MASS:
+    if f(MAX_LOSS) > floor:
         return MAX_LOSS
     lo, hi = 0.0, 1e-3
-    while f(hi) > TAIL_MASS:
+    while f(hi) > floor:
         lo, hi = hi, min(2 * hi, MAX_LOSS)
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if f(mid) > TAIL_MASS:
+        if f(mid) > floor:
             lo = mid
         else:
             hi = mid
@@ -388,7 +388,16 @@ def pld_from_profile(profile: Callable[[np.ndarray], np.ndarray], discretization
     are replaced by their lower convex envelope in ``e^eps``, which still dominates the
     true (convex) profile and keeps every Connect-the-Dots mass non-negative.
     """
-    upper = _upper_loss(profile)
+    return PLD(pmf_from_profile(profile, discretization))
+
+
+def pmf_from_profile(
+    profile: Callable[[np.ndarray], np.ndarray], discretization: float, floor: float = TAIL_MASS
+) -> pld_pmf.PLDPmf:
+    """The pessimistic Connect-the-Dots PMF of one direction (:func:`pld_from_profile`); ``profile`` gives
+    ``H_{e^eps}`` of that direction for every real ``eps``. The grid ends where the profile is at most
+    ``floor`` (a profile with mass at infinite loss never gets below that mass)."""
+    upper = _upper_loss(profile, max(floor, TAIL_MASS))
     if float(profile(np.array([MAX_LOSS]))[0]) >= 0.5:
         raise VacuousBound("delta(MAX_LOSS) >= 1/2")
     k = max(1, int(math.ceil(upper / discretization)))
@@ -399,8 +408,7 @@ def pld_from_profile(profile: Callable[[np.ndarray], np.ndarray], discretization
     x = np.concatenate([[0.0], np.exp(eps)])
     y = np.concatenate([[1.0], deltas])
     deltas = np.clip(_lower_convex_envelope(x, y)[1:], 0.0, 1.0)
-    pmf = pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, int(grid[0]), int(grid[-1]), deltas)
-    return PLD(pmf)
+    return pld_pmf.create_pmf_pessimistic_connect_dots_fixed_gap(discretization, int(grid[0]), int(grid[-1]), deltas)
 
 
 # Compositions whose CLT estimate exceeds this GDP parameter (epsilon in the tens of

@@ -49,6 +49,7 @@ import numpy as np
 
 from hidden_state_accountants import exact
 from hidden_state_accountants import validation as v
+from hidden_state_accountants.analyses import random_allocation as ra
 from hidden_state_accountants.analyses._common import hidden_state_preconditions
 from hidden_state_accountants.analyses.chourasia import required_initial_std
 from hidden_state_accountants.errors import ParameterError
@@ -144,6 +145,8 @@ def plan_lower_bound(
     if not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
         return LowerBound(None, f"delta must lie strictly between 0 and 1 for a lower bound, got {delta!r}")
     reason = hidden_state_preconditions(run)
+    if reason is not None and run.sampling == BALLS_IN_BINS:
+        return _allocation(run, delta, reason)
     if reason is not None:
         return LowerBound(None, f"no hidden-state claim to compare with ({reason})")
     reason = schedule_reason(rel, run.sampling)
@@ -321,6 +324,36 @@ def _grid_for(maxima: np.ndarray, spread: float, values: int) -> Union[int, Lowe
             f"at most {GRID_WORK:.2g})"
         )
     return _too_large(why)
+
+
+ALLOCATION_EPOCHS = 2000
+"""The most epochs whose allocation lower bound is composed (about half a second per thousand)."""
+
+
+def _allocation(run: TrainingRunDpEvent, delta: float, reason: str) -> Union[_Computation, LowerBound]:
+    """``balls_in_bins`` with no hidden-state claim (``reason``): the reported bound is the composition (every
+    iterate released), and its construction is the dominating pair itself, which linear queries attain
+    (Chua et al., AISTATS 2025, sec. 3): the exact allocation pair composed, computed from below
+    (:func:`.random_allocation.lower_epsilon`; under REPLACE_ONE its remove direction, which a record with a
+    zero clipped gradient reaches)."""
+    if not run.secret_batches:
+        return LowerBound(None, f"no hidden-state claim ({reason}) and public draws: the composition is not amplified")
+    if not run.is_constant:
+        return LowerBound(None, f"no hidden-state claim ({reason}); the allocation construction needs a constant noise")
+    spe = run.steps_per_epoch
+    epochs = -(-run.steps // spe)
+    if epochs > ALLOCATION_EPOCHS:
+        return _too_large(f"{epochs} epochs (at most {ALLOCATION_EPOCHS})")
+    if run.steps % spe:
+        epochs -= 1  # a partial last epoch is left out (only more private)
+        if not epochs:
+            return LowerBound(None, "a single partial epoch: the construction is shown for whole epochs")
+    z = float(run.noise_multiplier)
+    return _Computation(
+        lambda: ra.lower_epsilon(z, spe, epochs, delta),
+        f"no hidden-state claim ({reason}): the exact random-allocation pair of {epochs} whole epochs, linear "
+        "queries with every iterate released (what the composition bound covers), computed from below",
+    )
 
 
 def _too_large(what: str) -> LowerBound:

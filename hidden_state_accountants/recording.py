@@ -1391,6 +1391,8 @@ class RunRecorder:
         extra = {}
         if s.sampling == POISSON and s.sampling_probability != s.batch_size / s.dataset_size:
             extra["sampling_probability"] = s.sampling_probability
+        if s.epoch_steps is not None:
+            extra["epoch_steps"] = s.epoch_steps
         return TrainingRunDpEvent(
             dataset_size=s.dataset_size,
             batch_size=s.batch_size,

@@ -26,6 +26,10 @@ footnote 3). ``reshuffle`` may instead keep that short batch (``last_batch``, se
 record exactly once per epoch; where a record goes does not depend on the other records, so
 adding or removing one changes nothing else (the property its ADD_OR_REMOVE_ONE analyses rest
 on, docs/derivations.md, "Balls-in-bins sampling"), and its batch sizes vary around ``n / (n // b)``.
+Its number of steps per epoch ``t`` must be a public constant, the same for neighbouring datasets:
+give it (``steps_per_epoch``), or it is ``n // b`` of the dataset size given, which is then treated
+as public (under ADD_OR_REMOVE_ONE a neighbour with ``n + 1`` records would otherwise run
+``(n + 1) // b`` steps when ``b`` divides ``n + 1``).
 
 **Secret seeds.** A random schedule is only as private as its randomness is secret: the
 analyses of ``shuffle_partition``, ``reshuffle`` and ``balls_in_bins`` that average over the
@@ -155,6 +159,27 @@ def check_schedule(dataset_size: Any, batch_size: Any, sampling: Any) -> Tuple[i
     return n, b
 
 
+def check_epoch_steps(epoch_steps: Any, sampling: str) -> Optional[int]:
+    """Validates an explicit number of steps per epoch (``balls_in_bins`` only; ``None`` derives it)."""
+    if epoch_steps is None:
+        return None
+    if sampling != BALLS_IN_BINS:
+        raise v.ParameterError(
+            "steps_per_epoch",
+            f"is given for sampling={BALLS_IN_BINS!r} only (the others cut n // b batches), not {sampling!r}",
+        )
+    return v.positive_int("steps_per_epoch", epoch_steps, maximum=MAX_STEPS, why=" (more than any training run takes)")
+
+
+def balls_in_bins_note(steps: int, given: bool) -> str:
+    """What a balls-in-bins report says about its steps per epoch (a public constant, docs/derivations.md B.1)."""
+    how = "given explicitly" if given else "n // b of the dataset size, which is treated as public"
+    return (
+        f"balls_in_bins: t = {steps} steps per epoch is a public constant ({how}); the guarantee is for neighbouring "
+        "datasets run with the same t (pass steps_per_epoch to fix it independently of the data)"
+    )
+
+
 def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str, last_batch: str = DROPPED) -> int:
     """One step for ``full``; ``n // b`` otherwise (a remainder of ``n % b`` records is
     dropped each epoch by the partition schedules, Ye & Shokri footnote 3; ``balls_in_bins``
@@ -210,6 +235,9 @@ class BatchSchedule:
       share_seed: for several processes that must follow one schedule: called with the
         secret seed drawn here, returns the seed every process uses (e.g. a broadcast from
         the first process); the result is still a secret draw. Only used when ``seed=None``.
+      steps_per_epoch: for ``balls_in_bins``, the number of steps ``t`` each epoch spreads the
+        records over, a public constant; ``None`` (default) takes ``n // b``, treating the
+        dataset size as public (docs/derivations.md B.1).
 
     The object is immutable; samplers that remember a position wrap it.
 
@@ -232,6 +260,7 @@ class BatchSchedule:
         "last_batch",
         "secret",
         "external",
+        "epoch_steps",
         "_order",
         "_epoch",
     )
@@ -247,9 +276,19 @@ class BatchSchedule:
         last_batch: str = DROPPED,
         secret: bool = True,
         share_seed: Optional[Callable[[int], int]] = None,
+        steps_per_epoch: Optional[int] = None,
     ) -> None:
         self._build(
-            dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret, False, share_seed
+            dataset_size,
+            batch_size,
+            sampling,
+            seed,
+            sampling_probability,
+            last_batch,
+            secret,
+            False,
+            share_seed,
+            steps_per_epoch,
         )
 
     @classmethod
@@ -271,13 +310,24 @@ class BatchSchedule:
                 "sampling", f"a framework's own draws are supported for {RESHUFFLE!r} only, got {sampling!r}"
             )
         out = cls.__new__(cls)
-        out._build(dataset_size, batch_size, sampling, None, None, last_batch, secret, True, None)
+        out._build(dataset_size, batch_size, sampling, None, None, last_batch, secret, True, None, None)
         return out
 
     def _build(
-        self, dataset_size, batch_size, sampling, seed, sampling_probability, last_batch, secret, external, share_seed
+        self,
+        dataset_size,
+        batch_size,
+        sampling,
+        seed,
+        sampling_probability,
+        last_batch,
+        secret,
+        external,
+        share_seed,
+        epoch_steps,
     ) -> None:
         n, b = check_schedule(dataset_size, batch_size, sampling)
+        epoch_steps = check_epoch_steps(epoch_steps, sampling)
         last_batch = check_last_batch(last_batch, sampling, n, b)
         if not isinstance(secret, bool):
             raise v.ParameterError("secret", f"must be True or False, got {secret!r}")
@@ -317,6 +367,7 @@ class BatchSchedule:
             ("last_batch", last_batch),
             ("secret", secret),
             ("external", external),
+            ("epoch_steps", epoch_steps),
             ("_order", None),
             ("_epoch", None),
         ):
@@ -332,6 +383,8 @@ class BatchSchedule:
 
     @property
     def steps_per_epoch(self) -> int:
+        if self.epoch_steps is not None:
+            return self.epoch_steps
         return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch)
 
     @property
@@ -443,6 +496,8 @@ class BatchSchedule:
             out["secret"] = False
         if self.external:
             out["external"] = True
+        if self.epoch_steps is not None:
+            out["steps_per_epoch"] = self.epoch_steps
         return out
 
     @classmethod
@@ -477,6 +532,7 @@ class BatchSchedule:
             sampling,
             state["seed"] if sampling in RANDOM else None,
             sampling_probability=state.get("sampling_probability"),
+            steps_per_epoch=state.get("steps_per_epoch"),
             **extra,
         )
         if seed_is_secret and schedule.is_random:
@@ -485,7 +541,7 @@ class BatchSchedule:
 
     def same_law(self, other: "BatchSchedule") -> bool:
         """The same schedule up to the draw itself (seed, secrecy, who draws)."""
-        keys = ("sampling", "dataset_size", "batch_size", "sampling_probability", "last_batch")
+        keys = ("sampling", "dataset_size", "batch_size", "sampling_probability", "last_batch", "epoch_steps")
         return isinstance(other, BatchSchedule) and all(getattr(self, k) == getattr(other, k) for k in keys)
 
     def same_schedule(self, other: "BatchSchedule") -> bool:
@@ -505,9 +561,10 @@ class BatchSchedule:
         q = "" if self.sampling != POISSON else f", q={self.sampling_probability:.6g}"
         last = "" if self.last_batch == DROPPED else f", last_batch={self.last_batch!r}"
         public = "" if self.secret else ", public"
+        spe = "" if self.epoch_steps is None else f", steps_per_epoch={self.epoch_steps}"
         return (
             f"BatchSchedule(dataset_size={self.dataset_size}, batch_size={self.batch_size}, "
-            f"sampling={self.sampling!r}{seed}{q}{last}{public})"
+            f"sampling={self.sampling!r}{seed}{q}{last}{public}{spe})"
         )
 
 

@@ -19,6 +19,8 @@ from opacus.accountants import create_accountant, register_accountant
 from hidden_state_accountants.pytorch.features import FeatureClip, FeatureNormMonitor, clip_features
 from hidden_state_accountants.pytorch.samplers import (
     BallsInBinsBatchSampler,
+    EmptyBatchCollate,
+    balls_in_bins_loader,
     CyclicBatchSampler,
     FullBatchSampler,
     HiddenStateBatchSampler,
@@ -73,6 +75,8 @@ __all__ = [
     "has_secret_generator",
     "FullBatchSampler",
     "BallsInBinsBatchSampler",
+    "EmptyBatchCollate",
+    "balls_in_bins_loader",
     "sampler_from_state_dict",
     "sampler_from_checkpoint",
     "save_checkpoint",

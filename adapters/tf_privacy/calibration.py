@@ -28,7 +28,6 @@ from typing import Optional
 import numpy as np
 
 from hidden_state_accountants import (
-    BatchSchedule,
     HiddenStateAccountant,
     LossGeometry,
     ParameterError,
@@ -36,14 +35,25 @@ from hidden_state_accountants import (
     calibrate_noise_multiplier,
 )
 from hidden_state_accountants import validation as v
-from hidden_state_accountants.keras.data import check_dataset_last_batch, check_dataset_sampling
+from hidden_state_accountants.keras.data import (
+    check_dataset_last_batch,
+    check_dataset_sampling,
+    keras_schedule,
+    overflow_delta,
+)
 from hidden_state_accountants.recording import Claim, OptimizerKind, batch_records
-from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule
+from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, check_last_batch, check_schedule
 
 from .optimizers import DPOptimizerSettings, step_facts
 from .statement import RELATION
 
-__all__ = ["compute_hidden_state_noise", "planned_run", "recorded_noise_multiplier", "FLOAT32_MARGIN"]
+__all__ = [
+    "compute_hidden_state_noise",
+    "planned_run",
+    "recorded_noise_multiplier",
+    "accounted_delta",
+    "FLOAT32_MARGIN",
+]
 
 # The returned noise is the calibrated one raised by this factor, so that TF-Privacy's float32
 # noise (recorded_noise_multiplier) is never below it: two float32 roundings move it by at most
@@ -72,6 +82,7 @@ def planned_run(
     l2_regularization: Optional[float] = None,
     last_batch: str = DROPPED,
     secret_batches: bool = True,
+    steps_per_epoch: Optional[int] = None,
 ) -> TrainingRunDpEvent:
     """The core event the callback records for ``epochs`` epochs of a TF-Privacy SGD optimizer
     with these settings (one example per microbatch, one device, a constant learning rate),
@@ -105,7 +116,9 @@ def planned_run(
         gradient_postprocessing=None,
         inverse_time_decay=0.0,
     )
-    schedule = BatchSchedule(n, b, sampling, last_batch=last_batch, secret=secret_batches)
+    schedule = keras_schedule(
+        n, b, sampling, last_batch=last_batch, secret=secret_batches, steps_per_epoch=steps_per_epoch
+    )
     diameter = None if geometry is None else geometry.diameter
     # the model is not seen here: its convexity is the callback's to check when fit starts
     claim = Claim(
@@ -118,6 +131,22 @@ def planned_run(
         for records, group in epoch
     )
     return recorder.run(steps=epochs * schedule.steps_per_epoch, warn=False)
+
+
+def accounted_delta(delta: float, run: TrainingRunDpEvent) -> float:
+    """``delta`` less what a Keras run leaves out of it (:func:`~.data.overflow_delta`: a padded balls-in-bins
+    batch's overflow); refused when nothing is left."""
+    if run.sampling != BALLS_IN_BINS:
+        return delta
+    schedule = keras_schedule(run.dataset_size, run.batch_size, run.sampling, steps_per_epoch=run.steps_per_epoch)
+    left = delta - overflow_delta(schedule, run.steps)
+    if not left > 0:
+        raise ParameterError(
+            "delta",
+            f"{delta:g} is below the chance {overflow_delta(schedule, run.steps):.3g} that a padded balls_in_bins "
+            f"batch of this run overflows; use a larger delta or more steps per epoch",
+        )
+    return left
 
 
 def compute_hidden_state_noise(
@@ -135,6 +164,7 @@ def compute_hidden_state_noise(
     last_batch: str = DROPPED,
     secret_batches: bool = True,
     rel_tol: float = 1e-3,
+    steps_per_epoch: Optional[int] = None,
 ) -> float:
     """The smallest noise multiplier (to ``rel_tol``) whose run reports at most ``target_epsilon``.
 
@@ -163,6 +193,9 @@ def compute_hidden_state_noise(
       secret_batches: ``False`` when the batches' randomness is public (``fit(shuffle=True)``
         after ``tf.random.set_seed``).
       rel_tol: the search's relative tolerance on the noise.
+      steps_per_epoch: ``balls_in_bins`` only: the steps of an epoch (default
+        :func:`~hidden_state_accountants.keras.data.balls_in_bins_steps`); the run is calibrated at
+        ``delta`` less its padded batches' overflow probability (:func:`~.data.overflow_delta`).
 
     Raises:
       ParameterError: naming the parameter for bad input, for a claim the settings contradict
@@ -181,8 +214,10 @@ def compute_hidden_state_noise(
         l2_regularization=l2_regularization,
         last_batch=last_batch,
         secret_batches=secret_batches,
+        steps_per_epoch=steps_per_epoch,
     )
     target_epsilon = v.positive_float("target_epsilon", target_epsilon)
+    delta = accounted_delta(v.probability("delta", delta), run)
     found = calibrate_noise_multiplier(run, target_epsilon, delta, rel_tol=rel_tol, neighboring_relation=RELATION)
     z = found.noise_multiplier * FLOAT32_MARGIN
     # what the callback will account: the noise as TF-Privacy's float32 state holds it (the

@@ -32,7 +32,12 @@ from hidden_state_accountants.calibration import run_differences
 from hidden_state_accountants.checkpoint import RunState, check_continues, open_run, refusal, seal_run
 from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
-from hidden_state_accountants.keras.data import check_dataset_last_batch, check_dataset_sampling
+from hidden_state_accountants.keras.data import (
+    check_dataset_last_batch,
+    check_dataset_sampling,
+    keras_schedule,
+    overflow_delta,
+)
 from hidden_state_accountants.keras.features import largest_input_norm, trainable_dense
 from hidden_state_accountants.recording import (
     Claim,
@@ -43,7 +48,7 @@ from hidden_state_accountants.recording import (
     check_initial_weights,
     check_position,
 )
-from hidden_state_accountants.schedules import DROPPED, RESHUFFLE, check_last_batch, check_schedule, steps_per_epoch
+from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, RESHUFFLE, check_last_batch, check_schedule
 from hidden_state_accountants.statement import render_statement
 
 from .calibration import FLOAT32_MARGIN, compute_hidden_state_noise, planned_run
@@ -116,7 +121,8 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         so). If every trainable variable carries an :class:`L2BallProjection` and
         ``geometry.diameter`` is ``None``, the projection's diameter is used.
       sampling: the batch schedule: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``,
-        ``"reshuffle"`` or ``"without_replacement"``. ``fit`` must train on a
+        ``"reshuffle"``, ``"without_replacement"`` or ``"balls_in_bins"`` (a :func:`batched_dataset` of it,
+        whose batches are padded to ``b`` rows; with no geometry its amplified composition is reported). ``fit`` must train on a
         :func:`batched_dataset` of it (``fit(x, y, batch_size=n)`` also counts as ``full``,
         ``fit(x, y, batch_size=b, shuffle=False)`` with ``b`` dividing ``n`` as ``cyclic``, and
         ``fit(x, y, batch_size=b, shuffle=True)``, Keras' default, as ``reshuffle`` drawn by
@@ -131,6 +137,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         ``None`` (the default) takes what the data does (``fit(shuffle=True)`` keeps them as a
         short batch, ``kept_own_size``; a :func:`batched_dataset` drops them unless told
         otherwise); ``"dropped"`` or ``"kept_own_size"`` must match the data.
+      steps_per_epoch: for ``balls_in_bins``, the steps of an epoch, a public constant (default
+        :func:`~hidden_state_accountants.keras.data.balls_in_bins_steps` of ``dataset_size`` and ``batch_size``);
+        the run is accounted at ``delta`` less the chance that a padded batch overflows.
       target_epsilon: optional budget. Training stops at the end of the last epoch after
         which one more epoch would exceed it; if not even the next epoch fits when ``fit``
         starts, :class:`PrivacyBudgetExceeded` is raised before any step.
@@ -171,6 +180,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         verbose: int = 1,
         last_batch: Optional[str] = None,
         public_initial_weights: bool = False,
+        steps_per_epoch: Optional[int] = None,
     ):
         super().__init__()
         self.sampling = check_dataset_sampling(sampling)
@@ -193,7 +203,15 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             )
         self.last_batch = last_batch
         # as declared; once fit starts, the run's schedule's (a short batch the data keeps adds a step)
-        self.steps_per_epoch = steps_per_epoch(self.dataset_size, self.batch_size, sampling, last_batch or DROPPED)
+        declared = keras_schedule(
+            self.dataset_size,
+            self.batch_size,
+            sampling,
+            last_batch=last_batch or DROPPED,
+            steps_per_epoch=steps_per_epoch,
+        )
+        self.epoch_steps = declared.epoch_steps  # balls_in_bins: the steps of an epoch, a public constant
+        self.steps_per_epoch = declared.steps_per_epoch
         self.declared_geometry = geometry
         self.assume_convex_model = assume_convex_model
         self.verbose = int(verbose)
@@ -518,6 +536,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             l2_regularization=l2_regularization,
             last_batch=last_batch,
             secret_batches=secret_batches,
+            steps_per_epoch=self.epoch_steps,
         )
         z = compute_hidden_state_noise(
             self.dataset_size, self.batch_size, target_epsilon, epochs, self.delta, rel_tol=rel_tol, **settings
@@ -534,7 +553,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         if c is None or steps < self.steps:
             return
         plan = self._upcoming(self.steps, steps)
-        eps = self.recorder.report(self.delta, plan=plan, warn=False).epsilon
+        eps = self.recorder.report(self._delta(steps), plan=plan, warn=False).epsilon
         if eps <= c.target_epsilon:
             return
         diff = run_differences(self.recorder.run(plan=plan, warn=False), c.run)  # TF-Privacy's float32 z is >=
@@ -664,9 +683,10 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             data_schedule is not None
             and (data_schedule.dataset_size, data_schedule.batch_size, data_schedule.sampling) == declared
             and self.last_batch in (None, data_schedule.last_batch)
+            and (self.sampling != BALLS_IN_BINS or self.steps_per_epoch == data_schedule.steps_per_epoch)
         ):
             return data_schedule
-        return BatchSchedule(*declared, last_batch=self.last_batch or DROPPED)
+        return keras_schedule(*declared, last_batch=self.last_batch or DROPPED, steps_per_epoch=self.epoch_steps)
 
     def _read_learning_rate_source(self, opt) -> None:
         lr = opt._get_hyper("learning_rate")
@@ -744,13 +764,24 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
     def _planned(self, steps: int) -> PrivacyReport:
         """The report the run would have after ``steps`` steps, the rest of them as planned now (the
         plan was checked in on_train_begin, so nothing warns twice)."""
-        return self.recorder.report(self.delta, plan=self._upcoming(self.steps, steps), warn=False)
+        return self.recorder.report(self._delta(steps), plan=self._upcoming(self.steps, steps), warn=False)
 
     def _report(self) -> PrivacyReport:
         if self._report_steps != self.steps:
-            self.report = self.recorder.report(self.delta)
+            self.report = self.recorder.report(self._delta(self.steps))
             self._report_steps = self.steps
         return self.report
+
+    def _delta(self, steps: int) -> float:
+        """The delta a run of ``steps`` steps is accounted at: ``delta`` less the chance that a padded
+        balls-in-bins batch overflowed (:func:`~hidden_state_accountants.keras.data.overflow_delta`), so that
+        the run meets ``(epsilon, delta)``."""
+        left = self.delta - overflow_delta(self.recorder.claim.schedule, steps)
+        if not left > 0:
+            raise ParameterError(
+                "delta", f"{self.delta:g} is below the chance that a padded balls_in_bins batch overflows"
+            )
+        return left
 
     def _describe(self) -> str:
         s, schedule = self.settings, self.recorder.claim.schedule

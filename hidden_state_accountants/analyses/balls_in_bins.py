@@ -28,16 +28,18 @@ depend on ``J`` at all. Hence:
   triangle inequality ``H_{e^(a+b)}(P||R) <= H_{e^a}(P||Q) + e^a H_{e^b}(Q||R)`` with both legs the
   add/remove pair (:class:`ReplaceTriangleBound`).
 
-The composition baseline (every iterate released) is one Gaussian per epoch (the record is used
-once per epoch): ``G(rho sqrt(E) / z)``, Bok et al. Thm 4.4's argument for reshuffling, ``rho = 2``
-(REPLACE_ONE) or 1 (ADD_OR_REMOVE_ONE). Amplified composition bounds for random allocation are
-not implemented (B.7 says why).
+The unamplified composition baseline (every iterate released, the positions public) is one Gaussian
+per epoch (the record is used once per epoch): ``G(rho sqrt(E) / z)``, Bok et al. Thm 4.4's argument for
+reshuffling, ``rho = 2`` (REPLACE_ONE) or 1 (ADD_OR_REMOVE_ONE). With secret draws the composition is
+amplified by the random allocation: :mod:`.random_allocation` (B.7). ``si_balls_in_bins_any_length``
+bounds every shorter run at once (B.3a), for budgets over the number of epochs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from dataclasses import replace as attr_replace
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -184,32 +186,42 @@ def allocation_caps(s: AllocationSetup) -> List[Cap]:
 
 
 # ============================================================== B.3: the visit patterns
-def visit_patterns(steps: int, spe: int, log_c: float) -> List[Tuple[float, float]]:
+def visit_patterns(steps: int, spe: int, log_c: float, extra_use: bool = False) -> List[Tuple[float, float]]:
     """``(probability, energy)`` of the record's visit patterns (one uniform step per epoch, a partial
     last epoch missed with probability ``1 - t'/t``): the last epoch's step averaged exactly
     (grouped beyond :data:`~.shifted_interpolation.MAX_OPTIONS` positions), the epoch before in at
     most :data:`PREVIOUS_EPOCH_GROUPS` groups, each at its most recent member, the earlier epochs at
     their last step (moving a use later never lowers the energy, docs/derivations.md 2.3). The
-    energy of a pattern is that of :func:`~.shifted_interpolation.corner_energy` (section 2.2)."""
+    energy of a pattern is that of :func:`~.shifted_interpolation.corner_energy` (section 2.2).
+
+    ``extra_use``: one more use, uniform over the last ``spe`` steps and independent of the others
+    (grouped like the epoch before), the patterns that dominate every shorter run (B.3a)."""
     model = si.StepModel(steps, spe, log_c)
     epochs = -(-steps // spe)
     here = steps - (epochs - 1) * spe  # steps of the last epoch
     last = [(count / spe, d) for d, count in si._buckets(0, here - 1)]
     if here < spe:
         last.append(((spe - here) / spe, None))
-    if epochs >= 2:
-        groups = max(1, min(PREVIOUS_EPOCH_GROUPS, MAX_PATTERNS // len(last)))
+    budget = MAX_PATTERNS // len(last)
+    groups = max(1, min(PREVIOUS_EPOCH_GROUPS, budget if not extra_use else int(math.sqrt(4 * budget))))
+
+    def grouped(offset: int) -> List[Tuple[float, int]]:
         edges = np.unique(np.round(np.geomspace(1, spe + 1, groups + 1)).astype(np.int64)) - 1
-        previous = [((hi - lo) / spe, here + int(lo)) for lo, hi in zip(edges[:-1], edges[1:])]
+        return [((hi - lo) / spe, offset + int(lo)) for lo, hi in zip(edges[:-1], edges[1:])]
+
+    if epochs >= 2:
+        previous = grouped(here)
         prefix = si.chain(model, here + spe, epochs - 2, spe)  # earlier epochs at their last step
     else:
         previous, prefix = [(1.0, None)], []
+    extra = grouped(0) if extra_use else [(1.0, None)]
     out = []
     for p_prev, d_prev in previous:
-        base = prefix + ([(d_prev, model.log_injection(d_prev))] if d_prev is not None else [])
-        for p_last, d_last in last:
-            corners = base + ([(d_last, model.log_injection(d_last))] if d_last is not None else [])
-            out.append((p_prev * p_last, si.corner_energy(model, corners)))
+        for p_extra, d_extra in extra:
+            base = prefix + [(d, model.log_injection(d)) for d in (d_prev, d_extra) if d is not None]
+            for p_last, d_last in last:
+                corners = base + ([(d_last, model.log_injection(d_last))] if d_last is not None else [])
+                out.append((p_prev * p_extra * p_last, si.corner_energy(model, corners)))
     return out
 
 
@@ -336,19 +348,24 @@ class ReplaceTriangleBound(Bound):
 
         H_{e^(a+b)}(P || R) <= H_{e^a}(P || Q) + e^a H_{e^b}(Q || R),
 
-    and both legs are the add/remove pair ``add_remove`` (forward, then backward). Evaluated at the
-    exactly traced points of the two profiles; by symmetry the same bound holds for ``H(R||P)``."""
+    and both legs are the add/remove pair ``add_remove`` (forward, then backward), or the profiles
+    ``legs()`` gives: ``(eps_f, H(P||Q) there, eps_r, H(Q||P) there)``, each an upper bound. Evaluated at
+    those points; by symmetry the same bound holds for ``H(R||P)``."""
 
     add_remove: GaussianMixturePairBound = None
+    legs: Optional[Callable[[], Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = field(
+        default=None, repr=False
+    )
     note: str = ""
     kind = "triangle"
     _curve: Optional[tuple] = field(default=None, repr=False)
+    _grid: Optional[tuple] = field(default=None, repr=False)
 
     def curve(self) -> Tuple[np.ndarray, np.ndarray]:
         """``(eps, delta)``: at each ``eps = a + b`` over pairs of traced points (any subset is
         valid), the smallest bound among the pairs with ``a + b <= eps``; ``delta`` non-increasing."""
         if self._curve is None:
-            ef, hf, er, hr = self.add_remove.traces()
+            ef, hf, er, hr = self.legs() if self.legs is not None else self.add_remove.traces()
             ef, hf = _thin(ef, hf)
             er, hr = _thin(er, hr)
             with np.errstate(over="ignore"):
@@ -361,9 +378,27 @@ class ReplaceTriangleBound(Bound):
     def epsilon(self, delta: float) -> float:
         if delta >= 1:
             return 0.0
+        if self.legs is not None:
+            return self._legs_epsilon(delta)
         sums, best = self.curve()
         i = int(np.searchsorted(-best, -delta, side="left"))  # first point with best <= delta
         return max(0.0, float(sums[i])) if i < sums.size else math.inf
+
+    def _legs_epsilon(self, delta: float) -> float:
+        """With ``legs`` on a fixed grid: for every grid point ``a`` of the first leg, the smallest grid point ``b``
+        of the second with ``H(P||Q)(a) + e^a H(Q||R)(b) <= delta``; the smallest ``a + b`` (each pair a valid
+        bound; the grid does not move with the run, so neither does the rounding)."""
+        if self._grid is None:
+            ef, hf, er, hr = self.legs()
+            self._grid = (ef, hf, er, np.minimum.accumulate(hr))
+        ef, hf, er, hr = self._grid
+        with np.errstate(over="ignore"):
+            room = (delta - hf) * np.exp(-ef)
+        ok = room > 0
+        j = np.searchsorted(-hr, -room[ok], side="left")  # the first b with H(Q||R)(b) <= room
+        found = j < er.size
+        sums = ef[ok][found] + er[j[found]]
+        return max(0.0, float(sums.min())) if sums.size else math.inf
 
     def delta(self, epsilon: float) -> float:
         return float(self.profile(np.array([epsilon]))[0])
@@ -447,7 +482,9 @@ def composition(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ``z C / b``: ``G(rho sqrt(E) / z)``, each epoch charged its noisiest step under a noise
     schedule (Bok et al. Thm 4.4's reshuffling argument, evaluated by :func:`.bok.thm_4_4` on the
     reshuffled run with the same ``t``, then scaled by ``rho / 2``). Valid for public batches."""
-    proxy = bok.thm_4_4(run.replace(sampling=RESHUFFLE, secret_batches=True), ctx)
+    # the reshuffled run with the same t steps per epoch (n' = t b records)
+    same_t = dict(dataset_size=run.steps_per_epoch * run.batch_size, epoch_steps=None)
+    proxy = bok.thm_4_4(run.replace(sampling=RESHUFFLE, secret_batches=True, **same_t), ctx)
     rho = sensitivity_factor(ctx.neighboring_relation)
     return GdpBound(mu=proxy.mu * rho / 2.0, monotone_in_steps=True, note="one use per epoch")
 
@@ -470,23 +507,61 @@ def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
     ADD_OR_REMOVE_ONE: the run without the record does not depend on ``J``, so the run is dominated
     by ``(sum_J p_J N(mu_J, 1), N(0, 1))`` (B.3). REPLACE_ONE: that pair twice, through the dataset
     without the record (B.4). Public draws: the worst pattern. The cap's failure probability (a
-    union bound per epoch, B.2) is added to delta.
+    union bound per epoch, B.2) is added to delta. Not monotone in the steps (a partial last epoch
+    often misses the record); :func:`si_balls_in_bins_any_length` is.
     """
+    return _si_balls_in_bins(run, ctx, any_length=False)
+
+
+@analysis(
+    "si_balls_in_bins_any_length",
+    SI_CITATION + "; every shorter run dominated by the whole epochs plus one uniform use (B.3a)",
+    (BALLS_IN_BINS,),
+    hidden_state=True,
+    needs="l2_regularization > 0, every capped batch's step c-Lipschitz with c < 1, secret draws",
+    add_or_remove="native",
+)
+def si_balls_in_bins_any_length(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
+    """:func:`si_balls_in_bins` for every run of at most ``T`` steps at once (docs/derivations.md B.3a): with
+    ``E = ceil(T/t)``, the visit patterns of ``E - 1`` whole epochs plus one more use uniform over the last
+    ``t`` steps dominate those of every run of at most ``E`` epochs, and the cap's failure probability is
+    taken over ``E t`` steps. Never decreases with ``T`` (flagged ``monotone_in_steps``), so its value for an
+    unbounded run bounds every length (``hsa epochs``); larger than :func:`si_balls_in_bins` by about one
+    last-epoch use. Secret draws only."""
+    if not run.secret_batches:
+        return NotApplicable(reason=cm.need_secret_batches(run))
+    bound = _si_balls_in_bins(run, ctx, any_length=True)
+    bound.monotone_in_steps = bound.applicable
+    return bound
+
+
+def _si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context, any_length: bool) -> Bound:
     s, reason = allocation_setup(run, ctx)
     if s is None:
         return NotApplicable(reason=reason)
     add_remove = ctx.neighboring_relation == ADD_OR_REMOVE_ONE
+    epochs = -(-s.steps // s.spe)
+    if any_length:  # every run of at most `epochs` epochs: the cap over all their steps
+        s = attr_replace(s, steps=epochs * s.spe)
+
+    def patterns(log_c: float) -> List[Tuple[float, float]]:
+        if not any_length:
+            return visit_patterns(s.steps, s.spe, log_c)
+        if epochs == 1:
+            return visit_patterns(s.spe, s.spe, log_c)
+        return visit_patterns((epochs - 1) * s.spe, s.spe, log_c, extra_use=True)
 
     def build(log_c: float) -> Bound:
         if not run.secret_batches:
             model = si.StepModel(s.steps, s.spe, log_c)
             energy = si.corner_energy(model, si.worst_pattern(run, model))
             return GdpBound(mu=s.rho / s.z * math.sqrt(energy), note="public draws: the worst visit pattern")
-        pairs = visit_patterns(s.steps, s.spe, log_c)
+        pairs = patterns(log_c)
+        note = "the record's step uniform in every epoch; common null"
+        if any_length:
+            note = f"every run of at most {epochs} epochs: {note}; one more uniform use"
         pair = GaussianMixturePairBound(
-            probs=[p for p, _ in pairs],
-            mus=[math.sqrt(e) / s.z for _, e in pairs],
-            note="the record's step uniform in every epoch; common null",
+            probs=[p for p, _ in pairs], mus=[math.sqrt(e) / s.z for _, e in pairs], note=note
         )
         return pair if add_remove else ReplaceTriangleBound(add_remove=pair, note=pair.note)
 
@@ -512,6 +587,7 @@ def si_balls_in_bins(run: TrainingRunDpEvent, ctx: cm.Context) -> Bound:
 __all__ = [
     "composition",
     "si_balls_in_bins",
+    "si_balls_in_bins_any_length",
     "GaussianMixturePairBound",
     "ReplaceTriangleBound",
     "visit_patterns",

@@ -23,6 +23,7 @@ from hidden_state_accountants.analyses import altschuler_talwar as at
 from hidden_state_accountants.analyses import balls_in_bins as bib
 from hidden_state_accountants.analyses import bok, chourasia, composition, sbcd
 from hidden_state_accountants.analyses import poisson_hidden_state as ph
+from hidden_state_accountants.analyses import random_allocation as ra
 from hidden_state_accountants.analyses import shifted_interpolation as si
 from hidden_state_accountants.analyses import shuffle_amplification as sa
 from hidden_state_accountants.analyses import ye_shokri as ys
@@ -47,6 +48,7 @@ TRAINING_RUN_ANALYSES: Tuple[AnalysisInfo, ...] = _infos(
     bok.thm_4_4,
     bok.thm_4_8,
     bib.composition,
+    ra.allocation_composition,
     # hidden-state (last-iterate) analyses
     at.eq_3_3,
     at.eq_3_3_poisson,
@@ -66,6 +68,7 @@ TRAINING_RUN_ANALYSES: Tuple[AnalysisInfo, ...] = _infos(
     si.affine_exact_average,
     ph.si_poisson,
     bib.si_balls_in_bins,
+    bib.si_balls_in_bins_any_length,
     chourasia.thm_2,
     chourasia.cor_1,
     sa.reshuffle_amplified,

@@ -184,7 +184,11 @@ def test_registry_covers_design_table():
         ],
         "without_replacement": affine + ["altschuler_talwar_eq3.3", "bok_thm4.10", "bok_thm4.9", "ye_shokri_thm4.3"],
         "poisson": affine + ["altschuler_talwar_eq3.3_poisson", "si_poisson", "ye_shokri_thm4.3_poisson"],
-        "balls_in_bins": affine + ["si_balls_in_bins"],  # issue 19: docs/derivations.md, "Balls-in-bins sampling"
+        "balls_in_bins": affine
+        + [
+            "si_balls_in_bins",
+            "si_balls_in_bins_any_length",
+        ],  # issue 19: docs/derivations.md, "Balls-in-bins sampling"
     }
     # issue 12: which analyses hold under ADD_OR_REMOVE_ONE (docs/derivations.md section 11)
     add_remove = sorted(a.name for a in registry.all_analyses() if "ADD_OR_REMOVE_ONE" in a.relations)
@@ -195,10 +199,12 @@ def test_registry_covers_design_table():
         "bok_thm4.3",
         "chourasia_cor1",
         "chourasia_thm2",
+        "composition_allocation_pld",
         "composition_balls_in_bins",
         "composition_poisson_pld",
         "composition_poisson_rdp",
         "si_balls_in_bins",
+        "si_balls_in_bins_any_length",
         "si_poisson",
         "ye_shokri_thm4.3_poisson",
     ]

@@ -1,5 +1,7 @@
-"""``batched_dataset(..., sampling="balls_in_bins")`` (issue 19): the schedule's batches, fresh every
-epoch and resumable, and the Keras callback's refusal (TF-Privacy divides by the realised size)."""
+"""``batched_dataset(..., sampling="balls_in_bins")`` (issues 19, 28, 29): the schedule's batches, fresh every
+epoch and resumable, padded to ``b`` rows of weight 0 so that TF-Privacy's division by the batch's rows is the
+fixed divisor ``b``; the Keras callback accounts them (with no geometry: the amplified composition), and its
+calibration uses that number."""
 
 import numpy as np
 import pytest
@@ -8,7 +10,8 @@ tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tensorflow_privacy")
 pytestmark = pytest.mark.tf
 
-from hidden_state_accountants import LossGeometry, ParameterError  # noqa: E402
+from hidden_state_accountants import HiddenStateAccountant, ParameterError, TrainingRunDpEvent  # noqa: E402
+from hidden_state_accountants.keras.data import PAD_OVERFLOW, balls_in_bins_steps, overflow_delta  # noqa: E402
 from hidden_state_accountants.schedules import BALLS_IN_BINS  # noqa: E402
 from hidden_state_accountants.tf_privacy import (  # noqa: E402
     HiddenStatePrivacyCallback,
@@ -17,7 +20,8 @@ from hidden_state_accountants.tf_privacy import (  # noqa: E402
     partition_indices,
 )
 
-N, B = 23, 5  # 4 steps per epoch, batches of random size
+N, B = 240, 40
+DELTA = 1e-5
 
 
 def _data(n=N):
@@ -26,24 +30,47 @@ def _data(n=N):
 
 
 def _epoch(ds):
+    """The records of each batch (the rows of weight 1); every batch has B rows, the padding weight 0."""
     out = []
-    for xb, yb in ds:
+    for xb, yb, wb in ds:
+        assert xb.shape[0] == yb.shape[0] == wb.shape[0] == B
+        w = wb.numpy()
+        real = int(w.sum())
+        assert np.all(w[:real] == 1.0) and np.all(w[real:] == 0.0)
         np.testing.assert_array_equal(xb.numpy()[:, 0], yb.numpy())
-        out.append(yb.numpy().tolist())
+        out.append(yb.numpy()[:real].tolist())
     return out
 
 
-def test_each_epoch_is_the_schedules_and_uses_every_record_once():
+def test_each_epoch_is_the_schedules_padded_to_b_rows():
     x, y = _data()
     ds = batched_dataset(x, y, B, BALLS_IN_BINS)
     schedule = dataset_schedule(ds)
-    assert schedule.sampling == BALLS_IN_BINS and schedule.seed_is_secret and schedule.steps_per_epoch == 4
+    t = balls_in_bins_steps(N, B)
+    assert schedule.sampling == BALLS_IN_BINS and schedule.seed_is_secret and schedule.steps_per_epoch == t > N // B
     epochs = [_epoch(ds) for _ in range(3)]
     for k, epoch in enumerate(epochs):
-        assert len(epoch) == 4 and sorted(i for b in epoch for i in b) == list(range(N))
-        assert epoch == [schedule.batch(4 * k + j).tolist() for j in range(4)]  # epoch k of the schedule
+        assert len(epoch) == t and sorted(i for b in epoch for i in b) == list(range(N))
+        assert epoch == [schedule.batch(t * k + j).tolist() for j in range(t)]  # epoch k of the schedule
     assert epochs[0] != epochs[1]  # fresh draws every epoch
     assert len({len(b) for e in epochs for b in e}) > 1  # random sizes
+
+
+def test_steps_per_epoch_make_overflow_negligible_and_are_public():
+    """``t`` is the fewest steps for which a step draws more than b records (of n + 1: a neighbour with one
+    more) with probability at most PAD_OVERFLOW; fewer are refused naming the parameter, a tiny batch too."""
+    from scipy import stats
+
+    t = balls_in_bins_steps(N, B)
+    assert stats.binom.sf(B, N + 1, 1 / t) <= PAD_OVERFLOW < stats.binom.sf(B, N + 1, 1 / (t - 1))
+    x, y = _data()
+    assert dataset_schedule(batched_dataset(x, y, B, BALLS_IN_BINS, steps_per_epoch=t + 3)).steps_per_epoch == t + 3
+    with pytest.raises(ParameterError, match="steps_per_epoch") as err:
+        batched_dataset(x, y, B, BALLS_IN_BINS, steps_per_epoch=N // B)
+    assert err.value.parameter == "steps_per_epoch"
+    with pytest.raises(ParameterError, match="too small") as err:
+        batched_dataset(x, y, 2, BALLS_IN_BINS)
+    assert err.value.parameter == "batch_size"
 
 
 def test_a_chosen_seed_is_reproducible_and_there_is_no_fixed_partition():
@@ -54,13 +81,53 @@ def test_a_chosen_seed_is_reproducible_and_there_is_no_fixed_partition():
         partition_indices(N, B, BALLS_IN_BINS)
 
 
-def test_keras_callback_refuses_it_with_the_reason():
-    with pytest.raises(ParameterError, match="divide each batch by its own size") as err:
-        HiddenStatePrivacyCallback(
-            geometry=LossGeometry.logistic_regression(1.0, 0.01),
-            sampling=BALLS_IN_BINS,
-            dataset_size=N,
-            batch_size=B,
-            delta=1e-5,
-        )
-    assert err.value.parameter == "sampling"
+def _model():
+    model = tf.keras.Sequential(
+        [tf.keras.Input((2,)), tf.keras.layers.Dense(4, activation="relu"), tf.keras.layers.Dense(3)]
+    )
+    from tensorflow_privacy import DPKerasSGDOptimizer
+
+    opt = DPKerasSGDOptimizer(l2_norm_clip=1.0, noise_multiplier=1.2, learning_rate=0.1)
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=tf.losses.Reduction.NONE)
+    model.compile(optimizer=opt, loss=loss)
+    return model
+
+
+def test_keras_fit_is_accounted_with_the_amplified_composition():
+    """Issue 29: the callback accepts balls_in_bins; with no geometry a non-convex network gets the random-allocation
+    composition, the core's number for the same event at delta less the padded batches' overflow chance."""
+    x, y = _data()
+    x = x / N
+    ds = batched_dataset(x, y % 3, B, BALLS_IN_BINS)
+    cb = HiddenStatePrivacyCallback(geometry=None, sampling=BALLS_IN_BINS, dataset_size=N, batch_size=B, delta=DELTA)
+    model = _model()
+    model.fit(ds, epochs=2, callbacks=[cb], verbose=0)
+    t = dataset_schedule(ds).steps_per_epoch
+    assert cb.steps == 2 * t and cb.report.analysis == "composition_allocation_pld"
+    event = TrainingRunDpEvent(
+        dataset_size=N,
+        batch_size=B,
+        steps=2 * t,
+        noise_multiplier=cb.settings.noise_multiplier,
+        clip_norm=1.0,
+        learning_rate=0.1,
+        sampling=BALLS_IN_BINS,
+        epoch_steps=t,
+    )
+    accounted = DELTA - overflow_delta(dataset_schedule(ds), 2 * t)
+    assert 0 < DELTA - accounted <= 2 * t * PAD_OVERFLOW
+    core = HiddenStateAccountant().compose(event).get_epsilon(accounted)
+    assert cb.history[-1].epsilon == pytest.approx(core, rel=1e-9)
+    # far below the unamplified composition of one Gaussian per epoch
+    assert core < 0.2 * HiddenStateAccountant().compose(event).explain(DELTA).analyses[0].epsilon
+
+
+def test_keras_calibration_uses_the_amplified_composition():
+    cb = HiddenStatePrivacyCallback(geometry=None, sampling=BALLS_IN_BINS, dataset_size=N, batch_size=B, delta=DELTA)
+    z = cb.compute_noise(2.0, 5, learning_rate=0.1, l2_norm_clip=1.0)
+    run = cb.calibration.run
+    assert run.epoch_steps == balls_in_bins_steps(N, B)
+    report = HiddenStateAccountant().compose(run.replace(noise_multiplier=z)).explain(DELTA)
+    assert report.analysis == "composition_allocation_pld" and report.epsilon <= 2.0
+    # the unamplified composition would need about four times the noise
+    assert report.analyses[0].name == "composition_balls_in_bins" and report.analyses[0].epsilon > 6.0

@@ -16,8 +16,10 @@ from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
+from scipy import stats
 
 from hidden_state_accountants import BatchSchedule, ParameterError
+from hidden_state_accountants.schedules import check_schedule
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.schedules import (
     BALLS_IN_BINS,
@@ -36,15 +38,20 @@ from hidden_state_accountants.schedules import (
 
 from .features import ArrayLike, largest_row_norm
 
-DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT)
+DATASET_SAMPLINGS = (FULL, CYCLIC, SHUFFLE_PARTITION, RESHUFFLE, WITHOUT_REPLACEMENT, BALLS_IN_BINS)
 """Schedules a Keras ``fit`` with TF-Privacy can be accounted for. ``poisson`` batches have a random
-size, which Keras batching does not produce, and TF-Privacy divides by the realised batch size."""
+size, which Keras batching does not produce, and TF-Privacy divides by the realised batch size.
+``balls_in_bins`` batches are padded to ``b`` rows of weight 0 (:func:`batched_dataset`), so that
+TF-Privacy's division by the batch's rows is the fixed divisor ``b`` the analyses need."""
 
-PIPELINE_SAMPLINGS = DATASET_SAMPLINGS + (BALLS_IN_BINS,)
-"""Schedules :func:`batched_dataset` produces: also ``balls_in_bins``, whose batches of random size
-must be divided by the fixed ``b``. TF-Privacy's Keras optimizers divide by the realised size, so
-:class:`HiddenStatePrivacyCallback` refuses it; a custom training loop that divides the noisy sum by
-``b`` can be accounted with the core ``HiddenStateAccountant``."""
+PIPELINE_SAMPLINGS = DATASET_SAMPLINGS
+"""Schedules :func:`batched_dataset` produces."""
+
+PAD_OVERFLOW = 1e-15
+"""The largest probability that a ``balls_in_bins`` step of a Keras pipeline draws more than ``b`` records
+(:func:`balls_in_bins_steps`; the pipeline then stops with an error). Outside that event the run is the
+fixed-divisor one the analyses account, so its delta is the accounted one plus at most this per step: the
+callback accounts each run at ``delta - steps * PAD_OVERFLOW`` (:func:`overflow_delta`)."""
 
 _REALISED_SIZE = (
     "TF-Privacy's Keras optimizers divide each batch by its own size, so random batch sizes "
@@ -57,13 +64,90 @@ def check_dataset_sampling(sampling, allowed=DATASET_SAMPLINGS) -> str:
         extra = ""
         if sampling == POISSON:
             extra = f" (Poisson batches have a random size that Keras batching does not produce, and {_REALISED_SIZE})"
-        elif sampling == BALLS_IN_BINS:
-            extra = (
-                f" ({_REALISED_SIZE}, while the balls_in_bins analyses need the fixed divisor b; "
-                "batched_dataset(..., 'balls_in_bins') feeds custom loops that divide by b)"
-            )
         raise ParameterError("sampling", f"must be one of {', '.join(allowed)}, got {sampling!r}{extra}")
     return sampling
+
+
+def _overflow(dataset_size: int, batch_size: int, steps: int) -> float:
+    """``P(a step draws more than b records)``: ``n + 1`` records (a neighbour with one more) each in one of
+    ``steps`` steps."""
+    return float(stats.binom.sf(batch_size, dataset_size + 1, 1.0 / steps))
+
+
+def balls_in_bins_steps(dataset_size: int, batch_size: int) -> int:
+    """The steps per epoch of a Keras ``balls_in_bins`` pipeline with ``b``-row batches: the fewest ``t``
+    (at least ``n // b``) for which a step draws more than ``b`` records with probability at most
+    :data:`PAD_OVERFLOW`. Batches then hold ``n / t`` records on average, padded to ``b`` rows of weight 0.
+    A function of ``n`` and ``b`` only, so it is public when they are (pass ``steps_per_epoch`` to fix it).
+
+    >>> balls_in_bins_steps(60000, 256)
+    401
+    """
+    n, b = check_schedule(dataset_size, batch_size, BALLS_IN_BINS)
+    lo = max(1, n // b)
+    hi = 64 * lo
+    if _overflow(n, b, hi) > PAD_OVERFLOW:
+        raise ParameterError(
+            "batch_size",
+            f"{b} is too small for padded balls_in_bins batches of {n} records: even {hi} steps per epoch leave a "
+            f"batch of more than {b} records likely above {PAD_OVERFLOW:g} per step; use larger batches",
+        )
+    while hi - lo > 1 or _overflow(n, b, lo) > PAD_OVERFLOW:
+        if hi - lo <= 1:
+            lo = hi
+            break
+        mid = (lo + hi) // 2
+        if _overflow(n, b, mid) <= PAD_OVERFLOW:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def overflow_delta(schedule: BatchSchedule, steps: int) -> float:
+    """What a Keras run of ``steps`` steps of ``schedule`` leaves out of its delta: at most ``steps`` times the
+    chance that a padded ``balls_in_bins`` step overflows (0 for the other schedules)."""
+    if schedule.sampling != BALLS_IN_BINS:
+        return 0.0
+    return min(1.0, steps * _overflow(schedule.dataset_size, schedule.batch_size, schedule.steps_per_epoch))
+
+
+def keras_schedule(
+    dataset_size: int,
+    batch_size: int,
+    sampling: str,
+    seed: Optional[int] = None,
+    *,
+    last_batch: str = DROPPED,
+    secret: bool = True,
+    steps_per_epoch: Optional[int] = None,
+) -> BatchSchedule:
+    """The :class:`~hidden_state_accountants.BatchSchedule` a Keras run of ``sampling`` follows: for
+    ``balls_in_bins`` with ``steps_per_epoch`` steps (default :func:`balls_in_bins_steps`), refused when a
+    step would draw more than ``b`` records with probability above :data:`PAD_OVERFLOW`."""
+    check_dataset_sampling(sampling)
+    if sampling != BALLS_IN_BINS:
+        return BatchSchedule(
+            dataset_size,
+            batch_size,
+            sampling,
+            seed,
+            last_batch=last_batch,
+            secret=secret,
+            steps_per_epoch=steps_per_epoch,
+        )
+    if steps_per_epoch is None:
+        steps_per_epoch = balls_in_bins_steps(dataset_size, batch_size)
+    schedule = BatchSchedule(dataset_size, batch_size, sampling, seed, secret=secret, steps_per_epoch=steps_per_epoch)
+    p = _overflow(schedule.dataset_size, schedule.batch_size, schedule.steps_per_epoch)
+    if p > PAD_OVERFLOW:
+        raise ParameterError(
+            "steps_per_epoch",
+            f"{schedule.steps_per_epoch} steps leave a batch of more than {schedule.batch_size} records with "
+            f"probability {p:.3g} per step (at most {PAD_OVERFLOW:g}: Keras batches are padded to b rows); use at "
+            f"least {balls_in_bins_steps(schedule.dataset_size, schedule.batch_size)}",
+        )
+    return schedule
 
 
 def check_dataset_last_batch(last_batch) -> str:
@@ -179,6 +263,7 @@ class DatasetSource:
                     "batch_size": s.batch_size,
                     "seed": chief[3],
                     "last_batch": s.last_batch,
+                    "steps_per_epoch": s.epoch_steps,
                 },
                 seed_is_secret=bool(chief[4]),
             )
@@ -212,8 +297,10 @@ def batched_dataset(
     *,
     last_batch: str = DROPPED,
     feature_norm_bound: Optional[float] = None,
+    steps_per_epoch: Optional[int] = None,
 ) -> tf.data.Dataset:
-    """A ``tf.data.Dataset`` of ``(features, labels)`` batches of a core batch schedule.
+    """A ``tf.data.Dataset`` of ``(features, labels)`` batches of a core batch schedule
+    (``(features, labels, weights)`` for ``balls_in_bins``).
 
     Args:
       features: array-like with the records along axis 0 (numpy array or tensor).
@@ -222,8 +309,10 @@ def batched_dataset(
         except a kept short batch of ``reshuffle`` and the random sizes of ``balls_in_bins``.
       sampling: ``"full"``, ``"cyclic"``, ``"shuffle_partition"``, ``"reshuffle"``,
         ``"without_replacement"`` or ``"balls_in_bins"`` (each record in a uniform step of every
-        epoch, batches of random size; for custom loops that divide by ``b``: TF-Privacy's Keras
-        optimizers divide by the realised size and the callback refuses it).
+        epoch, batches of random size, each padded to ``b`` rows: the records' rows with weight 1,
+        then copies of the first record with weight 0, which contribute nothing, so that TF-Privacy's
+        division by the batch's rows is the fixed ``b``; a step that drew no record is all padding
+        and takes the optimiser's noise-only step).
       seed: for ``shuffle_partition``, ``reshuffle``, ``without_replacement`` and ``balls_in_bins``, ``None``
         (the default) draws a secret seed; an integer is your explicit choice, reproducible,
         and must be kept as secret as the data (a published seed makes the batches known; the
@@ -236,6 +325,10 @@ def batched_dataset(
         have L2 norm at most this, or :class:`ParameterError` (naming ``feature_norm_bound``, with
         the largest norm) is raised now. The callback checks the inputs of the trainable layer
         against the declared geometry's bound in any case, before the first step.
+      steps_per_epoch: for ``balls_in_bins``, the steps ``t`` of an epoch, a public constant;
+        ``None``: :func:`balls_in_bins_steps` (enough steps that a batch holds more than ``b``
+        records with probability at most :data:`PAD_OVERFLOW`; such a batch would stop training with
+        an error).
 
     Returns:
       A finite dataset of ``steps_per_epoch`` batches that Keras iterates once per epoch: the
@@ -279,11 +372,37 @@ def batched_dataset(
                 f"the features have a record of norm {largest:.6g}, above "
                 f"{bound:g} (clip them, e.g. with clip_feature_norms)",
             )
-    source = DatasetSource(BatchSchedule(int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch), x, y)
+    source = DatasetSource(
+        keras_schedule(
+            int(x.shape[0]), batch_size, sampling, seed, last_batch=last_batch, steps_per_epoch=steps_per_epoch
+        ),
+        x,
+        y,
+    )
     schedule = source.schedule
     spe, b = schedule.steps_per_epoch, schedule.batch_size
     size = b if schedule.fixed_batch_size else None  # a kept short batch is shorter
 
+    if sampling == BALLS_IN_BINS:
+        # each batch padded to b rows of weight 0 (copies of record 0: shapes only, no gradient)
+        def padded():
+            for idx in source.next_epoch():
+                if idx.size > b:
+                    raise ParameterError(
+                        "batch_size",
+                        f"a balls_in_bins step drew {idx.size} records, more than the {b} rows a batch is padded to "
+                        f"(probability at most {PAD_OVERFLOW:g} per step); the run cannot continue with this schedule",
+                    )
+                weights = np.zeros(b, np.float32)
+                weights[: idx.size] = 1.0
+                yield np.concatenate([idx, np.zeros(b - idx.size, np.int64)]), weights
+
+        spec = (tf.TensorSpec((b,), tf.int64), tf.TensorSpec((b,), tf.float32))
+        idx = tf.data.Dataset.from_generator(padded, output_signature=spec)
+        idx = idx.apply(tf.data.experimental.assert_cardinality(spe))
+        ds = idx.map(lambda i, w: (tf.gather(x, i), tf.gather(y, i), w)).prefetch(2)
+        _SOURCES[ds] = source
+        return ds
     if schedule.is_random:
         # one epoch of index rows computed when Keras starts iterating (not when it creates
         # the iterator), so the k-th epoch trained is the k-th epoch of the schedule, and a

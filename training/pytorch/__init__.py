@@ -22,6 +22,8 @@ the samplers and ``FeatureClip``.
 from .features import FeatureClip, FeatureNormMonitor, clip_features
 from .samplers import (
     BallsInBinsBatchSampler,
+    EmptyBatchCollate,
+    balls_in_bins_loader,
     CyclicBatchSampler,
     FullBatchSampler,
     HiddenStateBatchSampler,
@@ -48,6 +50,8 @@ __all__ = [
     "WithoutReplacementBatchSampler",
     "FullBatchSampler",
     "BallsInBinsBatchSampler",
+    "EmptyBatchCollate",
+    "balls_in_bins_loader",
     "secret_shuffle",
     "has_secret_generator",
     "sampler_from_state_dict",

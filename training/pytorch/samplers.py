@@ -78,6 +78,8 @@ __all__ = [
     "WithoutReplacementBatchSampler",
     "FullBatchSampler",
     "BallsInBinsBatchSampler",
+    "EmptyBatchCollate",
+    "balls_in_bins_loader",
     "sampler_from_state_dict",
     "secret_shuffle",
     "has_secret_generator",
@@ -129,6 +131,7 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
         num_replicas: Optional[int] = None,
         rank: Optional[int] = None,
         last_batch: str = DROPPED,
+        steps_per_epoch: Optional[int] = None,
     ) -> None:
         num_replicas, rank = _distributed_defaults(num_replicas, rank)
         share = None
@@ -141,7 +144,15 @@ class HiddenStateBatchSampler(Sampler[List[int]]):
                 )
             share = _broadcast_from_rank0
         self._setup(
-            BatchSchedule(dataset_size, batch_size, self.sampling, seed, share_seed=share, last_batch=last_batch),
+            BatchSchedule(
+                dataset_size,
+                batch_size,
+                self.sampling,
+                seed,
+                share_seed=share,
+                last_batch=last_batch,
+                steps_per_epoch=steps_per_epoch,
+            ),
             num_replicas,
             rank,
         )
@@ -341,18 +352,36 @@ class FullBatchSampler(HiddenStateBatchSampler):
         super().__init__(dataset_size, dataset_size, None, num_replicas=num_replicas, rank=rank)
 
 
+EMPTY_BATCHES = ("refuse", "yield")
+"""What :class:`BallsInBinsBatchSampler` does with a step no record drew: refuse it with a clear error (the
+default: torch's default collate cannot batch nothing), or hand the DataLoader an empty list, which
+:class:`EmptyBatchCollate` turns into tensors with no rows (:func:`balls_in_bins_loader` sets both up)."""
+
+
 class BallsInBinsBatchSampler(HiddenStateBatchSampler):
     """Every epoch, each record independently draws its step uniformly among the epoch's
-    ``n // b`` steps (``sampling="balls_in_bins"``): batches of random size (``n / (n // b)`` on
+    ``t = n // b`` steps (``sampling="balls_in_bins"``): batches of random size (``n / t`` on
     average), every record exactly once per epoch, and no record's step depends on the others', so
     adding or removing a record changes nothing else. That is what gives it an ADD_OR_REMOVE_ONE
     number (Opacus' relation; docs/derivations.md, "Balls-in-bins sampling"), which
-    ``DataLoader(shuffle=True)`` does not have.
+    ``DataLoader(shuffle=True)`` does not have, and, with no geometry declared, the amplified
+    composition of random allocation (``composition_allocation_pld``, about Poisson's number).
+
+    ``steps_per_epoch``: ``t``, a public constant: neighbouring datasets must run the same ``t``, so pass it
+    when the dataset's size is not public (``None``: ``n // b`` of the ``dataset_size`` given, which is then
+    treated as public; docs/derivations.md B.1).
 
     Opacus must divide every batch by the fixed ``b``: ``accountant.configure(sampler=sampler,
     optimizer=optimizer, ...)`` sets the optimizer's ``expected_batch_size`` to ``b`` (per rank).
-    A DataLoader cannot collate an empty batch; the sampler warns when one is not negligible
-    (``t (1 - 1/t)^n > 1e-9`` per epoch, i.e. only for tiny batches).
+
+    **Empty steps.** A step no record drew is still a step of the schedule: the optimiser must take it with
+    noise only (Opacus' ``DPOptimizer`` does, as for an empty Poisson batch), and the accountant counts it.
+    A DataLoader's default collate cannot batch nothing, so by default (``empty_batches="refuse"``) such a
+    step raises a clear error before the DataLoader sees it; build the loader with
+    :func:`balls_in_bins_loader` (or set ``empty_batches="yield"`` and pass
+    ``collate_fn=EmptyBatchCollate(dataset)``) to hand the model tensors with no rows instead. The
+    sampler warns at construction when an empty step is not negligible (``t (1 - 1/t)^n > 1e-9`` per epoch,
+    i.e. only for tiny batches).
 
     >>> s = BallsInBinsBatchSampler(10, 3, seed=5)  # an explicit seed: keep it secret
     >>> epoch = list(s)
@@ -361,6 +390,7 @@ class BallsInBinsBatchSampler(HiddenStateBatchSampler):
     """
 
     sampling = BALLS_IN_BINS
+    _empty_batches = "refuse"  # also for a sampler rebuilt from its state
 
     def __init__(
         self,
@@ -368,19 +398,110 @@ class BallsInBinsBatchSampler(HiddenStateBatchSampler):
         batch_size: int,
         seed: Optional[int] = None,
         *,
+        steps_per_epoch: Optional[int] = None,
+        empty_batches: str = "refuse",
         num_replicas: Optional[int] = None,
         rank: Optional[int] = None,
     ) -> None:
-        super().__init__(dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank)
+        super().__init__(
+            dataset_size, batch_size, seed, num_replicas=num_replicas, rank=rank, steps_per_epoch=steps_per_epoch
+        )
+        self.empty_batches = empty_batches
         n, t = self.dataset_size, self.steps_per_epoch
-        if t > 1 and math.log(t) + n * math.log1p(-1.0 / t) > math.log(1e-9):
+        if t > 1 and math.log(t) + n * math.log1p(-1.0 / t) > math.log(1e-9) and empty_batches == "refuse":
             warnings.warn(
-                f"BallsInBinsBatchSampler: with {n} records over {t} steps an epoch has an empty batch with "
-                f"probability up to {min(1.0, t * (1 - 1 / t) ** n):.2g}, which a DataLoader cannot collate; use "
-                "larger batches",
+                f"BallsInBinsBatchSampler: with {n} records over {t} steps an epoch has an empty step with "
+                f"probability up to {min(1.0, t * (1 - 1 / t) ** n):.2g}; a DataLoader's default collate cannot "
+                "batch nothing, so such a step is refused: build the loader with balls_in_bins_loader(dataset, "
+                "sampler), which hands the model tensors with no rows (the optimiser then adds noise only)",
                 HiddenStateWarning,
                 stacklevel=2,
             )
+
+    @property
+    def empty_batches(self) -> str:
+        return self._empty_batches
+
+    @empty_batches.setter
+    def empty_batches(self, value: str) -> None:
+        if value not in EMPTY_BATCHES:
+            raise v.ParameterError("empty_batches", f"must be one of {', '.join(EMPTY_BATCHES)}, got {value!r}")
+        self._empty_batches = value
+
+    def __iter__(self) -> Iterator[List[int]]:
+        end = (self.epoch + 1) * self.steps_per_epoch
+        while self.position < end:
+            step = self.position
+            batch = self.local_batch(step)
+            if not batch and self.empty_batches == "refuse":
+                raise v.ParameterError(
+                    "empty_batches",
+                    f"step {step} of the balls_in_bins schedule drew no record{' on this rank' if self.num_replicas > 1 else ''}: "
+                    "an empty step is still a step (the optimiser adds noise only, and the accountant counts it), but "
+                    "a DataLoader's default collate cannot batch nothing; build the loader with "
+                    "balls_in_bins_loader(dataset, sampler) (or empty_batches='yield' and "
+                    "collate_fn=EmptyBatchCollate(dataset)), or use larger batches",
+                )
+            self.position += 1  # before yielding: a batch handed out counts as used
+            yield batch
+
+
+def _no_rows(x):
+    """``x`` (a collated batch) with no rows: tensors and arrays cut to length 0, containers recursively."""
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return x[:0]
+    if isinstance(x, dict):
+        return {k: _no_rows(e) for k, e in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple
+        return type(x)(*(_no_rows(e) for e in x))
+    if isinstance(x, (list, tuple)):
+        if all(isinstance(e, (torch.Tensor, np.ndarray, dict, list, tuple)) for e in x):
+            return type(x)(_no_rows(e) for e in x)
+        return type(x)()  # one value per record (e.g. strings): none
+    return x
+
+
+class EmptyBatchCollate:
+    """A ``collate_fn`` that also batches nothing: an empty step of :class:`BallsInBinsBatchSampler` becomes the
+    batch's structure with no rows (the collate of one record, ``dataset[0]``, cut to length 0: its shapes and
+    types, none of its values), on which the model's forward and Opacus' ``DPOptimizer`` take a noise-only
+    step. Other batches go to ``collate_fn`` (torch's default when ``None``).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> collate = EmptyBatchCollate(TensorDataset(torch.ones(4, 3), torch.zeros(4)))
+    >>> [tuple(t.shape) for t in collate([])]
+    [(0, 3), (0,)]
+    """
+
+    def __init__(self, dataset, collate_fn=None) -> None:
+        from torch.utils.data import default_collate
+
+        self.dataset, self.collate_fn = dataset, collate_fn or default_collate
+
+    def __call__(self, batch):
+        if len(batch):
+            return self.collate_fn(batch)
+        return _no_rows(self.collate_fn([self.dataset[0]]))
+
+
+def balls_in_bins_loader(dataset, sampler: BallsInBinsBatchSampler, **kwargs):
+    """``DataLoader(dataset, batch_sampler=sampler, collate_fn=EmptyBatchCollate(dataset, collate_fn))``
+    with the sampler set to yield empty steps (``empty_batches="yield"``): every step of the schedule reaches
+    the training loop, an empty one as tensors with no rows. ``kwargs`` go to the ``DataLoader``.
+
+    >>> from torch.utils.data import TensorDataset
+    >>> data = TensorDataset(torch.arange(4.0)[:, None])
+    >>> loader = balls_in_bins_loader(data, BallsInBinsBatchSampler(4, 1, seed=0, empty_batches="yield"))
+    >>> len([batch for batch in loader]) == 4
+    True
+    """
+    from torch.utils.data import DataLoader
+
+    if not isinstance(sampler, BallsInBinsBatchSampler):
+        raise v.ParameterError("sampler", f"must be a BallsInBinsBatchSampler, got {type(sampler).__name__}")
+    sampler.empty_batches = "yield"
+    collate = EmptyBatchCollate(dataset, kwargs.pop("collate_fn", None))
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, **kwargs)
 
 
 _CLASSES = {

@@ -83,6 +83,8 @@ MAX_PATTERNS = 4096
 PAIR_COMPONENTS = 1024
 """Components of the dominating pair; beyond, each ``mu`` is rounded up onto a geometric grid
 (:func:`~hidden_state_accountants.bounds.mixture_components`; at most 0.3% at the MNIST scale)."""
+ESTIMATE_TERMS = 1_000_000
+"""Terms of an epoch that :func:`_energy_estimate` sums one by one (the rest are estimated)."""
 TRACE_POINTS = 3000
 """Points at which the dominating pair's two privacy profiles are traced exactly."""
 
@@ -229,10 +231,14 @@ def _energy_estimate(steps: int, spe: int, log_c: float) -> float:
     """``E_d sqrt(energy)`` of one use at a uniform step of the last epoch, alone (vectorised; it only
     chooses between caps)."""
     here = min(spe, steps)
-    d = np.arange(here, dtype=float)
+    shown = min(here, ESTIMATE_TERMS)  # an epoch of 1e18 steps must not allocate 1e18 numbers
+    d = np.arange(shown, dtype=float)
     lc2 = 2.0 * log_c
     capacity = -np.expm1((d + 1) * lc2) / -math.expm1(lc2) if lc2 < 0 else d + 1
-    return float(np.sum(np.exp(d * log_c) / np.sqrt(capacity)) / spe)
+    terms = np.exp(d * log_c) / np.sqrt(capacity)
+    # the rest: terms no larger than the last one, and decaying like c^d (a rough tail: this only chooses a cap)
+    tail = float(terms[-1]) * min(here - shown, 1.0 / -log_c if log_c < 0 else here - shown)
+    return float((np.sum(terms) + tail) / spe)
 
 
 # ===================================================== the dominating pair of B.3

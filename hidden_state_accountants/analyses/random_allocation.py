@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 from dp_accounting.pld import pld_pmf
@@ -143,7 +143,7 @@ def chernoff_tail(p: np.ndarray, h: float, n: int, limit: float, points: int = 1
     log_m, log_m1 = _log_mgf(p, h, lam)
     log_p = n * log_m - lam * limit
     log_e = math.log(n) + (n - 1) * log_m + log_m1 - lam * limit
-    return float(min(1.0, np.exp(np.min(log_p)))), float(np.exp(min(np.min(log_e), 700.0)))
+    return float(np.exp(min(np.min(log_p), 0.0))), float(np.exp(min(np.min(log_e), 700.0)))
 
 
 TILTS = 6
@@ -452,11 +452,14 @@ TRIANGLE_STEP = 1e-3
 """The fixed grid of ``eps`` on which the triangle's two legs are evaluated (its rounding: at most one step)."""
 
 
-def triangle_legs(pld: fdp.PLD) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def triangle_legs(pld: Optional[fdp.PLD]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two directions' profiles of an add/remove PLD on a common grid of ``eps`` (each an upper bound at
     its points): the legs of :class:`~.balls_in_bins.ReplaceTriangleBound`. The grid is the multiples of
     :data:`TRIANGLE_STEP` from -1 to where both directions are down to their infinite-loss mass, so that the
     bound does not jitter with the noise."""
+    if pld is None:  # the composition is vacuous (most of its mass at infinite loss): so is the triangle
+        eps, one = np.array([0.0]), np.ones(1)
+        return eps, one, eps, one
     remove, add = pld._pmf_remove, pld._pmf_add  # noqa: SLF001
     ends = [float(p.get_epsilon_for_delta(max(1e-15, 2.0 * p._infinity_mass))) for p in (remove, add)]  # noqa: SLF001
     top = min(max(ends + [1e-3]), fdp.MAX_LOSS)

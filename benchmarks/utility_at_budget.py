@@ -1131,9 +1131,7 @@ def findings(rows: List[Row], budgets: Sequence[float]) -> List[str]:
                 )
                 cells.append(f"eps {eps:g}: {diff:+.3f} ({verdict}; {how})")
             if cells:
-                count = ", ".join(
-                    f"{verdicts.count(v)} {v}" for v in ("better", "worse", "no clear difference") if v in verdicts
-                )
+                count = ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts)
                 lines.append(
                     f"* **{name}, ({key}) against ({base})** ({METHODS[key].relation}; {count}): "
                     + "; ".join(cells)
@@ -1162,6 +1160,98 @@ def clip_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
                     f"{y.config.describe()} |"
                 )
     return lines if len(lines) > 2 else []
+
+
+VERDICTS = ("better", "worse", "no clear difference")
+
+
+def _differences(rows: List[Row], base: str, key: str, budgets: Sequence[float]) -> Dict[str, List[Tuple[float, str]]]:
+    """Per dataset, ``key``'s test mean minus ``base``'s and its verdict at every budget where both exist."""
+    out = {}
+    for name in dict.fromkeys(r.dataset for r in rows):
+        by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
+        cells = [_verdict(by[(base, e)], by[(key, e)]) for e in budgets if (base, e) in by and (key, e) in by]
+        if cells:
+            out[name] = cells
+    return out
+
+
+def _spread(values: Sequence[float], fmt: str = "{:+.3f}") -> str:
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)} to {fmt.format(hi)}"
+
+
+def headline(
+    rows: List[Row], without_l2: List[Row], search: List[Dict[str, object]], budgets: Sequence[float]
+) -> List[str]:
+    """The findings in a few lines, computed from the tables below: what the clip that cannot bind costs,
+    what the swap does at the same clip, (D) against Poisson without L2 (accuracy and noise), and the
+    hidden-state winners against their composition windows."""
+    lines = []
+
+    def compare(base: str, key: str, which: List[Row], what: str) -> None:
+        for name, cells in _differences(which, base, key, budgets).items():
+            counts = ", ".join(f"{n} {v}" for v in VERDICTS if (n := sum(c[1] == v for c in cells)))
+            lines.append(
+                f"* {what}, {name}: ({key}) - ({base}) = {_spread([c[0] for c in cells])} in test accuracy "
+                f"over eps {', '.join(f'{e:g}' for e in budgets)} ({counts})."
+            )
+
+    compare("A", "A2", rows, f"**The clip that cannot bind** ({NONBINDING_CLIP_NORM:g} against {CLIP_NORM:g})")
+    compare("A2", "B", rows, "**The swap at the same clip**")
+    binary = [r for r in rows if dataset(r.dataset).classes == 2]
+    compare("A", "B", binary, "**The swap** (two classes: both clip at 1)")
+    cells = [r for r in rows if r.method == "B"]
+    held = [f"{r.dataset} eps {r.epsilon_budget:g}" for r in cells if _is_hidden_state(r.analysis)]
+    lines.append(
+        f"* (B)'s selected configuration was accounted by a hidden-state analysis in {len(held)} of {len(cells)} "
+        f"cells ({', '.join(held) or 'none'}); elsewhere by composition, Opacus' number."
+    )
+    binary = [r for r in without_l2 if dataset(r.dataset).classes == 2]
+    compare("A", "D", binary, "**Balls-in-bins without L2** (two classes, both clip at 1)")
+    compare("A2", "D", without_l2, "**Balls-in-bins without L2** at the same clip")
+    ratios = _no_l2_noise_ratios(search)
+    if ratios:
+        lines.append(
+            "* Without L2, over the whole grid, random allocation needs z(A)/z(D) = "
+            + "; ".join(
+                f"{name} {_spread(values, '{:.3f}')} (median {statistics.median(values):.3f}, {len(values)} "
+                "configurations)"
+                for name, values in ratios.items()
+            )
+            + " times less noise than Opacus' PRV for the same configuration."
+        )
+    windows = [r for r in rows if r.window and "window" in r.window and r.method in ("B", "D")]
+    if windows:
+        lines.append(
+            f"* The {len(windows)} hidden-state winners of (B) and (D) need "
+            f"{_spread([r.z / r.window['z_window'] for r in windows], '{:.2f}')} times the noise composition needs "
+            "over their window ceil(T_w) and "
+            f"{_spread([r.z / r.window['z_run'] for r in windows], '{:.2f}')} times what it needs over their T steps."
+        )
+    return lines
+
+
+def _no_l2_noise_ratios(search: List[Dict[str, object]]) -> Dict[str, List[float]]:
+    """Per dataset, z(A)/z(D) over every configuration without L2 (both composition: the accountants)."""
+    z = {
+        (
+            r["method"],
+            r["dataset"],
+            r["epsilon"],
+            r["config"]["batch_size"],
+            r["config"]["epochs"],
+            r["config"]["lr"],
+            r["config"]["radius"],
+        ): r["z"]
+        for r in search
+        if r["config"]["l2"] == 0
+    }
+    out: Dict[str, List[float]] = {}
+    for (method, *key), zd in z.items():
+        if method == "D" and ("A", *key) in z:
+            out.setdefault(key[0], []).append(z[("A", *key)] / zd)
+    return out
 
 
 def no_l2_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
@@ -1278,6 +1368,7 @@ def report(
         f"![test accuracy against epsilon]({picture})",
         "",
     ]
+    lines += ["## What the numbers show", ""] + headline(rows, without_l2, search, args.budgets) + [""]
     lines += ["## Test accuracy, mean ± std over the test seeds", ""] + summary_table(rows, args.budgets)
     lines += [
         "",
@@ -1503,6 +1594,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, object]:
     finally:
         runner.close()
     seconds = time.perf_counter() - start
+    print("\n" + "\n".join(headline(rows, without_l2, search, args.budgets)))
     print("\n" + "\n".join(summary_table(rows, args.budgets)))
     print("\n" + "\n".join(comparison_table(rows, args.budgets)))
     for table in (clip_table(rows, args.budgets), no_l2_table(without_l2, args.budgets), window_table(rows)):

@@ -5,10 +5,7 @@ core calibrates for must be the run Opacus' loader makes and the adapter records
 prints one row per method and budget, within budget, and writes its report and plot.
 """
 
-import importlib
 import math
-import pathlib
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -20,16 +17,14 @@ pytest.importorskip("opacus")
 pytest.importorskip("sklearn")
 pytestmark = pytest.mark.torch
 
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))  # as when the script runs: benchmarks/ on the path
-    mod = importlib.import_module("utility_at_budget")
-    mod._quiet()
-    return mod
+    from opacus_common import import_benchmark
+
+    module = import_benchmark("utility_at_budget")
+    module._quiet()
+    return module
 
 
 @pytest.mark.parametrize("s", [0.0, 0.7, 1.3, 3.0])
@@ -184,6 +179,16 @@ def test_the_report_tables_for_the_clip_no_l2_and_windows(bench):
         and "| 80 | 39.0 | 5.000 | 4.800 (composition_poisson_pld) | 6.800 (composition_poisson_pld) |" in table[2]
     )
     assert bench.clip_table(rows[2:], (1.0,)) == []  # two classes or no (A2): no clip table
+    # the summary at the top of the report says the same, from the same rows (and the grid's noise ratios)
+    search = [
+        dict(dataset="digits", method=m, epsilon=1.0, config=bench.asdict(replace(plain, sampler=s)), z=z)
+        for m, s, z in (("A", None, 2.2), ("D", "balls_in_bins", 2.0), ("A", None, 9.0))
+    ]
+    search[2]["config"]["l2"] = 0.05  # not a configuration without L2: left out
+    text = "\n".join(bench.headline(rows, rows[:3], search, (1.0,)))
+    assert "(2.01 against 1), digits: (A2) - (A) = -0.060 in test accuracy over eps 1 (1 worse)" in text
+    assert "digits 1.100 (median 1.100, 1 configurations)" in text
+    assert "The 1 hidden-state winners of (B) and (D) need 1.04 times" in text and "and 0.74 times" in text
 
 
 def test_bad_grids_are_refused_naming_the_flag(bench, capsys):

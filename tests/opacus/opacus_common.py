@@ -1,5 +1,9 @@
 """Helpers shared by the Opacus tests (importable: pytest puts this folder on sys.path)."""
 
+import importlib
+import pathlib
+import sys
+
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -45,3 +49,11 @@ def private_logistic(loader, *, lr: float, z: float, clip: float = 1.0, poisson_
         poisson_sampling=poisson_sampling,
     )
     return engine, model, opt, loader
+
+
+def import_benchmark(name: str):
+    """A script of ``benchmarks/`` as a module, with ``benchmarks/`` on the path as when the script runs."""
+    folder = str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(name)

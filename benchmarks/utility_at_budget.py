@@ -91,7 +91,7 @@ Z_AGREEMENT = 0.05  # the adapter's z and the core's z agree when they differ by
 EPSILON_SLACK = 1e-6  # reported epsilon vs the budget (relative), beyond float rounding
 # Bump when anything that changes a calibration or a training run changes here (data, model, training
 # loop, the methods' setup): ``--cache`` reuses results only under the same version and package source.
-TASKS_VERSION = 2  # 2: a clip that cannot bind where a geometry is declared on three or more classes
+TASKS_VERSION = 3  # 2: a clip that cannot bind where a geometry is declared on three or more classes; 3: no geometry (clip 1) on more classes without L2 or projection
 # Bump a dataset's entry when its data change (only its cached results are then recomputed).
 DATA_VERSIONS = {"synthetic": 2}  # 2: identity covariance
 
@@ -413,20 +413,32 @@ def geometry_for(cfg: Config, classes: int = 2):
     return LossGeometry.logistic_regression(FEATURE_NORM, cfg.l2, radius, num_classes=classes)
 
 
-def clip_norm_for(method: Method, classes: int) -> float:
+def declares_geometry(method: Method, cfg: Optional[Config], classes: int) -> bool:
+    """Whether a user of ``method`` declares the logistic geometry for this configuration: a hidden-state method
+    does, except on three or more classes where the configuration has neither an L2 term nor a projection (no
+    hidden-state analysis could hold, so the user keeps the clip at 1 and gets composition, without the larger
+    clip a multi-class claim needs)."""
+    if not method.hidden_state:
+        return False
+    return classes <= 2 or cfg is None or cfg.l2 > 0 or cfg.radius is not None
+
+
+def clip_norm_for(method: Method, classes: int, cfg: Optional[Config] = None) -> float:
     """The clip a user of ``method`` sets: one that cannot bind where a geometry is declared for three or
-    more classes (and for (A2), its baseline at that clip), else 1."""
-    return NONBINDING_CLIP_NORM if (method.hidden_state or method.geometry_clip) and classes > 2 else CLIP_NORM
+    more classes (and for (A2), its baseline at that clip), else 1. ``cfg=None``: a configuration that can
+    carry a hidden-state claim."""
+    wide = method.geometry_clip or declares_geometry(method, cfg, classes)
+    return NONBINDING_CLIP_NORM if wide and classes > 2 else CLIP_NORM
 
 
 def core_event(method: Method, cfg: Config, n: int, classes: int):
     """The ``TrainingRunDpEvent`` the engine's accountant records for this configuration (noise 1)."""
     from hidden_state_accountants import TrainingRunDpEvent
 
-    common = dict(noise_multiplier=1.0, clip_norm=clip_norm_for(method, classes), learning_rate=cfg.lr)
+    common = dict(noise_multiplier=1.0, clip_norm=clip_norm_for(method, classes, cfg), learning_rate=cfg.lr)
+    geometry = geometry_for(cfg, classes) if declares_geometry(method, cfg, classes) else None
     if method.poisson:
         q, divisor, steps_per_epoch = poisson_plan(n, cfg.batch_size)
-        geometry = geometry_for(cfg, classes) if method.hidden_state else None
         return TrainingRunDpEvent(
             dataset_size=n,
             batch_size=divisor,
@@ -442,7 +454,7 @@ def core_event(method: Method, cfg: Config, n: int, classes: int):
         batch_size=cfg.batch_size,
         epochs=cfg.epochs,
         sampling=cfg.sampler,
-        geometry=geometry_for(cfg, classes),
+        geometry=geometry,
         l2_regularization=cfg.l2,
         **common,
     )
@@ -551,16 +563,20 @@ def private_training(
         optimizer=optimizer,
         data_loader=loader,
         poisson_sampling=method.poisson,
-        max_grad_norm=clip_norm_for(method, data.classes) if method is not NON_PRIVATE else NON_PRIVATE_CLIP,
+        max_grad_norm=clip_norm_for(method, data.classes, cfg) if method is not NON_PRIVATE else NON_PRIVATE_CLIP,
     )
+    declared = declares_geometry(method, cfg, data.classes)
     if target_epsilon is not None:
         kwargs = {}
         if method.hidden_state:  # the configuration Opacus' calibration cannot see
             engine.accountant.configure(
-                geometry=geometry_for(cfg, data.classes), model=model, neighboring_relation=method.relation, **where
+                geometry=geometry_for(cfg, data.classes) if declared else None,
+                model=model,
+                neighboring_relation=method.relation,
+                **where,
             )
             kwargs = engine.accountant.calibration_kwargs(
-                optimizer=optimizer, max_grad_norm=clip_norm_for(method, data.classes)
+                optimizer=optimizer, max_grad_norm=clip_norm_for(method, data.classes, cfg)
             )
         model, optimizer, loader = engine.make_private_with_epsilon(
             target_epsilon=target_epsilon, target_delta=DELTA, epochs=cfg.epochs, **common, **kwargs
@@ -570,7 +586,7 @@ def private_training(
     hook = hso.ProjectionHook(optimizer, radius=cfg.radius, l2_regularization=cfg.l2)
     if method.hidden_state:
         engine.accountant.configure(
-            geometry=hook.logistic_regression_geometry(FEATURE_NORM, num_classes=data.classes),
+            geometry=hook.logistic_regression_geometry(FEATURE_NORM, num_classes=data.classes) if declared else None,
             model=model,
             optimizer=optimizer,
             neighboring_relation=method.relation,
@@ -1021,7 +1037,7 @@ def _best_val(records: List[Dict[str, object]]) -> str:
 def _noise(r: Row) -> str:
     """The noise's standard deviation on the averaged gradient, ``z C / b``: what the selected configurations
     trade (the clip counts: at the same z, C = 2.01 is twice the noise of C = 1)."""
-    clip = clip_norm_for(METHODS[r.method], dataset(r.dataset).classes)
+    clip = clip_norm_for(METHODS[r.method], dataset(r.dataset).classes, r.config)
     return f"{r.z * clip / r.config.batch_size:.3f}"
 
 

@@ -91,6 +91,14 @@ def test_a2_is_opacus_at_the_clip_a_multiclass_geometry_needs(bench):
     assert a2.applies_to(10) and not a2.applies_to(2) and a.applies_to(2)
     assert bench.clip_norm_for(a2, 10) == bench.NONBINDING_CLIP_NORM == 2.01 and bench.clip_norm_for(a, 10) == 1.0
     assert bench.clip_norm_for(bench.METHODS["B"], 10) == 2.01 and bench.clip_norm_for(bench.METHODS["B"], 2) == 1.0
+    # a configuration that can carry no hidden-state claim (no L2, no projection) keeps clip 1 and no geometry
+    plain, regularised = bench.Config(72, 2, 1.0, 0.0, None), bench.Config(72, 2, 1.0, 0.05, None)
+    for key in ("B", "C", "D"):
+        method = bench.METHODS[key]
+        assert not bench.declares_geometry(method, plain, 10) and bench.clip_norm_for(method, 10, plain) == 1.0
+        assert bench.declares_geometry(method, regularised, 10) and bench.clip_norm_for(method, 10, regularised) == 2.01
+        assert bench.declares_geometry(method, plain, 2) and bench.clip_norm_for(method, 2, plain) == 1.0
+    assert bench.core_event(bench.METHODS["B"], plain, 1200, 10).geometry is None
     data = bench.dataset("digits")
     cfg = bench.Config(150, 2, 1.0, 0.0, None)
     clips, zs = [], []

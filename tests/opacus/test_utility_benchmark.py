@@ -167,7 +167,7 @@ def test_the_report_tables_for_the_clip_no_l2_and_windows(bench):
         len(clip) == 3 and "| digits | 1 | 0.870 ± 0.010 | 0.810 ± 0.010 | -0.060 (worse) | 0.013, 0.027 |" in clip[2]
     )
     no_l2 = bench.no_l2_table(rows, (1.0,))
-    assert "-0.010 (no clear difference) | +0.050 (better) | yes |" in no_l2[2]
+    assert "| 0.870 ± 0.010 | 0.860 ± 0.005 | -0.010 (no clear difference) | yes |" in no_l2[2]
     rows[2].test = [0.80, 0.80, 0.80]
     assert "| no |" in bench.no_l2_table(rows, (1.0,))[2]
     assert bench.window_table(rows) == []  # no hidden-state winner

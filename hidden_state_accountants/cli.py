@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import warnings
 from typing import List, Optional
@@ -763,6 +764,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         flag = _flag(err.parameter, args)
         print(f"hsa: error: {flag + ': ' if flag else ''}{message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader closed early (`hsa epsilon ... | head`): not an error; silence the flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -150,6 +150,19 @@ def test_module_entry_point_runs_the_same_cli():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--delta" in bad.stderr
 
 
+def test_a_reader_that_closes_early_is_not_an_error():
+    """`hsa epsilon ... | head -1`: the pipe closes before the report is printed; the command ends quietly
+    (exit 0, no traceback) instead of raising BrokenPipeError."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hidden_state_accountants", "epsilon", *RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # closed before the interpreter has even imported the package
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and "Traceback" not in err, err
+
+
 def test_demo_leads_with_what_an_opacus_user_sees(capsys, tmp_path):
     """The demo's first table is the run an Opacus user makes (Poisson, add/remove): its composition
     column is dp_accounting's Poisson PLD (what Opacus' PRV prints, within discretisation), and the

@@ -391,9 +391,6 @@ SAMPLERS = ("cyclic", "shuffle_partition", "reshuffle", "balls_in_bins")
 # each hidden-state method against its composition baseline in the same relation (the grid's noise ratios;
 # (A2)'s z is (A)'s)
 PAIRS = (("A", "B"), ("A", "D"), ("A'", "C"))
-# the selected models compared: each hidden-state method against the run a user had before the swap ((A2) is
-# the clip's cost alone, in its own table)
-COMPARISONS = PAIRS
 NO_L2_METHODS = ("A", "A2", "D")  # also compared on their best configuration without an L2 term
 NON_PRIVATE = Method("non-private", "non-private (no noise, no clipping)", "-", True, "prv", False)
 
@@ -1054,6 +1051,21 @@ def _pairs_present(keys, pairs=PAIRS) -> List[Tuple[str, str]]:
     return [(a, b) for a, b in pairs if a in keys and b in keys]
 
 
+def _by_dataset(rows: List[Row]) -> Dict[str, Dict[Tuple[str, Optional[float]], Row]]:
+    """The selected rows of each dataset (in order of appearance), by ``(method, epsilon budget)``."""
+    out: Dict[str, Dict[Tuple[str, Optional[float]], Row]] = {}
+    for r in rows:
+        out.setdefault(r.dataset, {})[(r.method, r.epsilon_budget)] = r
+    return out
+
+
+def _matched(by: Dict[Tuple[str, Optional[float]], Row], base: str, key: str, budgets: Sequence[float]):
+    """``(eps, base row, key row)`` at every budget where one dataset has both methods' selected rows."""
+    for eps in budgets:
+        if (base, eps) in by and (key, eps) in by:
+            yield eps, by[(base, eps)], by[(key, eps)]
+
+
 def _verdict(x: Row, y: Row) -> Tuple[float, str]:
     """``y``'s test mean minus ``x``'s, and whether it exceeds twice its standard error over the test seeds
     (``sqrt((s_x^2 + s_y^2) / seeds)``; a rough rule with 3 seeds)."""
@@ -1106,19 +1118,16 @@ def comparison_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
         "analysis, sampler |",
         "|---|---:|---|---:|---:|---:|---|---|",
     ]
-    pairs = _pairs_present({r.method for r in rows}, COMPARISONS)
-    for name in dict.fromkeys(r.dataset for r in rows):
-        by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
+    pairs = _pairs_present({r.method for r in rows})
+    for name, by in _by_dataset(rows).items():
         for eps in budgets:
             for base, key in pairs:
-                x, y = by.get((base, eps)), by.get((key, eps))
-                if x is None or y is None:
-                    continue
-                lines.append(
-                    f"| {name} | {eps:g} | ({base}) / ({key}) | {x.mean:.3f} ± {x.std:.3f} | "
-                    f"{y.mean:.3f} ± {y.std:.3f} | {y.mean - x.mean:+.3f} | {_noise(x)}, {_noise(y)} | "
-                    f"{y.analysis}, {y.config.sampler or 'poisson'} |"
-                )
+                for _, x, y in _matched(by, base, key, (eps,)):
+                    lines.append(
+                        f"| {name} | {eps:g} | ({base}) / ({key}) | {x.mean:.3f} ± {x.std:.3f} | "
+                        f"{y.mean:.3f} ± {y.std:.3f} | {y.mean - x.mean:+.3f} | {_noise(x)}, {_noise(y)} | "
+                        f"{y.analysis}, {y.config.sampler or 'poisson'} |"
+                    )
     return lines
 
 
@@ -1138,15 +1147,11 @@ def findings(rows: List[Row], budgets: Sequence[float]) -> List[str]:
     (``sqrt((s_base^2 + s_hs^2) / seeds)``; a rough rule with 3 seeds), and whether the winner's
     epsilon came from a hidden-state analysis at all."""
     lines = []
-    pairs = _pairs_present({r.method for r in rows}, COMPARISONS)
-    for name in dict.fromkeys(r.dataset for r in rows):
-        by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
+    pairs = _pairs_present({r.method for r in rows})
+    for name, by in _by_dataset(rows).items():
         for base, key in pairs:
             cells, verdicts = [], []
-            for eps in budgets:
-                x, y = by.get((base, eps)), by.get((key, eps))
-                if x is None or y is None:
-                    continue
+            for eps, x, y in _matched(by, base, key, budgets):
                 diff, verdict = _verdict(x, y)
                 verdicts.append(verdict)
                 how = (
@@ -1173,17 +1178,14 @@ def clip_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
         "noise zC/b: (A), (A2) | configurations: (A); (A2) |",
         "|---|---:|---:|---:|---|---|---|",
     ]
-    for name in dict.fromkeys(r.dataset for r in rows):
-        by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
-        for eps in budgets:
-            x, y = by.get(("A", eps)), by.get(("A2", eps))
-            if x is not None and y is not None:
-                diff, verdict = _verdict(x, y)
-                lines.append(
-                    f"| {name} | {eps:g} | {x.mean:.3f} ± {x.std:.3f} | {y.mean:.3f} ± {y.std:.3f} | "
-                    f"{diff:+.3f} ({verdict}) | {_noise(x)}, {_noise(y)} | {x.config.describe()}; "
-                    f"{y.config.describe()} |"
-                )
+    for name, by in _by_dataset(rows).items():
+        for eps, x, y in _matched(by, "A", "A2", budgets):
+            diff, verdict = _verdict(x, y)
+            lines.append(
+                f"| {name} | {eps:g} | {x.mean:.3f} ± {x.std:.3f} | {y.mean:.3f} ± {y.std:.3f} | "
+                f"{diff:+.3f} ({verdict}) | {_noise(x)}, {_noise(y)} | {x.config.describe()}; "
+                f"{y.config.describe()} |"
+            )
     return lines if len(lines) > 2 else []
 
 
@@ -1193,9 +1195,8 @@ VERDICTS = ("better", "worse", "no clear difference")
 def _differences(rows: List[Row], base: str, key: str, budgets: Sequence[float]) -> Dict[str, List[Tuple[float, str]]]:
     """Per dataset, ``key``'s test mean minus ``base``'s and its verdict at every budget where both exist."""
     out = {}
-    for name in dict.fromkeys(r.dataset for r in rows):
-        by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
-        cells = [_verdict(by[(base, e)], by[(key, e)]) for e in budgets if (base, e) in by and (key, e) in by]
+    for name, by in _by_dataset(rows).items():
+        cells = [_verdict(x, y) for _, x, y in _matched(by, base, key, budgets)]
         if cells:
             out[name] = cells
     return out
@@ -1284,12 +1285,8 @@ def no_l2_table(rows: List[Row], budgets: Sequence[float]) -> List[str]:
         "noise zC/b: (A), (D) | (D)'s analysis, configuration |",
         "|---|---:|---:|---:|---|---|---|---|",
     ]
-    for name in dict.fromkeys(r.dataset for r in rows):
-        by = {(r.method, r.epsilon_budget): r for r in rows if r.dataset == name}
-        for eps in budgets:
-            a, d = by.get(("A", eps)), by.get(("D", eps))
-            if a is None or d is None:
-                continue
+    for name, by in _by_dataset(rows).items():
+        for eps, a, d in _matched(by, "A", "D", budgets):
             inside = "yes" if d.mean >= min(a.test) else "no"
             lines.append(
                 f"| {name} | {eps:g} | {a.mean:.3f} ± {a.std:.3f} | {d.mean:.3f} ± {d.std:.3f} | "

@@ -578,7 +578,7 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
             raise ValueError("no training step has been accounted yet")
         return render_statement(
             self.recorder,
-            self.delta,
+            self._delta(self.steps),  # as epsilon: less the chance that a padded balls_in_bins batch overflowed
             extra_notes=self._extra_notes(),
             include_analyses=include_analyses,
             host_paragraphs=host_paragraphs(self.recorder.claim.sampling),

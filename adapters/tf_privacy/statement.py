@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Union
 
-from hidden_state_accountants import LossGeometry
+from hidden_state_accountants import LossGeometry, ParameterError
 from hidden_state_accountants.keras.data import check_dataset_last_batch
 from hidden_state_accountants.relations import REPLACE_ONE
-from hidden_state_accountants.schedules import DROPPED, POISSON
+from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, POISSON
 from hidden_state_accountants.statement import privacy_statement
 
 RELATION = REPLACE_ONE
@@ -59,6 +59,14 @@ def compute_hidden_state_privacy_statement(
     such a run, under REPLACE_ONE.
     """
     check_dataset_last_batch(last_batch)
+    if sampling == BALLS_IN_BINS:
+        # the Keras pipeline spreads an epoch over balls_in_bins_steps(n, b) padded steps, not the n // b this
+        # function would state, and its delta leaves out the chance of an overflowing batch
+        raise ParameterError(
+            "sampling",
+            f"{BALLS_IN_BINS!r} is stated by the callback (HiddenStatePrivacyCallback.privacy_statement), which "
+            "knows the run's steps per epoch and padding",
+        )
     return privacy_statement(
         number_of_examples,
         batch_size,

@@ -120,6 +120,26 @@ def test_keras_fit_is_accounted_with_the_amplified_composition():
     assert cb.history[-1].epsilon == pytest.approx(core, rel=1e-9)
     # far below the unamplified composition of one Gaussian per epoch
     assert core < 0.2 * HiddenStateAccountant().compose(event).explain(DELTA).analyses[0].epsilon
+    # the model-card statement states the same run at the same accounted delta as the epsilon above
+    import hidden_state_accountants.tf_privacy.callback as callback_module
+
+    stated = []
+    real = callback_module.render_statement
+    callback_module.render_statement = lambda recorder, delta, **kw: stated.append(delta) or real(recorder, delta, **kw)
+    try:
+        text = cb.privacy_statement()
+    finally:
+        callback_module.render_statement = real
+    assert stated == [accounted] and f"over {N} examples" in text
+
+
+def test_the_standalone_statement_leaves_balls_in_bins_to_the_callback():
+    from hidden_state_accountants.tf_privacy import compute_hidden_state_privacy_statement
+
+    with pytest.raises(ParameterError, match="sampling.*privacy_statement"):
+        compute_hidden_state_privacy_statement(
+            N, B, 2, 1.0, DELTA, l2_norm_clip=1.0, learning_rate=0.1, sampling=BALLS_IN_BINS, geometry=None
+        )
 
 
 def test_keras_calibration_uses_the_amplified_composition():

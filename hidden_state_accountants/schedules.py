@@ -173,10 +173,16 @@ def check_epoch_steps(epoch_steps: Any, sampling: str) -> Optional[int]:
 
 def balls_in_bins_note(steps: int, given: bool) -> str:
     """What a balls-in-bins report says about its steps per epoch (a public constant, docs/derivations.md B.1)."""
-    how = "given explicitly" if given else "n // b of the dataset size, which is treated as public"
+    if given:  # an adapter may compute it from the dataset size (Keras' padded balls_in_bins_steps(n, b))
+        return (
+            f"balls_in_bins: t = {steps} steps per epoch is a public constant (given explicitly); the guarantee is "
+            "for neighbouring datasets run with the same t (a t computed from the dataset size, as the Keras "
+            "pipeline's default is, treats that size as public)"
+        )
     return (
-        f"balls_in_bins: t = {steps} steps per epoch is a public constant ({how}); the guarantee is for neighbouring "
-        "datasets run with the same t (pass steps_per_epoch to fix it independently of the data)"
+        f"balls_in_bins: t = {steps} steps per epoch is a public constant (n // b of the dataset size, which is "
+        "treated as public); the guarantee is for neighbouring datasets run with the same t (pass steps_per_epoch "
+        "to fix it independently of the data)"
     )
 
 

@@ -249,10 +249,10 @@ def epoch_profile(mu: float, t: int) -> EpochProfile:
     limit = max(2.0 * a_value, 2.0)
     while True:
         p_t, m_t = chernoff_tail(small, h, t, limit)
-        p_t1, m_t1 = chernoff_tail(small, h, t - 1, limit)
         if max(p_t, m_t) <= TAIL or limit / h > MAX_POINTS:
             break
         limit *= 1.5
+    p_t1, m_t1 = chernoff_tail(small, h, t - 1, limit)  # the tails of t - 1 terms at the limit that holds t
     size = max(1024, int(2 ** math.ceil(math.log2(limit / h + 1))))
     law_t, law_t1 = powers(small, h, (t, t - 1), size)
     x = np.arange(size) * h
@@ -351,11 +351,16 @@ def epoch_noises(run: TrainingRunDpEvent) -> Dict[float, int]:
     return {float(v): int(c) for v, c in zip(values, counts)}
 
 
+def _grid(counts: Dict[float, int], spe: int, base: float) -> float:
+    """The composition grid for the epochs in ``counts`` (noise -> epochs): sized to their CLT width."""
+    mu = math.sqrt(sum(_clt_mu(z, spe, k) ** 2 for z, k in counts.items()))
+    return lc.grid_for(mu, base)
+
+
 def allocation_pld(counts: Dict[float, int], spe: int, discretization: float) -> Tuple[fdp.PLD, float]:
     """The add/remove PLD of the epochs in ``counts`` (noise -> epochs), composed on a grid sized to their
     width (:mod:`.long_composition`); and that grid."""
-    mu = math.sqrt(sum(_clt_mu(z, spe, k) ** 2 for z, k in counts.items()))
-    d = lc.grid_for(mu, discretization)
+    d = _grid(counts, spe, discretization)
     total = None
     for z, k in counts.items():
         part = lc.compose_steps(
@@ -441,11 +446,6 @@ NOT_SECRET = (
     "the batches' randomness is public (secret_batches=False): the amplification rests on each record's step being "
     "secret; composition_balls_in_bins (one unamplified Gaussian per epoch) holds"
 )
-
-
-def _grid(counts: Dict[float, int], spe: int, base: float) -> float:
-    mu = math.sqrt(sum(_clt_mu(z, spe, k) ** 2 for z, k in counts.items()))
-    return lc.grid_for(mu, base)
 
 
 TRIANGLE_STEP = 1e-3

@@ -342,9 +342,7 @@ def _notes(args) -> List[str]:
 def _steps_per_epoch(args) -> int:
     """Steps per epoch, after the schedule's own checks (a zero batch size is refused first)."""
     n, b = check_schedule(args.dataset_size, args.batch_size, args.sampling)
-    return check_epoch_steps(args.steps_per_epoch, args.sampling) or steps_per_epoch(
-        n, b, args.sampling, args.last_batch
-    )
+    return steps_per_epoch(n, b, args.sampling, args.last_batch, check_epoch_steps(args.steps_per_epoch, args.sampling))
 
 
 def _checked_length(args, epochs: float, flag_parameter: str) -> int:

@@ -418,8 +418,8 @@ class TrainingRunDpEvent(dp_event.DpEvent):
         n = v.positive_int("dataset_size", dataset_size)
         b = v.positive_int("batch_size", batch_size)
         e = v.positive_float("epochs", epochs)
-        spe = kwargs.get("epoch_steps") or steps_per_epoch(
-            n, b, kwargs.get("sampling", CYCLIC), kwargs.get("last_batch", DROPPED)
+        spe = steps_per_epoch(
+            n, b, kwargs.get("sampling", CYCLIC), kwargs.get("last_batch", DROPPED), kwargs.get("epoch_steps") or None
         )
         steps = e * spe
         if not float(steps).is_integer():
@@ -456,9 +456,7 @@ class TrainingRunDpEvent(dp_event.DpEvent):
 
     @property
     def steps_per_epoch(self) -> int:
-        if self.epoch_steps is not None:
-            return self.epoch_steps
-        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch)
+        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch, self.epoch_steps)
 
     @property
     def epochs(self) -> float:

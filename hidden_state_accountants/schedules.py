@@ -186,11 +186,16 @@ def balls_in_bins_note(steps: int, given: bool) -> str:
     )
 
 
-def steps_per_epoch(dataset_size: int, batch_size: int, sampling: str, last_batch: str = DROPPED) -> int:
+def steps_per_epoch(
+    dataset_size: int, batch_size: int, sampling: str, last_batch: str = DROPPED, epoch_steps: Optional[int] = None
+) -> int:
     """One step for ``full``; ``n // b`` otherwise (a remainder of ``n % b`` records is
     dropped each epoch by the partition schedules, Ye & Shokri footnote 3; ``balls_in_bins``
     spreads all ``n`` records over these steps), ``ceil(n / b)`` when ``reshuffle`` keeps the
-    short batch."""
+    short batch; ``epoch_steps`` when given (``balls_in_bins``' public constant, validated by
+    :func:`check_epoch_steps`)."""
+    if epoch_steps is not None:
+        return epoch_steps
     if sampling == FULL:
         return 1
     if last_batch != DROPPED:
@@ -389,9 +394,7 @@ class BatchSchedule:
 
     @property
     def steps_per_epoch(self) -> int:
-        if self.epoch_steps is not None:
-            return self.epoch_steps
-        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch)
+        return steps_per_epoch(self.dataset_size, self.batch_size, self.sampling, self.last_batch, self.epoch_steps)
 
     @property
     def dropped_per_epoch(self) -> int:

@@ -36,13 +36,13 @@ from hidden_state_accountants import (
 )
 from hidden_state_accountants import validation as v
 from hidden_state_accountants.keras.data import (
+    accounted_delta,
     check_dataset_last_batch,
     check_dataset_sampling,
     keras_schedule,
-    overflow_delta,
 )
 from hidden_state_accountants.recording import Claim, OptimizerKind, batch_records
-from hidden_state_accountants.schedules import BALLS_IN_BINS, DROPPED, check_last_batch, check_schedule
+from hidden_state_accountants.schedules import DROPPED, check_last_batch, check_schedule
 
 from .optimizers import DPOptimizerSettings, step_facts
 from .statement import RELATION
@@ -133,22 +133,6 @@ def planned_run(
     return recorder.run(steps=epochs * schedule.steps_per_epoch, warn=False)
 
 
-def accounted_delta(delta: float, run: TrainingRunDpEvent) -> float:
-    """``delta`` less what a Keras run leaves out of it (:func:`~.data.overflow_delta`: a padded balls-in-bins
-    batch's overflow); refused when nothing is left."""
-    if run.sampling != BALLS_IN_BINS:
-        return delta
-    schedule = keras_schedule(run.dataset_size, run.batch_size, run.sampling, steps_per_epoch=run.steps_per_epoch)
-    left = delta - overflow_delta(schedule, run.steps)
-    if not left > 0:
-        raise ParameterError(
-            "delta",
-            f"{delta:g} is below the chance {overflow_delta(schedule, run.steps):.3g} that a padded balls_in_bins "
-            f"batch of this run overflows; use a larger delta or more steps per epoch",
-        )
-    return left
-
-
 def compute_hidden_state_noise(
     n: int,
     batch_size: int,
@@ -195,7 +179,7 @@ def compute_hidden_state_noise(
       rel_tol: the search's relative tolerance on the noise.
       steps_per_epoch: ``balls_in_bins`` only: the steps of an epoch (default
         :func:`~hidden_state_accountants.keras.data.balls_in_bins_steps`); the run is calibrated at
-        ``delta`` less its padded batches' overflow probability (:func:`~.data.overflow_delta`).
+        ``delta`` less its padded batches' overflow probability (:func:`~hidden_state_accountants.keras.data.accounted_delta`).
 
     Raises:
       ParameterError: naming the parameter for bad input, for a claim the settings contradict
@@ -217,7 +201,7 @@ def compute_hidden_state_noise(
         steps_per_epoch=steps_per_epoch,
     )
     target_epsilon = v.positive_float("target_epsilon", target_epsilon)
-    delta = accounted_delta(v.probability("delta", delta), run)
+    delta = accounted_delta(v.probability("delta", delta), run, run.steps)
     found = calibrate_noise_multiplier(run, target_epsilon, delta, rel_tol=rel_tol, neighboring_relation=RELATION)
     z = found.noise_multiplier * FLOAT32_MARGIN
     # what the callback will account: the noise as TF-Privacy's float32 state holds it (the

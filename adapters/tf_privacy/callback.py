@@ -33,10 +33,10 @@ from hidden_state_accountants.checkpoint import RunState, check_continues, open_
 from hidden_state_accountants.errors import HiddenStateWarning
 from hidden_state_accountants.events import CROSS_ENTROPY_ON_LOGITS
 from hidden_state_accountants.keras.data import (
+    accounted_delta,
     check_dataset_last_batch,
     check_dataset_sampling,
     keras_schedule,
-    overflow_delta,
 )
 from hidden_state_accountants.keras.features import largest_input_norm, trainable_dense
 from hidden_state_accountants.recording import (
@@ -773,15 +773,9 @@ class HiddenStatePrivacyCallback(tf.keras.callbacks.Callback):
         return self.report
 
     def _delta(self, steps: int) -> float:
-        """The delta a run of ``steps`` steps is accounted at: ``delta`` less the chance that a padded
-        balls-in-bins batch overflowed (:func:`~hidden_state_accountants.keras.data.overflow_delta`), so that
-        the run meets ``(epsilon, delta)``."""
-        left = self.delta - overflow_delta(self.recorder.claim.schedule, steps)
-        if not left > 0:
-            raise ParameterError(
-                "delta", f"{self.delta:g} is below the chance that a padded balls_in_bins batch overflows"
-            )
-        return left
+        """The delta a run of ``steps`` steps is accounted at (:func:`~hidden_state_accountants.keras.data.
+        accounted_delta`: less the chance that a padded balls-in-bins batch overflowed)."""
+        return accounted_delta(self.delta, self.recorder.claim.schedule, steps)
 
     def _describe(self) -> str:
         s, schedule = self.settings, self.recorder.claim.schedule

@@ -151,3 +151,22 @@ def test_keras_calibration_uses_the_amplified_composition():
     assert report.analysis == "composition_allocation_pld" and report.epsilon <= 2.0
     # the unamplified composition would need about four times the noise
     assert report.analyses[0].name == "composition_balls_in_bins" and report.analyses[0].epsilon > 6.0
+
+
+def test_a_delta_below_the_overflow_chance_is_refused_alike_by_the_callback_and_the_calibration():
+    from hidden_state_accountants.keras.data import keras_schedule
+    from hidden_state_accountants.tf_privacy import compute_hidden_state_noise
+
+    schedule = keras_schedule(N, B, BALLS_IN_BINS)
+    overflow = overflow_delta(schedule, 10 * schedule.steps_per_epoch)
+    assert 0 < overflow < 1e-9  # tiny, but a delta below it leaves nothing for the mechanism
+    cb = HiddenStatePrivacyCallback(
+        geometry=None, sampling=BALLS_IN_BINS, dataset_size=N, batch_size=B, delta=overflow / 2
+    )
+    cb.recorder = type("R", (), {"claim": type("C", (), {"schedule": schedule})()})()  # the schedule fit would run
+    with pytest.raises(ParameterError, match="delta: .* below the chance .* overflows"):
+        cb._delta(10 * schedule.steps_per_epoch)
+    with pytest.raises(ParameterError, match="delta: .* below the chance .* overflows"):
+        compute_hidden_state_noise(
+            N, B, 1.0, 10, overflow / 2, sampling=BALLS_IN_BINS, learning_rate=0.1, l2_norm_clip=1.0, geometry=None
+        )

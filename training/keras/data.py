@@ -104,12 +104,26 @@ def balls_in_bins_steps(dataset_size: int, batch_size: int) -> int:
     return lo
 
 
-def overflow_delta(schedule: BatchSchedule, steps: int) -> float:
+def overflow_delta(schedule, steps: int) -> float:
     """What a Keras run of ``steps`` steps of ``schedule`` leaves out of its delta: at most ``steps`` times the
     chance that a padded ``balls_in_bins`` step overflows (0 for the other schedules)."""
     if schedule.sampling != BALLS_IN_BINS:
         return 0.0
     return min(1.0, steps * _overflow(schedule.dataset_size, schedule.batch_size, schedule.steps_per_epoch))
+
+
+def accounted_delta(delta: float, schedule, steps: int) -> float:
+    """The delta a Keras run of ``steps`` steps of ``schedule`` (a schedule or the run's event) is accounted at:
+    ``delta`` less :func:`overflow_delta`, so that the run meets ``(epsilon, delta)``; refused when nothing is
+    left."""
+    overflow = overflow_delta(schedule, steps)
+    if not delta - overflow > 0:
+        raise ParameterError(
+            "delta",
+            f"{delta:g} is below the chance {overflow:.3g} that a padded balls_in_bins batch of this run overflows; "
+            "use a larger delta or more steps per epoch",
+        )
+    return delta - overflow
 
 
 def keras_schedule(

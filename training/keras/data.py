@@ -92,16 +92,15 @@ def balls_in_bins_steps(dataset_size: int, batch_size: int) -> int:
             f"{b} is too small for padded balls_in_bins batches of {n} records: even {hi} steps per epoch leave a "
             f"batch of more than {b} records likely above {PAD_OVERFLOW:g} per step; use larger batches",
         )
-    while hi - lo > 1 or _overflow(n, b, lo) > PAD_OVERFLOW:
-        if hi - lo <= 1:
-            lo = hi
-            break
+    if _overflow(n, b, lo) <= PAD_OVERFLOW:  # not in practice: the mean batch (n + 1) / (n // b) exceeds b
+        return lo
+    while hi - lo > 1:  # lo fails, hi meets the bound
         mid = (lo + hi) // 2
         if _overflow(n, b, mid) <= PAD_OVERFLOW:
             hi = mid
         else:
             lo = mid
-    return lo
+    return hi
 
 
 def overflow_delta(schedule, steps: int) -> float:

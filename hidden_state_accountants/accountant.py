@@ -311,11 +311,12 @@ class _Component:
     law: Optional[Tuple] = None
     noises: Optional[Counter] = None
 
-    def add(self, event: dp_event.DpEvent, count: int) -> None:
-        """Composes ``count`` more of an equal event (or, for a ledger, one of the same law)."""
+    def add(self, count: int, noise: Optional[float] = None) -> None:
+        """Composes ``count`` more of an equal event (or, for a ledger, one of the same law with ``noise``,
+        its noise multiplier from :func:`~hidden_state_accountants.analyses.composition.sampled_gaussian`)."""
         self.count += count
         if self.law is not None:
-            self.noises[composition.sampled_gaussian(event)[1]] += count
+            self.noises[noise] += count
         if self.folded:
             self.bounds = None  # the bounds are of the whole composition: recomputed when asked for
 
@@ -414,7 +415,7 @@ class HiddenStateAccountant(privacy_accountant.PrivacyAccountant):
         ledger = composition.sampled_gaussian(event) if standard else None
         key = ("ledger", ledger[0]) if ledger is not None else _hashable(event)
         if key is not None and key in self._index:  # an equal event, or one of the same sampling law
-            self._components[self._index[key]].add(event, count)
+            self._components[self._index[key]].add(count, None if ledger is None else ledger[1])
             return
         component = _Component(event, count, folded=standard)
         if ledger is not None:

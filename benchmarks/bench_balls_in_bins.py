@@ -19,7 +19,6 @@ import time
 
 from hidden_state_accountants import HiddenStateAccountant, TrainingRunDpEvent, calibrate_noise_multiplier
 from hidden_state_accountants.analyses import random_allocation as ra
-from hidden_state_accountants.lower_bounds import best_known_lower_bound
 
 N, B, T, Z, DELTA = 60000, 256, 234, 1.0, 1e-5
 RELATIONS = ("ADD_OR_REMOVE_ONE", "REPLACE_ONE")
@@ -53,7 +52,7 @@ def numbers(epochs_list, reference: bool):
             report = HiddenStateAccountant(neighboring_relation=rel).compose(run(e)).explain(DELTA)
             ours = report.epsilon
             unamplified = next(a.epsilon for a in report.analyses if a.name == "composition_balls_in_bins")
-            lower = best_known_lower_bound(run(e), DELTA, rel).epsilon
+            lower = report.best_known_lower_bound.epsilon
             poisson = HiddenStateAccountant(neighboring_relation=rel).compose(run(e, "poisson")).get_epsilon(DELTA)
             lines.append(
                 f"| {e} | {rel} | {ours:.4f} | {lower:.4f} | {unamplified:.2f} | {poisson:.4f} | {ours / poisson:.3f} |"
